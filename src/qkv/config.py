@@ -1,0 +1,253 @@
+"""One dataclass per model family, with validation and named presets.
+
+A config is the whole recipe of a model: two models built from equal configs have the same shapes, and a
+checkpoint is a config (JSON) plus weights. Every field is checked when the config is made, so a bad value
+fails at once with a message naming the field, the expected and the actual value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+NORMS = ("layer", "rms")
+POSITIONALS = ("sinusoidal", "learned", "rope", "none")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+INITS = ("normal", "xavier")
+
+
+def _check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Fields every family shares. See the subclasses for each family's defaults.
+
+    Attributes:
+        d_model: width of every token vector.
+        n_heads: attention heads; must divide ``d_model``.
+        n_layers: number of layers (for the encoder-decoder: each side, unless overridden).
+        d_ff: hidden width of the feed-forward network (default 4 * d_model).
+        max_seq_len: longest sequence; a hard limit for absolute (sinusoidal, learned) positions.
+        dropout: dropout on embeddings, attention weights, feed-forward activations and residual branches.
+        pad_id: token id of padding; keys equal to it are masked out (None: the model masks nothing itself).
+        norm_first: Pre-Norm (True) or Post-Norm (False) residual connections.
+        norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
+        norm_eps: the epsilon of the norms.
+        activation: feed-forward activation: relu, gelu, gelu_tanh, silu or swiglu.
+        bias: biases in the linear layers (and LayerNorm shift).
+        positional: ``"sinusoidal"``, ``"learned"``, ``"rope"`` or ``"none"``.
+        rope_base: the θ base of rotary embeddings.
+        n_kv_heads: key/value heads for grouped-query attention (default: n_heads).
+        gated_attention: add the sigmoid output gate to attention.
+        window: sliding-window size of self-attention (None: full attention).
+        init: ``"normal"`` (N(0, init_std)) or ``"xavier"`` (Xavier-uniform linear layers).
+        init_std: standard deviation of the normal initialisation.
+    """
+
+    d_model: int = 512
+    n_heads: int = 8
+    n_layers: int = 6
+    d_ff: int | None = None
+    max_seq_len: int = 512
+    dropout: float = 0.1
+    pad_id: int | None = 0
+    norm_first: bool = True
+    norm: str = "layer"
+    norm_eps: float = 1e-5
+    activation: str = "relu"
+    bias: bool = True
+    positional: str = "sinusoidal"
+    rope_base: float = 10000.0
+    n_kv_heads: int | None = None
+    gated_attention: bool = False
+    window: int | None = None
+    init: str = "normal"
+    init_std: float = 0.02
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        if self.d_ff is None:
+            self.d_ff = 4 * self.d_model
+        for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
+            _check_int(name, getattr(self, name))
+        _check_int("n_kv_heads", self.n_kv_heads, optional=True)
+        _check_int("window", self.window, optional=True)
+        _check_int("pad_id", self.pad_id, minimum=0, optional=True)
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={self.dropout}")
+        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 0:
+            raise ValueError("norm_eps, init_std and rope_base must be positive")
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("positional", self.positional, POSITIONALS)
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("init", self.init, INITS)
+        if self.positional == "rope" and self.head_dim % 2:
+            raise ValueError(f"rope needs an even head dimension, got d_model/n_heads={self.head_dim}")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def _check_vocab(self, name: str, size: int) -> None:
+        _check_int(name, size)
+        if self.pad_id is not None and self.pad_id >= size:
+            raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary: {name}={size}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error, not silently dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; expected some of {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """A named configuration (see ``PRESETS``), with any field overridden."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown {cls.__name__} preset {name!r}; choose from {sorted(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+
+@dataclass(kw_only=True)
+class TransformerConfig(ModelConfig):
+    """The encoder-decoder Transformer of "Attention Is All You Need".
+
+    Attributes:
+        src_vocab_size: source vocabulary size.
+        tgt_vocab_size: target vocabulary size.
+        n_encoder_layers, n_decoder_layers: override ``n_layers`` for one side.
+        share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
+        tie_output: the output projection reuses the target embedding matrix.
+        scale_embeddings: multiply token embeddings by √d_model, as the paper does.
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    n_encoder_layers: int | None = None
+    n_decoder_layers: int | None = None
+    share_embeddings: bool = False
+    tie_output: bool = True
+    scale_embeddings: bool = True
+    init: str = "xavier"
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # Vaswani et al. 2017, Table 3 "base": Post-Norm, ReLU, sinusoidal.
+        "base": dict(d_model=512, n_heads=8, n_layers=6, d_ff=2048, dropout=0.1, norm_first=False),
+        "big": dict(d_model=1024, n_heads=16, n_layers=6, d_ff=4096, dropout=0.3, norm_first=False),
+        # The 9M-parameter model often trained on Multi30k: 3+3 layers, d=256, 8 heads, FFN 512.
+        "small": dict(d_model=256, n_heads=8, n_layers=3, d_ff=512, dropout=0.1),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_vocab("src_vocab_size", self.src_vocab_size)
+        self._check_vocab("tgt_vocab_size", self.tgt_vocab_size)
+        if self.n_encoder_layers is None:
+            self.n_encoder_layers = self.n_layers
+        if self.n_decoder_layers is None:
+            self.n_decoder_layers = self.n_layers
+        _check_int("n_encoder_layers", self.n_encoder_layers)
+        _check_int("n_decoder_layers", self.n_decoder_layers)
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary, got "
+                f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}"
+            )
+
+
+@dataclass(kw_only=True)
+class GPTConfig(ModelConfig):
+    """Decoder-only language model; GPT-2 style by default, LLaMA style with the switches.
+
+    Attributes:
+        vocab_size: vocabulary size.
+        tie_embeddings: the output projection reuses the token embedding matrix.
+    """
+
+    vocab_size: int
+    d_model: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    max_seq_len: int = 1024
+    dropout: float = 0.0
+    pad_id: int | None = None
+    activation: str = "gelu_tanh"
+    positional: str = "learned"
+    tie_embeddings: bool = True
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12, max_seq_len=1024),
+        # LLaMA switches: RMSNorm, RoPE, SwiGLU, no biases (add n_kv_heads for grouped-query attention).
+        "llama": dict(norm="rms", norm_eps=1e-5, positional="rope", activation="swiglu", bias=False),
+        "smollm2-135m": dict(
+            vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, n_layers=30, d_ff=1536, max_seq_len=8192,
+            norm="rms", norm_eps=1e-5, positional="rope", rope_base=100000.0, activation="swiglu", bias=False,
+        ),
+        # nanoGPT's character-level Shakespeare model.
+        "shakespeare-char": dict(d_model=384, n_heads=6, n_layers=6, max_seq_len=256, dropout=0.2),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_vocab("vocab_size", self.vocab_size)
+
+
+@dataclass(kw_only=True)
+class BERTConfig(ModelConfig):
+    """Encoder-only model (BERT): learned positions, token types, Post-Norm, GELU.
+
+    Attributes:
+        vocab_size: vocabulary size.
+        type_vocab_size: number of segment (token type) ids.
+        pooler: add the pooler (dense + tanh on the first token).
+    """
+
+    vocab_size: int
+    d_model: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    max_seq_len: int = 512
+    norm_first: bool = False
+    norm_eps: float = 1e-12
+    activation: str = "gelu"
+    positional: str = "learned"
+    type_vocab_size: int = 2
+    pooler: bool = True
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "bert-base": dict(vocab_size=30522, d_model=768, n_heads=12, n_layers=12, d_ff=3072),
+        "minilm-l6": dict(vocab_size=30522, d_model=384, n_heads=12, n_layers=6, d_ff=1536),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_vocab("vocab_size", self.vocab_size)
+        _check_int("type_vocab_size", self.type_vocab_size)
+
+
+__all__ = ["BERTConfig", "GPTConfig", "ModelConfig", "TransformerConfig"]

@@ -1,0 +1,7 @@
+"""Models assembled from :mod:`qkv.nn`: encoder-decoder, decoder-only and encoder-only."""
+
+from .bert import BERT
+from .gpt import GPT
+from .transformer import Transformer
+
+__all__ = ["BERT", "GPT", "Transformer"]

@@ -1,0 +1,158 @@
+"""What every model family shares: building blocks from a config, input checks, initialisation, counts."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..nn import (
+    DecoderLayer,
+    EncoderLayer,
+    FeedForward,
+    LayerNorm,
+    LearnedPositionalEmbedding,
+    MultiHeadAttention,
+    RMSNorm,
+    RotaryEmbedding,
+    SinusoidalPositionalEncoding,
+    build_norm,
+)
+
+
+def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
+    """The position table added to embeddings, or None when positions are rotary (or absent)."""
+    if cfg.positional == "sinusoidal":
+        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_seq_len)
+    if cfg.positional == "learned":
+        return LearnedPositionalEmbedding(cfg.d_model, cfg.max_seq_len)
+    return None
+
+
+def rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(cfg.head_dim, base=cfg.rope_base) if cfg.positional == "rope" else None
+
+
+def norm(cfg: ModelConfig) -> nn.Module:
+    return build_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def final_norm(cfg: ModelConfig) -> nn.Module | None:
+    """The norm after the last layer: Pre-Norm stacks need it; Post-Norm ones already end normalised."""
+    return norm(cfg) if cfg.norm_first else None
+
+
+def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = None, cross: bool = False):
+    """Self-attention (with the config's window, grouping, gate and rotary) or plain cross-attention."""
+    return MultiHeadAttention(
+        cfg.d_model,
+        cfg.n_heads,
+        n_kv_heads=None if cross else cfg.n_kv_heads,
+        dropout=cfg.dropout,
+        bias=cfg.bias,
+        causal=causal,
+        window=None if cross else cfg.window,
+        gated=cfg.gated_attention,
+        rotary=None if cross else rope,
+    )
+
+
+def feed_forward(cfg: ModelConfig) -> FeedForward:
+    return FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout, bias=cfg.bias)
+
+
+def encoder_layer(cfg: ModelConfig, rope: RotaryEmbedding | None) -> EncoderLayer:
+    return EncoderLayer(
+        self_attn=attention(cfg, causal=False, rope=rope),
+        feed_forward=feed_forward(cfg),
+        self_attn_norm=norm(cfg),
+        ffn_norm=norm(cfg),
+        dropout=cfg.dropout,
+        norm_first=cfg.norm_first,
+    )
+
+
+def decoder_layer(cfg: ModelConfig, rope: RotaryEmbedding | None, *, cross: bool) -> DecoderLayer:
+    return DecoderLayer(
+        self_attn=attention(cfg, causal=True, rope=rope),
+        cross_attn=attention(cfg, causal=False, cross=True) if cross else None,
+        feed_forward=feed_forward(cfg),
+        self_attn_norm=norm(cfg),
+        cross_attn_norm=norm(cfg) if cross else None,
+        ffn_norm=norm(cfg),
+        dropout=cfg.dropout,
+        norm_first=cfg.norm_first,
+    )
+
+
+def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    """Token ids must be an integer ``(B, T)`` tensor with every id in ``[0, vocab_size)``."""
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be a torch.LongTensor of shape (B, T), got {type(ids).__name__}")
+    if ids.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
+    if ids.dim() != 2:
+        raise ValueError(f"{name} must have shape (B, T), got {ids.dim()} dimensions {tuple(ids.shape)}")
+    if ids.numel():
+        lo, hi = int(ids.min()), int(ids.max())
+        if lo < 0 or hi >= vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"{name} holds token id {bad}, outside the vocabulary [0, {vocab_size})")
+
+
+def check_mask(mask: Tensor, like: Tensor, name: str) -> Tensor:
+    """A ``(B, T)`` padding mask (bool, or 0/1 integers as Hugging Face writes them) -> bool."""
+    if not isinstance(mask, Tensor):
+        raise TypeError(f"{name} must be a tensor of shape {tuple(like.shape)}, got {type(mask).__name__}")
+    if mask.shape != like.shape:
+        raise ValueError(f"{name} must have shape {tuple(like.shape)}, got {tuple(mask.shape)}")
+    return mask.bool()
+
+
+def check_batch(a: Tensor, b: Tensor, a_name: str, b_name: str) -> None:
+    if a.size(0) != b.size(0):
+        raise ValueError(f"batch sizes differ: {a_name} has {a.size(0)} rows, {b_name} has {b.size(0)}")
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | None = None) -> None:
+    """Initialise a freshly built model.
+
+    ``normal``: every linear and embedding weight from N(0, init_std), biases zero (GPT-2, BERT). With
+    ``residual_layers`` the projections that write into the residual stream (attention output, FFN down)
+    are scaled by 1/√(2·layers) so the stream's variance does not grow with depth (GPT-2).
+
+    ``xavier``: Xavier-uniform linear weights, as ``nn.Transformer`` does, and embeddings from
+    N(0, d_model^-0.5), so that embeddings scaled by √d_model start with unit variance (the paper).
+
+    Norms start as the identity (γ = 1, β = 0).
+    """
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            if cfg.init == "xavier":
+                nn.init.xavier_uniform_(module.weight)
+            else:
+                std = cfg.init_std
+                if residual_layers and name.endswith(("out_proj", "down")):
+                    std /= math.sqrt(2 * residual_layers)
+                nn.init.normal_(module.weight, 0.0, std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (LayerNorm, RMSNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    # Embeddings last: a tied output projection shares their matrix and must keep their initialisation.
+    for module in model.modules():
+        if isinstance(module, nn.Embedding):
+            std = cfg.d_model**-0.5 if cfg.init == "xavier" else cfg.init_std
+            nn.init.normal_(module.weight, 0.0, std)
+
+def num_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:
+    """Trainable parameters, each shared tensor counted once; optionally without the embedding tables
+    (token, position, token-type), the count scaling laws use."""
+    skip = set()
+    if exclude_embeddings:
+        skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in model.parameters() if id(p) not in skip)

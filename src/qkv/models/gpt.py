@@ -1,0 +1,91 @@
+"""Decoder-only language model (GPT): the Transformer's decoder without cross-attention.
+
+    ids ─ token embedding (+ positions) ─ N × [causal self-attention, FFN] ─ final norm ─ Linear ─ logits
+
+GPT-2 style by default (LayerNorm, learned positions, GELU, biases); the config switches give the LLaMA
+family (RMSNorm, rotary positions, SwiGLU, grouped key/value heads, no biases).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..config import GPTConfig
+from ..nn import Decoder, DecoderCache
+from . import common
+
+
+class GPT(nn.Module):
+    """Decoder-only Transformer configured by a :class:`GPTConfig`.
+
+    Shape:
+        ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.positions = common.absolute_positions(cfg)
+        self.emb_dropout = nn.Dropout(cfg.dropout)
+        rope = common.rotary(cfg)
+        self.decoder = Decoder(
+            [common.decoder_layer(cfg, rope, cross=False) for _ in range(cfg.n_layers)], common.final_norm(cfg)
+        )
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        common.init_weights(self, cfg, residual_layers=cfg.n_layers)
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    def new_cache(self) -> DecoderCache:
+        return self.decoder.new_cache()
+
+    def forward(
+        self,
+        ids: Tensor,
+        *,
+        attention_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_attention: bool = False,
+    ):
+        """Next-token logits for every position.
+
+        Args:
+            ids: token ids ``(B, T)``; with a cache, only the new ones.
+            attention_mask: ``(B, T_past + T)``, True/1 for real tokens. Defaults to ``ids != pad_id`` when
+                the config has a pad_id (and no cache is used). Positions then count real tokens only, so a
+                left-padded sequence gets the same positions as it would alone.
+            positions: explicit positions ``(T,)`` or ``(B, T)``; by default they follow the mask or cache.
+            cache: from :meth:`new_cache`; extended in place.
+            return_attention: also return the per-layer weights ``(B, H, T, T_past + T)``.
+
+        Returns:
+            logits ``(B, T, vocab_size)``, or ``(logits, [weights per layer])``.
+        """
+        cfg = self.config
+        common.check_ids(ids, cfg.vocab_size)
+        past = 0 if cache is None else len(cache)
+        b, t = ids.shape
+        if attention_mask is None and cfg.pad_id is not None and cache is None:
+            attention_mask = ids != cfg.pad_id
+        if attention_mask is not None:
+            attention_mask = common.check_mask(attention_mask, ids.new_empty(b, past + t), "attention_mask")
+            if positions is None:
+                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        if positions is None:
+            positions = torch.arange(past, past + t, device=ids.device)
+
+        x = self.tok_emb(ids)  # (B, T, D)
+        if self.positions is not None:
+            x = x + self.positions(positions)
+        x, weights, _ = self.decoder(
+            self.emb_dropout(x), key_padding_mask=attention_mask, positions=positions, cache=cache,
+            need_weights=return_attention,
+        )
+        logits = self.lm_head(x)
+        return (logits, weights) if return_attention else logits
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

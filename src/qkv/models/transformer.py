@@ -1,0 +1,141 @@
+"""The encoder-decoder Transformer (Vaswani et al. 2017), the notes' translation model.
+
+    source ids ─ embed·√d + positions ─ Encoder ─────────────── memory
+                                                                  │ (cross-attention)
+    target ids ─ embed·√d + positions ─ Decoder (causal) ─────────┴─ Linear ─ softmax ─ next-token probs
+
+Training feeds the whole shifted target at once (teacher forcing); the causal mask keeps each position
+from seeing its future. Translating runs the encoder once and the decoder one token at a time, with a KV
+cache so each step costs only the new position.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from ..config import TransformerConfig
+from ..nn import Decoder, DecoderCache, Encoder
+from . import common
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer configured by a :class:`TransformerConfig`.
+
+    Example:
+        >>> cfg = TransformerConfig(src_vocab_size=1000, tgt_vocab_size=1200, d_model=64, n_heads=4, n_layers=2)
+        >>> logits = Transformer(cfg)(src, tgt_in)  # (B, T_tgt, 1200)
+
+    Shape:
+        src ``(B, S)``, tgt ``(B, T)`` token ids, padding = ``pad_id`` -> logits ``(B, T, tgt_vocab_size)``.
+    """
+
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__()
+        cfg = self.config = config
+        self.src_emb = nn.Embedding(cfg.src_vocab_size, cfg.d_model)
+        self.tgt_emb = self.src_emb if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
+        self.positions = common.absolute_positions(cfg)
+        self.emb_dropout = nn.Dropout(cfg.dropout)
+        rope = common.rotary(cfg)
+        self.encoder = Encoder(
+            [common.encoder_layer(cfg, rope) for _ in range(cfg.n_encoder_layers)], common.final_norm(cfg)
+        )
+        self.decoder = Decoder(
+            [common.decoder_layer(cfg, rope, cross=True) for _ in range(cfg.n_decoder_layers)], common.final_norm(cfg)
+        )
+        self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        common.init_weights(self, cfg)
+        if cfg.tie_output:
+            self.out_proj.weight = self.tgt_emb.weight
+
+    def _embed(self, ids: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
+        x = table(ids)  # (B, T, D)
+        if self.config.scale_embeddings:
+            x = x * math.sqrt(self.config.d_model)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(start, start + ids.size(1), device=ids.device))
+        return self.emb_dropout(x)
+
+    def source_mask(self, src: Tensor) -> Tensor | None:
+        """``(B, S)`` boolean, True for real source tokens (None when the config has no pad_id)."""
+        return None if self.config.pad_id is None else src != self.config.pad_id
+
+    def encode(self, src: Tensor, *, return_attention: bool = False):
+        """Run the encoder: source ids ``(B, S)`` -> memory ``(B, S, d_model)``.
+
+        With ``return_attention``: ``(memory, [per-layer weights (B, H, S, S)])``.
+        """
+        common.check_ids(src, self.config.src_vocab_size, "src")
+        memory, weights = self.encoder(
+            self._embed(src, self.src_emb), key_padding_mask=self.source_mask(src), need_weights=return_attention
+        )
+        return (memory, weights) if return_attention else memory
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor,
+        *,
+        memory_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        return_attention: bool = False,
+    ):
+        """Run the decoder over target ids and return next-token logits.
+
+        Args:
+            tgt: target ids ``(B, T)``; with a cache, only the new ones (usually one per step).
+            memory: encoder output ``(B, S, d_model)``.
+            memory_mask: ``(B, S)`` boolean, True for real source tokens (see :meth:`source_mask`).
+            cache: from :meth:`new_cache`; extended in place.
+            return_attention: also return ``{"decoder_self": [...], "decoder_cross": [...]}``.
+
+        Shape:
+            -> logits ``(B, T, tgt_vocab_size)``.
+        """
+        common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
+        if memory.dim() != 3 or memory.size(-1) != self.config.d_model:
+            raise ValueError(f"memory must have shape (B, S, {self.config.d_model}), got {tuple(memory.shape)}")
+        common.check_batch(tgt, memory, "tgt", "memory")
+        if memory_mask is not None:
+            memory_mask = common.check_mask(memory_mask, memory[..., 0], "memory_mask")
+        start = 0 if cache is None else len(cache)
+        # Right padding needs no target padding mask: the causal mask already hides later (padding) keys.
+        x, self_w, cross_w = self.decoder(
+            self._embed(tgt, self.tgt_emb, start),
+            memory,
+            memory_key_padding_mask=memory_mask,
+            cache=cache,
+            need_weights=return_attention,
+        )
+        logits = self.out_proj(x)
+        if return_attention:
+            return logits, {"decoder_self": self_w, "decoder_cross": cross_w}
+        return logits
+
+    def new_cache(self) -> DecoderCache:
+        return self.decoder.new_cache()
+
+    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False):
+        """Teacher-forced pass: logits for every target position.
+
+        Returns:
+            logits ``(B, T, tgt_vocab_size)``; with ``return_attention``, ``(logits, attentions)`` where
+            attentions is ``{"encoder", "decoder_self", "decoder_cross"}`` -> one ``(B, H, T_q, T_k)`` tensor
+            per layer.
+        """
+        common.check_ids(src, self.config.src_vocab_size, "src")
+        common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
+        common.check_batch(src, tgt, "src", "tgt")
+        encoded = self.encode(src, return_attention=return_attention)
+        memory, enc_w = encoded if return_attention else (encoded, None)
+        decoded = self.decode(tgt, memory, memory_mask=self.source_mask(src), return_attention=return_attention)
+        if return_attention:
+            logits, dec_w = decoded
+            return logits, {"encoder": enc_w, **dec_w}
+        return decoded
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

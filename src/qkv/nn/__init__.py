@@ -1,0 +1,31 @@
+"""The building blocks of the Transformer. Nothing here knows about data, training or files."""
+
+from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from .feedforward import FeedForward
+from .layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer, LayerCache
+from .masks import causal_mask, key_padding_to_attention, padding_mask, sliding_window_mask
+from .norm import LayerNorm, RMSNorm, build_norm
+from .position import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
+
+__all__ = [
+    "Decoder",
+    "DecoderCache",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "KVCache",
+    "LayerCache",
+    "LayerNorm",
+    "LearnedPositionalEmbedding",
+    "MultiHeadAttention",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "SinusoidalPositionalEncoding",
+    "build_norm",
+    "causal_mask",
+    "key_padding_to_attention",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "sliding_window_mask",
+]

@@ -1,0 +1,265 @@
+"""Attention: scaled dot-product attention and the multi-head module built on it.
+
+Masks are boolean and ``True`` means *may attend* (see :mod:`qkv.nn.masks`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
+from .position import RotaryEmbedding
+
+
+def scaled_dot_product_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out as the notes derive it.
+
+    Each query scores every key by a dot product; dividing by √d_k keeps the scores' variance near 1 so the
+    softmax does not saturate as d_k grows; the softmax turns scores into weights that sum to 1; the output
+    is the weighted average of the values.
+
+    Masked keys get the most negative finite score instead of -inf, so a query whose keys are *all* masked
+    gets a uniform (finite) softmax that is then zeroed: its output is 0 and its gradient finite, never NaN.
+
+    Args:
+        q: queries.
+        k: keys.
+        v: values.
+        mask: boolean, ``True`` = may attend, broadcastable to ``(..., T_q, T_k)``.
+        dropout_p: dropout on the attention weights (applied whenever > 0, as in PyTorch's functional).
+
+    Returns:
+        ``(output, weights)``; ``weights`` are the softmax probabilities before dropout.
+
+    Shape:
+        q ``(..., T_q, d_k)``, k ``(..., T_k, d_k)``, v ``(..., T_k, d_v)`` ->
+        output ``(..., T_q, d_v)``, weights ``(..., T_q, T_k)``.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # only changes rows with no allowed key
+    attended = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return attended @ v, weights
+
+
+class KVCache:
+    """Keys and values already computed for one attention module, for incremental decoding.
+
+    Self-attention appends the new position's key and value at every step, so step *t* costs O(t) instead of
+    recomputing the whole prefix. Cross-attention keys and values come from the encoder output, which does
+    not change while decoding: they are stored on the first step and reused.
+
+    Shape:
+        k, v ``(B, H_kv, T_cached, head_dim)``.
+    """
+
+    def __init__(self) -> None:
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.size(-2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.k is None or self.v is None:
+            self.k, self.v = k, v
+        else:
+            if k.size(0) != self.k.size(0):
+                raise ValueError(f"batch size {k.size(0)} does not match the cache's {self.k.size(0)}")
+            self.k = torch.cat((self.k, k), dim=2)
+            self.v = torch.cat((self.v, v), dim=2)
+        return self.k, self.v
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search reorders hypotheses this way)."""
+        if self.k is not None and self.v is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention: h heads attend in parallel in subspaces of width d_model / h.
+
+        head_i = Attention(X W_i^Q, Y W_i^K, Y W_i^V),   MHA(X, Y) = Concat(head_1..head_h) W^O
+
+    Self-attention when ``Y = X``; cross-attention when ``Y`` is another sequence (the encoder output).
+
+    Options (all off by default, each a small, separate step below):
+
+    * ``causal``: query ``i`` sees keys ``<= i`` only (decoder self-attention).
+    * ``window``: local attention; a query sees only keys fewer than ``window`` positions away.
+    * ``n_kv_heads < n_heads``: grouped-query attention; each key/value head serves ``n_heads / n_kv_heads``
+      query heads, shrinking the KV cache by the same factor.
+    * ``gated``: output ⊙ σ(X W_g), a learned sigmoid gate per feature applied to the concatenated heads
+      before W^O, which lets a head's contribution be switched off for a token.
+    * ``rotary``: rotate queries and keys by their positions (RoPE) in self-attention.
+
+    Without ``need_weights`` the core runs on :func:`torch.nn.functional.scaled_dot_product_attention`
+    (fused kernels); with it, on the explicit :func:`scaled_dot_product_attention`. The two agree.
+
+    Args:
+        d_model: model width.
+        n_heads: number of query heads; must divide ``d_model``.
+        n_kv_heads: number of key/value heads (defaults to ``n_heads``); must divide ``n_heads``.
+        dropout: dropout on the attention weights during training.
+        bias: whether the projections have biases.
+        causal: apply the causal mask.
+        window: sliding-window size in positions, or None for full attention.
+        gated: add the sigmoid output gate.
+        rotary: a :class:`RotaryEmbedding` for queries and keys, or None.
+
+    Raises:
+        ValueError: on inconsistent sizes.
+
+    Shape:
+        query ``(B, T_q, d_model)``, key_value ``(B, T_k, d_model)`` -> output ``(B, T_q, d_model)``,
+        weights ``(B, n_heads, T_q, T_k)``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+        causal: bool = False,
+        window: int | None = None,
+        gated: bool = False,
+        rotary: RotaryEmbedding | None = None,
+    ) -> None:
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
+        if window is not None and window < 1:
+            raise ValueError(f"window must be a positive number of positions or None, got {window}")
+        self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
+        self.head_dim = d_model // n_heads
+        if rotary is not None and rotary.head_dim != self.head_dim:
+            raise ValueError(f"rotary head_dim={rotary.head_dim} != d_model/n_heads={self.head_dim}")
+        self.dropout, self.causal, self.window = dropout, causal, window
+
+        kv_dim = n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if gated else None
+        self.rotary = rotary
+
+    def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, Dh)
+
+    def _structural_mask(self, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
+        if self.window is not None:
+            return sliding_window_mask(t_q, t_k, window=self.window, causal=self.causal, device=device)
+        if self.causal and t_q > 1:  # a single newest query may see every cached key
+            return causal_mask(t_q, t_k, device=device)
+        return None
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``query`` to ``key_value`` (itself when None).
+
+        Args:
+            query: ``(B, T_q, d_model)``.
+            key_value: ``(B, T_k, d_model)`` for cross-attention, None for self-attention.
+            key_padding_mask: ``(B, T_k)`` boolean, ``True`` = real key. With a cache, it covers every cached
+                key plus the new ones.
+            attn_mask: extra boolean mask broadcastable to ``(B, n_heads, T_q, T_k)``, ``True`` = may attend.
+            positions: positions of the queries, ``(T_q,)`` or ``(B, T_q)``, for rotary embeddings; by
+                default they continue from the cache.
+            cache: a :class:`KVCache` to read and extend (incremental decoding).
+            need_weights: also return the attention weights (runs the explicit path).
+
+        Returns:
+            ``(output, weights)``, ``weights`` None unless requested.
+        """
+        if query.dim() != 3 or query.size(-1) != self.d_model:
+            raise ValueError(f"query must have shape (B, T, {self.d_model}), got {tuple(query.shape)}")
+        is_cross = key_value is not None
+        if is_cross and (key_value.dim() != 3 or key_value.size(0) != query.size(0)):
+            raise ValueError(
+                f"key_value must have shape (B={query.size(0)}, T_k, {self.d_model}), "
+                f"got {tuple(key_value.shape)}"
+            )
+        b, t_q, _ = query.shape
+
+        q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
+        if is_cross and cache is not None and len(cache):
+            k, v = cache.k, cache.v  # the encoder output has not changed since the first step
+        else:
+            source = key_value if is_cross else query
+            k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
+            v = self._split_heads(self.v_proj(source), self.n_kv_heads)
+            if self.rotary is not None and not is_cross:
+                if positions is None:
+                    past = len(cache) if cache is not None else 0
+                    positions = torch.arange(past, past + t_q, device=query.device)
+                q, k = self.rotary(q, positions), self.rotary(k, positions)
+            if cache is not None:
+                k, v = cache.append(k, v)
+        t_k = k.size(2)
+
+        # The common square causal case needs no mask tensor: the fused kernel applies it itself.
+        fused_causal = (
+            self.causal and self.window is None and t_q == t_k > 1 and not need_weights
+            and key_padding_mask is None and attn_mask is None
+        )
+        mask = None if fused_causal else self._structural_mask(t_q, t_k, query.device)
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (b, t_k):
+                raise ValueError(
+                    f"key_padding_mask must have shape (B, T_k)=({b}, {t_k}), got {tuple(key_padding_mask.shape)}"
+                )
+            kpm = key_padding_to_attention(key_padding_mask)  # (B, 1, 1, T_k)
+            mask = kpm if mask is None else mask & kpm
+        if attn_mask is not None:
+            if attn_mask.dtype != torch.bool:
+                raise TypeError(f"attn_mask must be bool (True = may attend), got dtype {attn_mask.dtype}")
+            mask = attn_mask if mask is None else mask & attn_mask
+
+        if self.n_kv_heads != self.n_heads:  # grouped-query: query head h reads key/value head h // group
+            group = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
+            v = v.repeat_interleave(group, dim=1)
+
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+        elif mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=fused_causal)
+        else:
+            # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
+            has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+            out = out.masked_fill(~has_key, 0.0)
+
+        out = out.transpose(1, 2).reshape(b, t_q, self.d_model)  # (B, T_q, H * Dh)
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(query))
+        return self.out_proj(out), weights

@@ -1,0 +1,262 @@
+"""Encoder and decoder layers, and the stacks made of them.
+
+Each sub-layer (attention or feed-forward) sits inside a residual connection with a norm, in one of two
+arrangements:
+
+    Post-Norm (the 2017 paper, BERT):   x = Norm(x + Dropout(Sublayer(x)))
+    Pre-Norm  (GPT-2, LLaMA):           x = x + Dropout(Sublayer(Norm(x)))
+
+Pre-Norm keeps an un-normalised path from input to output, so deep stacks train without warmup tricks; it
+then needs one final norm after the last layer.
+
+The layers receive their parts (attention modules, feed-forward network, norms) ready-made: the model
+builders in :mod:`qkv.models` decide which attention, which norm, which activation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiHeadAttention
+
+
+def _residual(x: Tensor, norm: nn.Module, dropout: nn.Module, norm_first: bool, sublayer) -> tuple:
+    """Apply ``sublayer`` inside a residual connection; returns (new x, the sublayer's extra output)."""
+    if norm_first:
+        out, extra = sublayer(norm(x))
+        return x + dropout(out), extra
+    out, extra = sublayer(x)
+    return norm(x + dropout(out)), extra
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then a feed-forward network, each in a residual connection.
+
+    Args:
+        self_attn: the self-attention (not causal in an encoder).
+        feed_forward: the position-wise feed-forward network.
+        self_attn_norm: norm around the attention sub-layer.
+        ffn_norm: norm around the feed-forward sub-layer.
+        dropout: dropout on each sub-layer's output before the residual addition.
+        norm_first: Pre-Norm (True) or Post-Norm (False).
+
+    Shape:
+        x ``(B, T, d_model)``, key_padding_mask ``(B, T)`` -> ``(B, T, d_model)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        self_attn: MultiHeadAttention,
+        feed_forward: nn.Module,
+        self_attn_norm: nn.Module,
+        ffn_norm: nn.Module,
+        dropout: float = 0.0,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__()
+        self.self_attn, self.feed_forward = self_attn, feed_forward
+        self.self_attn_norm, self.ffn_norm = self_attn_norm, ffn_norm
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        def attend(h: Tensor):
+            return self.self_attn(
+                h, key_padding_mask=key_padding_mask, attn_mask=attn_mask, positions=positions,
+                need_weights=need_weights,
+            )
+
+        x, weights = _residual(x, self.self_attn_norm, self.dropout, self.norm_first, attend)
+        x, _ = _residual(x, self.ffn_norm, self.dropout, self.norm_first, lambda h: (self.feed_forward(h), None))
+        return x, weights
+
+
+class LayerCache:
+    """The KV caches of one decoder layer: its self-attention and (if any) its cross-attention."""
+
+    def __init__(self) -> None:
+        self.self_attn = KVCache()
+        self.cross_attn = KVCache()
+
+    def reorder(self, index: Tensor) -> None:
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
+
+class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder output, then a feed-forward network.
+
+    With ``cross_attn=None`` this is the decoder-only (GPT) block: the same layer with the middle sub-layer
+    removed, since there is no encoder to look at.
+
+    Args:
+        self_attn: causal self-attention.
+        cross_attn: attention from the decoder to the encoder output, or None for decoder-only models.
+        feed_forward: the position-wise feed-forward network.
+        self_attn_norm, cross_attn_norm, ffn_norm: the norm of each sub-layer (``cross_attn_norm`` None
+            exactly when ``cross_attn`` is).
+        dropout: dropout on each sub-layer's output before the residual addition.
+        norm_first: Pre-Norm (True) or Post-Norm (False).
+
+    Shape:
+        x ``(B, T, d_model)``, memory ``(B, S, d_model)``, memory_key_padding_mask ``(B, S)`` ->
+        ``(B, T, d_model)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        self_attn: MultiHeadAttention,
+        cross_attn: MultiHeadAttention | None,
+        feed_forward: nn.Module,
+        self_attn_norm: nn.Module,
+        cross_attn_norm: nn.Module | None,
+        ffn_norm: nn.Module,
+        dropout: float = 0.0,
+        norm_first: bool = True,
+    ) -> None:
+        super().__init__()
+        if (cross_attn is None) != (cross_attn_norm is None):
+            raise ValueError("cross_attn and cross_attn_norm must be given together")
+        self.self_attn, self.cross_attn, self.feed_forward = self_attn, cross_attn, feed_forward
+        self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = self_attn_norm, cross_attn_norm, ffn_norm
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: LayerCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Returns ``(x, self-attention weights, cross-attention weights)``; weights None unless asked."""
+        if (memory is None) != (self.cross_attn is None):
+            raise ValueError(
+                "this layer has cross-attention and needs the encoder output (memory)"
+                if memory is None
+                else "this decoder-only layer has no cross-attention; do not pass memory"
+            )
+
+        def attend_self(h: Tensor):
+            return self.self_attn(
+                h, key_padding_mask=key_padding_mask, attn_mask=attn_mask, positions=positions,
+                cache=None if cache is None else cache.self_attn, need_weights=need_weights,
+            )
+
+        def attend_memory(h: Tensor):
+            return self.cross_attn(
+                h, memory, key_padding_mask=memory_key_padding_mask,
+                cache=None if cache is None else cache.cross_attn, need_weights=need_weights,
+            )
+
+        x, self_weights = _residual(x, self.self_attn_norm, self.dropout, self.norm_first, attend_self)
+        cross_weights = None
+        if self.cross_attn is not None:
+            x, cross_weights = _residual(x, self.cross_attn_norm, self.dropout, self.norm_first, attend_memory)
+        x, _ = _residual(x, self.ffn_norm, self.dropout, self.norm_first, lambda h: (self.feed_forward(h), None))
+        return x, self_weights, cross_weights
+
+
+class Encoder(nn.Module):
+    """N encoder layers, then a final norm (Pre-Norm stacks need it; Post-Norm ones pass None).
+
+    Shape:
+        x ``(B, S, d_model)``, key_padding_mask ``(B, S)`` -> ``(B, S, d_model)``.
+    """
+
+    def __init__(self, layers: Sequence[EncoderLayer], norm: nn.Module | None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor]]:
+        """Returns ``(x, per-layer attention weights)``; the list is empty unless ``need_weights``."""
+        all_weights = []
+        for layer in self.layers:
+            x, weights = layer(x, key_padding_mask=key_padding_mask, positions=positions, need_weights=need_weights)
+            if need_weights:
+                all_weights.append(weights)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, all_weights
+
+
+class DecoderCache:
+    """KV caches for every layer of a decoder, and the number of positions decoded so far."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        return len(self.layers[0].self_attn)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index``, e.g. the surviving hypotheses of a beam search step."""
+        for layer in self.layers:
+            layer.reorder(index)
+
+
+class Decoder(nn.Module):
+    """N decoder layers, then a final norm (or None for Post-Norm).
+
+    Shape:
+        x ``(B, T, d_model)``, memory ``(B, S, d_model)`` -> ``(B, T, d_model)``.
+    """
+
+    def __init__(self, layers: Sequence[DecoderLayer], norm: nn.Module | None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.layers))
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        *,
+        key_padding_mask: Tensor | None = None,
+        memory_key_padding_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Returns ``(x, self-attention weights per layer, cross-attention weights per layer)``."""
+        self_weights, cross_weights = [], []
+        for i, layer in enumerate(self.layers):
+            x, sw, cw = layer(
+                x, memory, key_padding_mask=key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                positions=positions, cache=None if cache is None else cache.layers[i], need_weights=need_weights,
+            )
+            if need_weights:
+                self_weights.append(sw)
+                if cw is not None:
+                    cross_weights.append(cw)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, self_weights, cross_weights

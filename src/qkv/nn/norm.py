@@ -1,0 +1,71 @@
+"""Normalisation over the feature dimension, written out.
+
+    LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * γ + β     (var biased: divide by d, not d - 1)
+    RMSNorm(x)   = x / sqrt(mean(x²) + eps) * γ                  (no centring, no bias; LLaMA)
+
+Both are computed in float32 whatever the input dtype (bf16 sums of squares lose too much), then cast back.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class LayerNorm(nn.Module):
+    """Layer normalisation (Ba et al. 2016), matching ``nn.LayerNorm`` over the last dimension.
+
+    Args:
+        d_model: feature width.
+        eps: added to the variance (1e-5 in PyTorch and GPT-2, 1e-12 in BERT).
+        bias: learn the shift β (GPT-2 and BERT do; some recent models drop it).
+
+    Shape:
+        ``(..., d_model)`` -> same.
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # γ
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # β
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        mean = xf.mean(dim=-1, keepdim=True)
+        var = (xf - mean).pow(2).mean(dim=-1, keepdim=True)
+        y = (xf - mean) * torch.rsqrt(var + self.eps) * self.weight
+        if self.bias is not None:
+            y = y + self.bias
+        return y.type_as(x)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang & Sennrich 2019), matching ``nn.RMSNorm``.
+
+    Args:
+        d_model: feature width.
+        eps: added to the mean square (1e-5 or 1e-6 in LLaMA-style models).
+
+    Shape:
+        ``(..., d_model)`` -> same.
+    """
+
+    def __init__(self, d_model: int, *, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))  # γ
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (y * self.weight).type_as(x)
+
+
+def build_norm(kind: str, d_model: int, *, eps: float, bias: bool = True) -> nn.Module:
+    """``"layer"`` -> :class:`LayerNorm`, ``"rms"`` -> :class:`RMSNorm`."""
+    if kind == "layer":
+        return LayerNorm(d_model, eps=eps, bias=bias)
+    if kind == "rms":
+        return RMSNorm(d_model, eps=eps)
+    raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")

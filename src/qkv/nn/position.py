@@ -1,0 +1,126 @@
+"""Position information: attention alone is blind to order, so positions are added or rotated in.
+
+Three ways from the notes:
+
+* sinusoidal (fixed):  PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d))
+* learned: one trained vector per absolute position, as in GPT-2 and BERT
+* rotary (RoPE): rotate each (query, key) pair of features by an angle proportional to the position,
+  so that the score q_m · k_n depends on m - n only.
+
+The absolute encodings map positions ``(T,)`` or ``(B, T)`` to vectors ``(..., d_model)`` that the model
+adds to its token embeddings. Rotary acts inside attention, on queries and keys.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def _check_positions(positions: Tensor, max_len: int) -> None:
+    if positions.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
+    if positions.numel() and int(positions.max()) >= max_len:
+        raise ValueError(
+            f"position {int(positions.max())} is beyond max_seq_len={max_len}; "
+            "shorten the input or build the model with a larger max_seq_len"
+        )
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoidal encodings of "Attention Is All You Need", precomputed into a buffer.
+
+    Args:
+        d_model: model width (even).
+        max_len: number of positions in the table.
+        base: the 10000 of the formula.
+
+    Shape:
+        positions ``(T,)`` or ``(B, T)`` -> ``(T, d_model)`` or ``(B, T, d_model)``.
+    """
+
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+        super().__init__()
+        if d_model % 2:
+            raise ValueError(f"sinusoidal encodings need an even d_model, got d_model={d_model}")
+        pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+        angle = pos / base ** (two_i / d_model)  # (max_len, d/2)
+        pe = torch.empty(max_len, d_model, dtype=torch.float64)
+        pe[:, 0::2] = torch.sin(angle)
+        pe[:, 1::2] = torch.cos(angle)
+        # Not persistent: it is a function of the config, so checkpoints need not carry it.
+        self.register_buffer("pe", pe.float(), persistent=False)
+        self.max_len = max_len
+
+    def forward(self, positions: Tensor) -> Tensor:
+        _check_positions(positions, self.max_len)
+        return self.pe[positions]
+
+
+class LearnedPositionalEmbedding(nn.Embedding):
+    """One trained vector per absolute position (GPT-2, BERT).
+
+    Shape:
+        positions ``(T,)`` or ``(B, T)`` -> ``(..., d_model)``.
+    """
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__(max_len, d_model)
+        self.max_len = max_len
+
+    def forward(self, positions: Tensor) -> Tensor:
+        _check_positions(positions, self.max_len)
+        return super().forward(positions)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE, Su et al. 2021).
+
+    Feature pairs ``(x_a, x_b)`` of each head are rotated by the angle ``pos * theta_i`` with
+    ``theta_i = base^(-2i/head_dim)``:
+
+        x_a' = x_a cos(pos θ_i) - x_b sin(pos θ_i)
+        x_b' = x_a sin(pos θ_i) + x_b cos(pos θ_i)
+
+    Because rotations compose, ``R(m)q · R(n)k = q · R(n - m)k``: scores depend on relative position only.
+    There is no table limit; angles are computed for the positions asked for.
+
+    Args:
+        head_dim: features per head (even).
+        base: the θ base (10000 in the paper, 100000 for SmolLM2).
+        interleaved: pair features ``(0, 1), (2, 3), ...`` as in the paper and GGUF files; the default pairs
+            ``(i, i + head_dim/2)``, the "rotate half" layout of Hugging Face LLaMA checkpoints.
+
+    Shape:
+        x ``(B, H, T, head_dim)``, positions ``(T,)`` or ``(B, T)`` -> ``(B, H, T, head_dim)``.
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, interleaved: bool = False) -> None:
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={head_dim}")
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (Dh/2,)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = head_dim
+        self.interleaved = interleaved
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Angles for ``positions``, shaped to broadcast over heads: ``(1 or B, 1, T, Dh/2)``."""
+        angle = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (..., T, Dh/2)
+        if angle.dim() == 2:
+            angle = angle[None]  # (1, T, Dh/2)
+        angle = angle[:, None]  # (B or 1, 1, T, Dh/2)
+        return angle.cos(), angle.sin()
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        cos, sin = self.cos_sin(positions)
+        xf = x.float()
+        if self.interleaved:
+            a, b = xf[..., 0::2], xf[..., 1::2]  # (B, H, T, Dh/2) each
+            out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
+        else:
+            a, b = xf.chunk(2, dim=-1)
+            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+        return out.type_as(x)
+
