@@ -67,7 +67,8 @@ class BERT(nn.Module):
         else:
             common.check_ids(token_type_ids, cfg.type_vocab_size, "token_type_ids")
             if token_type_ids.shape != ids.shape:
-                raise ValueError(f"token_type_ids must have shape {tuple(ids.shape)}, got {tuple(token_type_ids.shape)}")
+                shapes = f"{tuple(ids.shape)}, got {tuple(token_type_ids.shape)}"
+                raise ValueError(f"token_type_ids must have the shape of ids {shapes}")
 
         x = self.tok_emb(ids) + self.type_emb(token_type_ids)  # (B, T, D)
         if self.positions is not None:
