@@ -1,0 +1,38 @@
+"""The position-wise feed-forward network against an nn.Sequential and the SwiGLU formula."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qkv.nn import FeedForward
+
+
+@pytest.mark.parametrize("activation, torch_act", [("relu", nn.ReLU()), ("gelu", nn.GELU()),
+                                                    ("gelu_tanh", nn.GELU(approximate="tanh"))])
+def test_ffn_matches_sequential(activation, torch_act):
+    ffn = FeedForward(16, 64, activation=activation)
+    ref = nn.Sequential(nn.Linear(16, 64), torch_act, nn.Linear(64, 16))
+    ref[0].load_state_dict(ffn.up.state_dict())
+    ref[2].load_state_dict(ffn.down.state_dict())
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(ffn(x), ref(x))
+
+
+def test_swiglu_formula():
+    ffn = FeedForward(16, 40, activation="swiglu", bias=False)
+    x = torch.randn(3, 5, 16)
+    w1, wg, w2 = ffn.up.weight, ffn.gate.weight, ffn.down.weight
+    expected = (F.silu(x @ wg.T) * (x @ w1.T)) @ w2.T
+    torch.testing.assert_close(ffn(x), expected)
+
+
+def test_ffn_is_position_wise():
+    ffn = FeedForward(16, 32)
+    x = torch.randn(2, 6, 16)
+    torch.testing.assert_close(ffn(x)[:, 3], ffn(x[:, 3:4])[:, 0])
+
+
+def test_unknown_activation():
+    with pytest.raises(ValueError, match="activation must be one of .* got 'tanh'"):
+        FeedForward(8, 16, activation="tanh")
