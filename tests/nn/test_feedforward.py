@@ -34,5 +34,5 @@ def test_ffn_is_position_wise():
 
 
 def test_unknown_activation():
-    with pytest.raises(ValueError, match="activation must be one of .* got 'tanh'"):
+    with pytest.raises(ValueError, match=r"activation must be one of .* got 'tanh'"):
         FeedForward(8, 16, activation="tanh")

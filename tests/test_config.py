@@ -1,0 +1,47 @@
+"""Configs: validation with messages that name the field, presets, and JSON round trips."""
+
+import json
+
+import pytest
+
+from qkv import BERTConfig, GPTConfig, TransformerConfig
+
+
+@pytest.mark.parametrize(
+    "fields, error, message",
+    [
+        (dict(d_model=100, n_heads=3), ValueError, "d_model=100 must be divisible by n_heads=3"),
+        (dict(d_model=512.0), TypeError, "d_model must be an int, got float 512.0"),
+        (dict(n_layers=0), ValueError, "n_layers must be >= 1, got n_layers=0"),
+        (dict(dropout=1.0), ValueError, r"dropout must be in \[0, 1\), got dropout=1.0"),
+        (dict(activation="tanh"), ValueError, "activation must be one of"),
+        (dict(positional="alibi"), ValueError, "positional must be one of"),
+        (dict(n_kv_heads=3), ValueError, "n_heads=8 must be divisible by n_kv_heads=3"),
+        (dict(pad_id=100), ValueError, "pad_id=100 is outside the vocabulary: src_vocab_size=100"),
+        (dict(tgt_vocab_size=90, share_embeddings=True), ValueError, "share_embeddings needs one vocabulary"),
+        (dict(src_vocab_size="100"), TypeError, "src_vocab_size must be an int, got str"),
+    ],
+)
+def test_transformer_config_validation(fields, error, message):
+    with pytest.raises(error, match=message):
+        TransformerConfig(**{"src_vocab_size": 100, "tgt_vocab_size": 100, **fields})
+
+
+def test_defaults_fill_in():
+    cfg = TransformerConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=64, n_heads=4, n_layers=3)
+    assert cfg.d_ff == 256 and cfg.n_encoder_layers == cfg.n_decoder_layers == 3 and cfg.head_dim == 16
+
+
+def test_json_round_trip_and_unknown_fields():
+    cfg = GPTConfig.from_preset("smollm2-135m")
+    again = GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg
+    with pytest.raises(ValueError, match=r"unknown GPTConfig fields \['colour'\]"):
+        GPTConfig.from_dict({**cfg.to_dict(), "colour": "red"})
+
+
+def test_presets():
+    assert BERTConfig.from_preset("minilm-l6").d_model == 384
+    assert GPTConfig.from_preset("llama", vocab_size=100).norm == "rms"
+    with pytest.raises(ValueError, match="unknown GPTConfig preset 'gpt5'"):
+        GPTConfig.from_preset("gpt5")
