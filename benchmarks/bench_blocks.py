@@ -70,11 +70,11 @@ def bench_layer(batch: int, seq: int, d: int, heads: int, d_ff: int, peaks: dict
     x = torch.randn(batch, seq, d)
     rows = []
     for precision in ("fp32", "bf16"):
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+        bf16 = precision == "bf16"
 
-        def step(module, call):
+        def step(module, call, bf16=bf16):
             def run():
-                with autocast:
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     out = call(module)
                 out.float().sum().backward()
             return run

@@ -259,7 +259,7 @@ class _Checkpoint:
             if ignore(key):
                 continue
             if key in self.tensors:
-                raise ValueError(f"{name!r} and {self.given_names[key]!r} are the same tensor {key!r}; keep one")
+                raise ValueError(f"{name!r} and {self.given_names[key]!r} both name the tensor {key!r}; keep one")
             self.tensors[key], self.given_names[key] = tensor, name
         self.used: set[str] = set()
         self.missing: list[str] = []
