@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "blocks up.")
     sub = parser.add_subparsers(dest="command", required=True)
     tour = sub.add_parser("tour", help="a short tour of the building blocks and models")
-    tour.add_argument("--steps", type=int, default=300, help="training steps of the copy task (default 300)")
+    tour.add_argument("--steps", type=int, default=250, help="training steps of the copy task (default 250)")
     tour.add_argument("--seed", type=int, default=0)
     tour.set_defaults(run=_tour)
     return parser
