@@ -41,7 +41,11 @@ class ModelConfig:
         n_layers: number of layers (for the encoder-decoder: each side, unless overridden).
         d_ff: hidden width of the feed-forward network (default 4 * d_model).
         max_seq_len: longest sequence; a hard limit for absolute (sinusoidal, learned) positions.
-        dropout: dropout on embeddings, attention weights, feed-forward activations and residual branches.
+        dropout: dropout on embeddings and residual branches (and, unless set apart below, on attention
+            weights and feed-forward activations).
+        attention_dropout: dropout on attention weights (None: ``dropout``).
+        activation_dropout: dropout on the feed-forward hidden activations (None: ``dropout``). Setting it to 0
+            is common (fairseq) and saves much time on a CPU, where drawing random masks is slow.
         pad_id: token id of padding; keys equal to it are masked out (None: the model masks nothing itself).
         norm_first: Pre-Norm (True) or Post-Norm (False) residual connections.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
@@ -63,6 +67,8 @@ class ModelConfig:
     d_ff: int | None = None
     max_seq_len: int = 512
     dropout: float = 0.1
+    attention_dropout: float | None = None
+    activation_dropout: float | None = None
     pad_id: int | None = 0
     norm_first: bool = True
     norm: str = "layer"
@@ -91,8 +97,10 @@ class ModelConfig:
             raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got dropout={self.dropout}")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {name}={value}")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 0:
             raise ValueError("norm_eps, init_std and rope_base must be positive")
         _check_choice("norm", self.norm, NORMS)

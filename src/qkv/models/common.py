@@ -50,7 +50,7 @@ def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = 
         cfg.d_model,
         cfg.n_heads,
         n_kv_heads=None if cross else cfg.n_kv_heads,
-        dropout=cfg.dropout,
+        dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
         bias=cfg.bias,
         causal=causal,
         window=None if cross else cfg.window,
@@ -60,7 +60,8 @@ def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = 
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:
-    return FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=cfg.dropout, bias=cfg.bias)
+    dropout = cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+    return FeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation, dropout=dropout, bias=cfg.bias)
 
 
 def encoder_layer(cfg: ModelConfig, rope: RotaryEmbedding | None) -> EncoderLayer:

@@ -1,0 +1,188 @@
+"""Machine translation: what differs from other tasks is only here.
+
+A batch is (source, target-in, target-out) with teacher forcing; the loss is label-smoothed cross-entropy over
+the target tokens; validation is the plain cross-entropy and sacreBLEU of greedy translations.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
+from ..generation import Seq2SeqDecoder, beam_search, greedy
+from ..metrics import bleu
+from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_all
+
+log = logging.getLogger(__name__)
+
+
+def max_new_tokens(model: nn.Module, src_len: int) -> int:
+    """Room for a translation: twice the source plus 10, within the model's position table if it has one."""
+    budget = 2 * src_len + 10
+    cfg = model.config
+    if cfg.positional in ("sinusoidal", "learned"):
+        budget = min(budget, cfg.max_seq_len - 1)
+    return max(budget, 1)
+
+
+@torch.no_grad()
+def translate_ids(
+    model: nn.Module,
+    sources: Sequence[list[int]],
+    *,
+    beam_size: int = 1,
+    alpha: float = 0.6,
+    batch_tokens: int = 4000,
+    use_cache: bool = True,
+) -> list[list[int]]:
+    """Translate token-id sequences (without specials) in length-sorted batches; output in input order."""
+    model.eval()
+    outputs: list[list[int]] = [[] for _ in sources]
+    budget = max(batch_tokens // max(beam_size, 1), 1)
+    for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
+        src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
+                                eos_id=EOS_ID).src
+        decoder = Seq2SeqDecoder(model, src, use_cache=use_cache)
+        limit = max_new_tokens(model, src.size(1))
+        if beam_size > 1:
+            hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
+                               alpha=alpha)
+        else:
+            hyps = greedy(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit)
+        for i, hyp in zip(indices, hyps, strict=True):
+            outputs[i] = hyp
+    return outputs
+
+
+def translate(model: nn.Module, tokenizers: dict[str, Tokenizer], texts: Sequence[str], **kwargs: Any) -> list[str]:
+    """Translate sentences; keyword arguments as for :func:`translate_ids`."""
+    limit = model.config.max_seq_len - 2 if model.config.positional in ("sinusoidal", "learned") else None
+    sources = [ids[:limit] if limit else ids for ids in encode_all(tokenizers["src"], texts)]
+    return [tokenizers["tgt"].decode(ids) for ids in translate_ids(model, sources, **kwargs)]
+
+
+@torch.no_grad()
+def cross_attention(model: nn.Module, tokenizers: dict[str, Tokenizer], source: str, target_ids: list[int],
+                    *, layer: int = -1) -> tuple[torch.Tensor, list[str], list[str]]:
+    """Cross-attention weights of one translated sentence, averaged over heads, with token labels.
+
+    Returns:
+        ``(weights (T_tgt + 1, S), target labels, source labels)``: one row per produced token (and ``</s>``),
+        one column per source token.
+    """
+    model.eval()
+    src_ids = tokenizers["src"].encode(source)[: model.config.max_seq_len]
+    src = torch.tensor([src_ids])
+    tgt_in = torch.tensor([[BOS_ID, *target_ids]])
+    _, att = model(src, tgt_in, return_attention=True)
+    weights = att["decoder_cross"][layer][0].mean(0)  # (T, S): average over heads
+    tgt_tok = tokenizers["tgt"]
+    target_labels = [_label(tgt_tok, i) for i in target_ids] + ["</s>"]
+    source_labels = [_label(tokenizers["src"], i) for i in src_ids]
+    return weights, target_labels, source_labels
+
+
+def _label(tokenizer: Tokenizer, token_id: int) -> str:
+    if hasattr(tokenizer, "itos"):
+        return tokenizer.itos[token_id]
+    return tokenizer.hf.id_to_token(token_id)
+
+
+@dataclass
+class ParallelData:
+    """Tokenized sentence pairs, already cleaned."""
+
+    src: list[list[int]]
+    tgt: list[list[int]]
+    src_text: list[str]
+    tgt_text: list[str]
+
+    @classmethod
+    def encode(cls, pairs: Sequence[tuple[str, str]], tokenizers: dict[str, Tokenizer], *, max_len: int,
+               name: str) -> ParallelData:
+        src_text, tgt_text = [p[0].strip() for p in pairs], [p[1].strip() for p in pairs]
+        src, tgt = encode_all(tokenizers["src"], src_text), encode_all(tokenizers["tgt"], tgt_text)
+        keep, stats = clean_pairs(src, tgt, max_len=max_len)
+        log.info("%s: %s", name, stats)
+        if not keep:
+            raise ValueError(f"{name}: no usable sentence pairs ({stats})")
+        return cls([src[i] for i in keep], [tgt[i] for i in keep], [src_text[i] for i in keep],
+                   [tgt_text[i] for i in keep])
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def split_off(pairs: list[tuple[str, str]], n: int, seed: int) -> tuple[list, list]:
+    """Hold out ``n`` pairs chosen with a fixed seed: (rest, held out), both in their original order."""
+    if not 0 < n < len(pairs):
+        raise ValueError(f"cannot hold out {n} of {len(pairs)} pairs")
+    held = set(random.Random(seed).sample(range(len(pairs)), n))
+    return [p for i, p in enumerate(pairs) if i not in held], [p for i, p in enumerate(pairs) if i in held]
+
+
+class TranslationTask:
+    """Teacher-forced training of an encoder-decoder on parallel data, validated by loss and BLEU."""
+
+    selection_metric = "val_bleu"
+    higher_is_better = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizers: dict[str, Tokenizer],
+        train: ParallelData,
+        valid: ParallelData,
+        *,
+        batch_tokens: int = 4000,
+        seed: int = 0,
+        label_smoothing: float = 0.1,
+        bleu_samples: int = 500,
+        target_language: str | None = None,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.model, self.tokenizers, self.train, self.valid = model, tokenizers, train, valid
+        self.batch_tokens, self.seed, self.label_smoothing = batch_tokens, seed, label_smoothing
+        self.bleu_samples, self.target_language = bleu_samples, target_language
+        self.meta = {"task": "translation", **(meta or {})}
+        self._lengths = [max(len(s), len(t)) + 1 for s, t in zip(train.src, train.tgt, strict=True)]
+        self._epoch_batches: tuple[int, list[TranslationBatch]] | None = None
+
+    def batches(self, epoch: int) -> list[TranslationBatch]:
+        if self._epoch_batches is None or self._epoch_batches[0] != epoch:
+            groups = token_budget_batches(self._lengths, self.batch_tokens, seed=self.seed * 100_003 + epoch)
+            self._epoch_batches = (epoch, [self._batch(self.train, g) for g in groups])
+        return self._epoch_batches[1]
+
+    @staticmethod
+    def _batch(data: ParallelData, indices: Sequence[int]) -> TranslationBatch:
+        return translation_batch([data.src[i] for i in indices], [data.tgt[i] for i in indices], pad_id=PAD_ID,
+                                 bos_id=BOS_ID, eos_id=EOS_ID)
+
+    def loss(self, batch: TranslationBatch, *, label_smoothing: float | None = None) -> tuple[torch.Tensor, int]:
+        logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID,
+                               label_smoothing=smoothing, reduction="sum")
+        return loss, batch.n_tokens
+
+    def evaluate(self) -> dict[str, float]:
+        total, tokens = 0.0, 0
+        lengths = [max(len(s), len(t)) + 1 for s, t in zip(self.valid.src, self.valid.tgt, strict=True)]
+        for group in token_budget_batches(lengths, self.batch_tokens):
+            loss, n = self.loss(self._batch(self.valid, group), label_smoothing=0.0)
+            total, tokens = total + loss.item(), tokens + n
+        metrics = {"val_loss": total / max(tokens, 1)}
+        if self.bleu_samples:
+            n = min(self.bleu_samples, len(self.valid))
+            hyps = [self.tokenizers["tgt"].decode(h) for h in translate_ids(self.model, self.valid.src[:n])]
+            metrics["val_bleu"] = bleu(hyps, self.valid.tgt_text[:n], language=self.target_language).score
+        return metrics

@@ -1,0 +1,122 @@
+"""Pictures people would rather see than read: attention heatmaps and loss curves (PNG, via matplotlib).
+
+Chinese labels need a font with CJK glyphs; the first installed one of :data:`CJK_FONTS` is used (on Debian:
+``apt-get install fonts-wqy-microhei``). Without one the plot is still written, with a warning, and the
+missing glyphs show as boxes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CJK_FONTS = ("WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC",
+             "SimHei", "Microsoft YaHei", "PingFang SC", "AR PL UMing CN")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _needs_cjk(labels: Sequence[str]) -> bool:
+    return any(ord(ch) > 0x2E80 and ch != "▁" for label in labels for ch in label)
+
+
+def _font_family(labels: Sequence[str]) -> list[str] | None:
+    if not _needs_cjk(labels):
+        return None
+    from matplotlib import font_manager
+
+    installed = {f.name for f in font_manager.fontManager.ttflist}
+    for name in CJK_FONTS:
+        if name in installed:
+            return [name, "DejaVu Sans"]
+    log.warning("no CJK font found (tried %s); Chinese labels will show as boxes. "
+                "On Debian: apt-get install fonts-wqy-microhei", ", ".join(CJK_FONTS[:3]))
+    return None
+
+
+def attention_heatmap(
+    weights: torch.Tensor,
+    query_labels: Sequence[str],
+    key_labels: Sequence[str],
+    path: str | Path,
+    *,
+    title: str = "",
+    xlabel: str = "source",
+    ylabel: str = "target",
+) -> Path:
+    """Write a heatmap of ``weights`` ``(T_q, T_k)``: one row per query (output token), one column per key.
+
+    Raises:
+        ValueError: if the labels do not match the weights' shape.
+    """
+    weights = weights.detach().float().cpu()
+    if weights.dim() != 2 or weights.shape != (len(query_labels), len(key_labels)):
+        raise ValueError(f"weights of shape {tuple(weights.shape)} do not match {len(query_labels)} query and "
+                         f"{len(key_labels)} key labels")
+    plt = _pyplot()
+    family = _font_family([*query_labels, *key_labels])
+    height, width = weights.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * width + 2), max(3.0, 0.4 * height + 1.5)))
+    image = ax.imshow(weights.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+    font = {"family": family} if family else {}
+    ax.set_xticks(range(width), [s.replace("▁", "") or "▁" for s in key_labels], rotation=60, ha="right", **font)
+    ax.set_yticks(range(height), [s.replace("▁", "") or "▁" for s in query_labels], **font)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, **font)
+    fig.colorbar(image, ax=ax, fraction=0.04)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: str = "") -> Path:
+    """Plot ``train_loss`` and ``val_loss`` (and a validation metric on a second axis) against ``step`` from
+    the rows of a training log (CSV rows as dicts; empty cells are skipped)."""
+    plt = _pyplot()
+
+    def series(key: str) -> tuple[list[float], list[float]]:
+        pts = [(float(r["step"]), float(r[key])) for r in rows if r.get(key) not in (None, "")]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, style in (("train_loss", "-"), ("val_loss", "o-")):
+        xs, ys = series(key)
+        if xs:
+            ax.plot(xs, ys, style, label=key.replace("_", " "), markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.grid(alpha=0.3)
+    metric = next((k for k in ("val_bleu", "val_accuracy", "val_exact") if any(r.get(k) for r in rows)), None)
+    handles, labels = ax.get_legend_handles_labels()
+    if metric:
+        twin = ax.twinx()
+        xs, ys = series(metric)
+        (line,) = twin.plot(xs, ys, "s--", color="tab:green", markersize=3, label=metric.replace("_", " "))
+        twin.set_ylabel(metric.replace("_", " "))
+        handles.append(line)
+        labels.append(line.get_label())
+    ax.legend(handles, labels, loc="upper right")
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
