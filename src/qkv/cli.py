@@ -7,10 +7,15 @@ on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+log = logging.getLogger("qkv")
 
 
 def _tour(args: argparse.Namespace) -> None:
@@ -80,10 +85,308 @@ def _tour(args: argparse.Namespace) -> None:
     print(f"   source {src[0].tolist()}\n   copy   {ys[0, 1:].tolist()}")
 
 
+
+# --- qkv train (translation) ----------------------------------------------------------------------------------
+
+TRAIN_DEFAULTS = dict(
+    tokenizer="bpe", target_tokenizer=None, vocab_size=8000, separate_vocab=False, preset="small", d_model=None,
+    n_heads=None, n_layers=None, n_encoder_layers=None, n_decoder_layers=None, d_ff=None, dropout=None,
+    attention_dropout=None, activation_dropout=None, post_norm=False, positional=None, max_len=128,
+    batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", label_smoothing=0.1, clip=1.0,
+    weight_decay=0.01, max_steps=None, epochs=None, max_minutes=None, eval_every=500, bleu_samples=500, bf16=False,
+    seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None, valid_src=None,
+    valid_tgt=None, valid_tsv=None,
+)
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
+                "attention_dropout", "activation_dropout", "positional")
+
+
+def _add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option defaults to None here, so that --resume can tell what was typed from what was stored."""
+    data = p.add_argument_group("data (two aligned files, plain or .gz, or one TSV of source<TAB>target)")
+    data.add_argument("--src", help="training source file")
+    data.add_argument("--tgt", help="training target file")
+    data.add_argument("--tsv", help="training pairs as source<TAB>target lines")
+    data.add_argument("--valid-src")
+    data.add_argument("--valid-tgt")
+    data.add_argument("--valid-tsv")
+    data.add_argument("--valid-size", type=int, help="without validation files, hold out this many pairs (1000)")
+    data.add_argument("--test-size", type=int, help="also hold out a test set, written to OUT/test.{src,ref}.txt")
+    data.add_argument("--max-len", type=int, help="skip pairs longer than this many tokens (128)")
+    data.add_argument("--target-lang", help="target language code; 'zh' picks sacreBLEU's Chinese tokenizer "
+                                            "(detected automatically)")
+    tok = p.add_argument_group("tokenizer")
+    tok.add_argument("--tokenizer", choices=["bpe", "char"])
+    tok.add_argument("--target-tokenizer", choices=["bpe", "char"], help="a different kind for the target side")
+    tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (8000)")
+    tok.add_argument("--separate-vocab", action="store_true", default=None, help="one vocabulary per side")
+    model = p.add_argument_group("model (a preset, then any field overridden)")
+    model.add_argument("--preset", choices=["small", "base", "big"])
+    model.add_argument("--d-model", type=int)
+    model.add_argument("--n-heads", type=int)
+    model.add_argument("--n-layers", type=int)
+    model.add_argument("--n-encoder-layers", type=int)
+    model.add_argument("--n-decoder-layers", type=int)
+    model.add_argument("--d-ff", type=int)
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--attention-dropout", type=float)
+    model.add_argument("--activation-dropout", type=float)
+    model.add_argument("--post-norm", action="store_true", default=None, help="Post-Norm as in the paper")
+    model.add_argument("--positional", choices=["sinusoidal", "learned", "rope"])
+    train = p.add_argument_group("training")
+    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    train.add_argument("--max-steps", type=int)
+    train.add_argument("--epochs", type=float)
+    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
+    train.add_argument("--batch-tokens", type=int, help="tokens per batch, padding included (4000)")
+    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
+    train.add_argument("--lr", type=float, help="peak learning rate (7e-4)")
+    train.add_argument("--warmup", type=int, help="warmup steps (1000)")
+    train.add_argument("--schedule", choices=["inverse_sqrt", "cosine", "constant"])
+    train.add_argument("--label-smoothing", type=float)
+    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
+    train.add_argument("--weight-decay", type=float)
+    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
+    train.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (500)")
+    train.add_argument("--bleu-samples", type=int, help="validation sentences translated for BLEU (500; 0 = none)")
+    train.add_argument("--seed", type=int)
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _settings(args: argparse.Namespace) -> dict:
+    """Defaults, then (with --resume) what the run stored, then what was typed now."""
+    typed = {k: v for k, v in vars(args).items() if k in TRAIN_DEFAULTS and v is not None}
+    stored = {}
+    if args.resume:
+        from .checkpoint import resolve
+
+        config = json.loads((resolve(Path(args.out) / "last") / "config.json").read_text(encoding="utf-8"))
+        stored = config.get("args", {})
+    return {**TRAIN_DEFAULTS, **stored, **typed}
+
+
+def _read_pairs(settings: dict) -> tuple[list, list, list | None]:
+    from .data import DataError, read_parallel
+    from .tasks.translation import split_off
+
+    if settings["tsv"]:
+        if settings["src"] or settings["tgt"]:
+            raise DataError("give either --tsv or --src/--tgt, not both")
+        train = read_parallel(settings["tsv"])
+    elif settings["src"] and settings["tgt"]:
+        train = read_parallel(settings["src"], settings["tgt"])
+    else:
+        raise DataError("no training data: give --src FILE --tgt FILE, or --tsv FILE")
+    test = None
+    if settings["test_size"]:
+        train, test = split_off(train, settings["test_size"], settings["seed"] + 1)
+    if settings["valid_tsv"]:
+        valid = read_parallel(settings["valid_tsv"])
+    elif settings["valid_src"] and settings["valid_tgt"]:
+        valid = read_parallel(settings["valid_src"], settings["valid_tgt"])
+    elif settings["valid_src"] or settings["valid_tgt"]:
+        raise DataError("give both --valid-src and --valid-tgt (or --valid-tsv)")
+    else:
+        train, valid = split_off(train, settings["valid_size"], settings["seed"])
+    return train, valid, test
+
+
+def _train(args: argparse.Namespace) -> None:
+    from . import Transformer, TransformerConfig
+    from .checkpoint import load_checkpoint
+    from .tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
+    from .training import Trainer, TrainOptions
+
+    out = Path(args.out)
+    if not args.resume and ((out / "last").exists() or (out / "best").exists()):
+        raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another --out")
+    s = _settings(args)
+    opts = TrainOptions(
+        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"], lr=s["lr"],
+        schedule=s["schedule"], warmup=s["warmup"], weight_decay=s["weight_decay"], clip=s["clip"], accum=s["accum"],
+        bf16=s["bf16"], eval_every=s["eval_every"], seed=s["seed"], resume=args.resume, progress=not args.no_progress,
+    )
+    if not 0.0 <= s["label_smoothing"] < 1.0:
+        raise ValueError(f"--label-smoothing must be in [0, 1), got {s['label_smoothing']}")
+    train_pairs, valid_pairs, test_pairs = _read_pairs(s)
+    if args.resume:
+        previous = load_checkpoint(out / "last")
+        tokenizers, cfg = previous.tokenizers, previous.model.config
+    else:
+        tokenizers = build_tokenizers(train_pairs, kind=s["tokenizer"], vocab_size=s["vocab_size"],
+                                      shared=not s["separate_vocab"] and not s["target_tokenizer"],
+                                      target_kind=s["target_tokenizer"])
+        overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
+        shared = tokenizers["src"] is tokenizers["tgt"]
+        cfg = TransformerConfig.from_preset(
+            s["preset"], src_vocab_size=tokenizers["src"].vocab_size, tgt_vocab_size=tokenizers["tgt"].vocab_size,
+            share_embeddings=shared, max_seq_len=max(s["max_len"] + 2, 64),
+            **({"norm_first": False} if s["post_norm"] else {"norm_first": True}), **overrides,
+        )
+    train = ParallelData.encode(train_pairs, tokenizers, max_len=s["max_len"], name="train")
+    valid = ParallelData.encode(valid_pairs, tokenizers, max_len=s["max_len"], name="valid")
+    if test_pairs is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "test.src.txt").write_text("".join(p[0].strip() + "\n" for p in test_pairs), encoding="utf-8")
+        (out / "test.ref.txt").write_text("".join(p[1].strip() + "\n" for p in test_pairs), encoding="utf-8")
+    target_lang = s["target_lang"] or ("zh" if looks_chinese(valid.tgt_text) else None)
+    model = Transformer(cfg)
+    log.info("model: %.2fM parameters (%.2fM without embeddings); %d training pairs, %d validation pairs",
+             model.num_parameters() / 1e6, model.num_parameters(exclude_embeddings=True) / 1e6, len(train), len(valid))
+    stored_args = {k: s[k] for k in TRAIN_DEFAULTS}
+    task = TranslationTask(model, tokenizers, train, valid, batch_tokens=s["batch_tokens"], seed=s["seed"],
+                           label_smoothing=s["label_smoothing"], bleu_samples=s["bleu_samples"],
+                           target_language=target_lang,
+                           meta={"args": stored_args, "target_lang": target_lang, "title": out.name})
+    result = Trainer(task, opts).run()
+    best = result.best or {}
+    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), {result.elapsed_s / 60:.1f} "
+          f"min, {result.tokens_per_s:,.0f} target tokens/s")
+    if best:
+        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()) + f"  -> {out / 'best'}")
+    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+
+
+# --- qkv translate / evaluate ---------------------------------------------------------------------------------
+
+def _read_inputs(texts: list[str], input_file: str | None) -> list[str]:
+    from .data import read_lines
+
+    if texts and input_file:
+        raise ValueError("give sentences as arguments or with --input, not both")
+    if input_file:
+        lines = read_lines(input_file)
+    elif texts:
+        lines = texts
+    elif not sys.stdin.isatty():
+        lines = sys.stdin.read().splitlines()
+    else:
+        lines = []
+    if not any(line.strip() for line in lines):
+        raise ValueError("nothing to translate: give sentences as arguments, with --input FILE, or on stdin")
+    return lines
+
+
+def _check_decoding(args: argparse.Namespace) -> None:
+    if args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    if args.alpha < 0:
+        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+
+
+def _load_translator(path: str):
+    from .checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(path)
+    if ckpt.arch != "transformer" or not {"src", "tgt"} <= set(ckpt.tokenizers):
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a translation model")
+    return ckpt
+
+
+def _translate_cmd(args: argparse.Namespace) -> None:
+    from .tasks.translation import cross_attention, translate
+    from .viz import attention_heatmap
+
+    _check_decoding(args)
+    ckpt = _load_translator(args.model)
+    sources = _read_inputs(args.text, args.input)
+    hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
+                     alpha=args.alpha, use_cache=not args.no_cache)
+    if args.output:
+        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    else:
+        for h in hyps:
+            print(h)
+    if args.attention:
+        first = sources[0].strip()
+        weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
+                                                          ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
+        path = attention_heatmap(weights, tgt_labels, src_labels, args.attention,
+                                 title=f"cross-attention, layer {args.layer}, mean over heads")
+        print(f"attention map of the first sentence: {path}", file=sys.stderr)
+
+
+def _evaluate_cmd(args: argparse.Namespace) -> None:
+    from .data import read_lines
+    from .metrics import bleu, chrf, tokenized_bleu
+    from .tasks.translation import looks_chinese, translate
+
+    refs = read_lines(args.ref)
+    if args.model:
+        _check_decoding(args)
+        if not args.src:
+            raise ValueError("with --model, give the source sentences with --src FILE")
+        ckpt = _load_translator(args.model)
+        sources = read_lines(args.src)
+        if len(sources) != len(refs):
+            raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+        start = time.monotonic()
+        hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
+                         alpha=args.alpha)
+        print(f"translated {len(hyps)} sentences in {time.monotonic() - start:.1f}s (beam {args.beam})")
+        if args.output:
+            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    elif args.hyp:
+        hyps = read_lines(args.hyp)
+    else:
+        raise ValueError("give --hyp FILE (translations to score) or --model DIR --src FILE")
+    language = args.lang or ("zh" if looks_chinese(refs) else None)
+    print(bleu(hyps, refs, language=language))
+    print(chrf(hyps, refs))
+    if args.tokenized_bleu:
+        print(tokenized_bleu(hyps, refs, language=args.lang or "en"))
+
+
+# --- the parser ---------------------------------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not a usage dump: what was wrong and where to look."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qkv", description="A Transformer toolkit written from the building "
+    parser = _Parser(prog="qkv", description="A Transformer toolkit written from the building "
                                                              "blocks up.")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="train an English->Chinese date and number translator in ~3 minutes")
+    demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
+    demo.add_argument("--minutes", type=float, default=2.5, help="training budget in minutes (default 2.5)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--no-progress", action="store_true")
+    demo.set_defaults(run=_demo)
+
+    train = sub.add_parser("train", help="train a translation model on a parallel corpus")
+    _add_train_arguments(train)
+    train.set_defaults(run=_train)
+
+    tr = sub.add_parser("translate", help="translate sentences with a trained model")
+    tr.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    tr.add_argument("--model", required=True, help="a checkpoint directory, or a run directory (uses best/)")
+    tr.add_argument("--input", help="file of sentences, one per line")
+    tr.add_argument("--output", help="write translations here instead of stdout")
+    tr.add_argument("--beam", type=int, default=1, help="beam size (1 = greedy, the default)")
+    tr.add_argument("--alpha", type=float, default=0.6, help="beam length penalty α (default 0.6)")
+    tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
+    tr.add_argument("--layer", type=int, default=-1, help="decoder layer of the attention map (default: last)")
+    tr.add_argument("--no-cache", action="store_true", help="decode without the KV cache (slower; same output)")
+    tr.set_defaults(run=_translate_cmd)
+
+    ev = sub.add_parser("evaluate", help="score translations with sacreBLEU and chrF")
+    ev.add_argument("--ref", required=True, help="reference translations, one per line")
+    ev.add_argument("--hyp", help="translations to score")
+    ev.add_argument("--model", help="translate --src with this model, then score")
+    ev.add_argument("--src", help="source sentences (with --model)")
+    ev.add_argument("--output", help="with --model: also write the translations here")
+    ev.add_argument("--beam", type=int, default=1)
+    ev.add_argument("--alpha", type=float, default=0.6)
+    ev.add_argument("--lang", help="target language code (zh: Chinese tokenization; detected automatically)")
+    ev.add_argument("--tokenized-bleu", action="store_true",
+                    help="also BLEU on lower-cased spaCy tokens, as older Multi30k results report")
+    ev.set_defaults(run=_evaluate_cmd)
+
     tour = sub.add_parser("tour", help="a short tour of the building blocks and models")
     tour.add_argument("--steps", type=int, default=250, help="training steps of the copy task (default 250)")
     tour.add_argument("--seed", type=int, default=0)
@@ -91,12 +394,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _demo(args: argparse.Namespace) -> None:
+    from .tasks.demo import run_demo
+
+    run_demo(out=args.out, minutes=args.minutes, seed=args.seed, progress=not args.no_progress)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="qkv: %(message)s", stream=sys.stderr)
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
         args.run(args)
-    except (ValueError, TypeError, OSError) as err:
-        print(f"qkv {args.command}: error: {err}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, FloatingPointError) as err:
+        message = " ".join(str(err).split())  # one line, whatever the exception carried
+        print(f"qkv {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)

@@ -78,6 +78,7 @@ class TrainOptions:
     accum: int = 1
     bf16: bool = False
     eval_every: int = 500
+    stop_at: float | None = None  # stop once the task's selection metric reaches this value
     log_every: int = 50
     seed: int = 0
     resume: bool = False
@@ -325,6 +326,8 @@ class Trainer:
                     if self.step % opts.eval_every == 0 or reason:
                         last_eval = self._evaluate_and_save(time.monotonic() - start)
                         bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
+                        if not reason and self._reached_target(last_eval):
+                            reason = f"{self.task.selection_metric} reached {opts.stop_at}"
                     if reason:
                         stopped = reason
                         break
@@ -337,6 +340,12 @@ class Trainer:
         elapsed = time.monotonic() - start
         return TrainResult(self.step, self.epoch, stopped, self.best, last_eval, elapsed,
                            (self.tokens_seen - tokens_before) / max(elapsed, 1e-9))
+
+    def _reached_target(self, metrics: dict[str, float]) -> bool:
+        value = metrics.get(self.task.selection_metric)
+        if self.opts.stop_at is None or value is None:
+            return False
+        return value >= self.opts.stop_at if self.task.higher_is_better else value <= self.opts.stop_at
 
     def _should_stop(self, total: int | None, start: float, interrupted: bool) -> str:
         if interrupted:

@@ -184,5 +184,27 @@ class TranslationTask:
         if self.bleu_samples:
             n = min(self.bleu_samples, len(self.valid))
             hyps = [self.tokenizers["tgt"].decode(h) for h in translate_ids(self.model, self.valid.src[:n])]
-            metrics["val_bleu"] = bleu(hyps, self.valid.tgt_text[:n], language=self.target_language).score
+            refs = self.valid.tgt_text[:n]
+            metrics["val_bleu"] = bleu(hyps, refs, language=self.target_language).score
+            metrics["val_exact"] = sum(h == r for h, r in zip(hyps, refs, strict=True)) / n
         return metrics
+
+
+def looks_chinese(texts: Sequence[str]) -> bool:
+    """True when most characters are CJK ideographs (then BLEU uses sacreBLEU's ``zh`` tokenizer)."""
+    sample = "".join(texts[:2000])
+    cjk = sum("\u4e00" <= ch <= "\u9fff" for ch in sample)
+    return cjk > 0.3 * max(1, sum(not ch.isspace() for ch in sample))
+
+
+def build_tokenizers(pairs: Sequence[tuple[str, str]], *, kind: str, vocab_size: int, shared: bool,
+                     target_kind: str | None = None) -> dict[str, Tokenizer]:
+    """Train the source and target tokenizers on the training pairs (one shared, or one per side)."""
+    from ..tokenizers import train_tokenizer
+
+    src_text, tgt_text = [p[0] for p in pairs], [p[1] for p in pairs]
+    if shared:
+        tok = train_tokenizer(kind, src_text + tgt_text, vocab_size=vocab_size)
+        return {"src": tok, "tgt": tok}
+    return {"src": train_tokenizer(kind, src_text, vocab_size=vocab_size),
+            "tgt": train_tokenizer(target_kind or kind, tgt_text, vocab_size=vocab_size)}
