@@ -13,6 +13,7 @@ else about the model.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -69,9 +70,20 @@ def _strip(tokens: list[int], eos_id: int) -> list[int]:
     return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
+def _limits(max_new_tokens: int | Sequence[int], n: int) -> torch.Tensor:
+    """One token budget per row, so a row's output never depends on which rows share its batch."""
+    if isinstance(max_new_tokens, int):
+        return torch.full((n,), max_new_tokens)
+    if len(max_new_tokens) != n:
+        raise ValueError(f"{len(max_new_tokens)} token budgets for {n} rows")
+    return torch.as_tensor(list(max_new_tokens))
+
+
 @torch.no_grad()
-def greedy(decoder: IncrementalDecoder, *, bos_id: int, eos_id: int, max_new_tokens: int) -> list[list[int]]:
-    """The most probable token at every step, until ``</s>`` or ``max_new_tokens``.
+def greedy(
+    decoder: IncrementalDecoder, *, bos_id: int, eos_id: int, max_new_tokens: int | Sequence[int]
+) -> list[list[int]]:
+    """The most probable token at every step, until ``</s>`` or the row's ``max_new_tokens``.
 
     Rows that have finished are dropped from the batch, so a long sentence does not make the short ones
     in its batch keep paying for decoding.
@@ -80,14 +92,15 @@ def greedy(decoder: IncrementalDecoder, *, bos_id: int, eos_id: int, max_new_tok
         per input row, the generated ids (without ``<s>`` and ``</s>``).
     """
     n = decoder.batch_size
+    limits = _limits(max_new_tokens, n)
     outputs: list[list[int]] = [[] for _ in range(n)]
     active = torch.arange(n)  # which original rows are still decoding
     last = torch.full((n, 1), bos_id, dtype=torch.long)
-    for _ in range(max_new_tokens):
+    for step in range(1, int(limits.max()) + 1 if n else 0):
         next_tokens = decoder.step(last).argmax(dim=-1)  # (B_active,)
         for row, token in zip(active.tolist(), next_tokens.tolist(), strict=True):
             outputs[row].append(token)
-        going = next_tokens != eos_id
+        going = (next_tokens != eos_id) & (limits[active] > step)
         if not going.any():
             break
         if not going.all():
@@ -109,7 +122,7 @@ def beam_search(
     *,
     bos_id: int,
     eos_id: int,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     beam_size: int = 4,
     alpha: float = 0.6,
 ) -> list[list[int]]:
@@ -117,11 +130,13 @@ def beam_search(
 
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by ``</s>`` at no
     cost), so it competes with the unfinished ones by length-normalised score until something better appears.
+    A hypothesis that reaches its row's ``max_new_tokens`` is frozen the same way (truncated, as greedy is).
 
     Returns:
         per input row, the best hypothesis (without ``<s>`` and ``</s>``).
     """
     b, k = decoder.batch_size, beam_size
+    limits = _limits(max_new_tokens, b).repeat_interleave(k)  # (B*K,)
     decoder.reorder(torch.arange(b).repeat_interleave(k))  # (B*K) rows: row r belongs to input r // K
     ys = torch.full((b * k, 1), bos_id, dtype=torch.long)
     scores = torch.full((b, k), float("-inf"))
@@ -129,7 +144,7 @@ def beam_search(
     finished = torch.zeros(b * k, dtype=torch.bool)
     lengths = torch.zeros(b * k)
     row_base = (torch.arange(b) * k)[:, None]  # (B, 1)
-    for _ in range(max_new_tokens):
+    for _ in range(int(limits.max()) if b else 0):
         logp = F.log_softmax(decoder.step(ys[:, -1:]).float(), dim=-1)  # (B*K, V)
         vocab = logp.size(-1)
         logp[finished] = float("-inf")
@@ -144,7 +159,7 @@ def beam_search(
         decoder.reorder(rows)
         ys = torch.cat([ys[rows], tokens], dim=1)
         lengths = new_lengths[rows]
-        finished = finished[rows] | (tokens.squeeze(1) == eos_id)
+        finished = finished[rows] | (tokens.squeeze(1) == eos_id) | (lengths >= limits)
         if finished.all():
             break
     best = (scores / length_penalty(lengths, alpha).view(b, k)).argmax(dim=-1)  # (B,)

@@ -51,7 +51,7 @@ def translate_ids(
         src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
                                 eos_id=EOS_ID).src
         decoder = Seq2SeqDecoder(model, src, use_cache=use_cache)
-        limit = max_new_tokens(model, src.size(1))
+        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         if beam_size > 1:
             hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
                                alpha=alpha)

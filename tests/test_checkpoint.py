@@ -1,0 +1,110 @@
+"""Checkpoints: save -> load gives the same model; writes are atomic; bad files are refused clearly."""
+
+import json
+
+import pytest
+import torch
+
+from qkv import BERT, GPT, BERTConfig, GPTConfig, Transformer, TransformerConfig
+from qkv.checkpoint import CheckpointError, load_checkpoint, resolve, save_checkpoint
+from qkv.tasks.translation import translate
+from qkv.tokenizers import CharTokenizer
+
+
+@pytest.fixture
+def translator():
+    tok = CharTokenizer.train(["abcdefghij klmnop"])
+    cfg = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                            n_layers=1, d_ff=64, share_embeddings=True, max_seq_len=40)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)
+    return model, {"src": tok, "tgt": tok}
+
+
+def test_save_load_translates_identically(tmp_path, translator):
+    model, toks = translator
+    save_checkpoint(tmp_path / "ckpt", model, tokenizers=toks, meta={"task": "translation"})
+    loaded = load_checkpoint(tmp_path / "ckpt")
+    assert loaded.arch == "transformer" and loaded.meta["task"] == "translation"
+    sentences = ["abc def", "ponm lk", "ja"]
+    assert translate(loaded.model, loaded.tokenizers, sentences, beam_size=2) == \
+        translate(model, toks, sentences, beam_size=2)
+    for (name, a), (_, b) in zip(model.state_dict().items(), loaded.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert loaded.model.out_proj.weight is loaded.model.tgt_emb.weight  # tying survives the round trip
+
+
+@pytest.mark.parametrize("model", [
+    GPT(GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=1)),
+    GPT(GPTConfig.from_preset("llama", vocab_size=50, d_model=32, n_heads=4, n_kv_heads=2, n_layers=1)),
+    BERT(BERTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=1)),
+])
+def test_every_family_round_trips(tmp_path, model):
+    save_checkpoint(tmp_path / "m", model, tokenizers={})
+    loaded = load_checkpoint(tmp_path / "m").model
+    ids = torch.randint(1, 50, (2, 7))
+    torch.testing.assert_close(loaded(ids), model.eval()(ids))
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, translator, monkeypatch):
+    model, toks = translator
+    save_checkpoint(tmp_path / "best", model, tokenizers=toks)
+    before = (tmp_path / "best" / "model.safetensors").read_bytes()
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("qkv.checkpoint.save_tokenizer", broken)
+    with torch.no_grad():
+        model.src_emb.weight.add_(1.0)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path / "best", model, tokenizers=toks)
+    assert (tmp_path / "best" / "model.safetensors").read_bytes() == before
+    load_checkpoint(tmp_path / "best")
+
+
+def test_an_interrupted_swap_is_recovered(tmp_path, translator):
+    model, toks = translator
+    save_checkpoint(tmp_path / "last", model, tokenizers=toks)
+    (tmp_path / "last").rename(tmp_path / ".last.old")  # crash between the two renames
+    assert resolve(tmp_path) == tmp_path / ".last.old"
+    load_checkpoint(tmp_path)
+
+
+def test_trainer_state_loads_without_executing_code(tmp_path, translator):
+    model, toks = translator
+    state = {"step": 3, "torch_rng": torch.get_rng_state(), "optimizer": {"state": {}, "param_groups": []}}
+    save_checkpoint(tmp_path / "last", model, tokenizers=toks, trainer_state=state)
+    assert load_checkpoint(tmp_path / "last", with_trainer_state=True).trainer_state["step"] == 3
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"step": Evil()}, tmp_path / "last" / "trainer_state.pt")
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        load_checkpoint(tmp_path / "last", with_trainer_state=True)
+
+
+def test_bad_checkpoints_raise_clear_errors(tmp_path, translator):
+    model, toks = translator
+    with pytest.raises(CheckpointError, match="no such model directory"):
+        load_checkpoint(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="no qkv checkpoint here"):
+        load_checkpoint(tmp_path / "empty")
+    save_checkpoint(tmp_path / "c", model, tokenizers=toks)
+    (tmp_path / "c" / "model.safetensors").write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="corrupted"):
+        load_checkpoint(tmp_path / "c")
+    save_checkpoint(tmp_path / "d", model, tokenizers=toks)
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    config["model"]["d_model"] = 64
+    (tmp_path / "d" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="does not fit the config"):
+        load_checkpoint(tmp_path / "d")
+    (tmp_path / "d" / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a qkv model config"):
+        load_checkpoint(tmp_path / "d")
