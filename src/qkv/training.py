@@ -21,7 +21,7 @@ import math
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -83,7 +83,6 @@ class TrainOptions:
     seed: int = 0
     resume: bool = False
     progress: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_steps is None and self.epochs is None and self.max_minutes is None:
@@ -189,7 +188,7 @@ class Trainer:
             "best": self.best or {},
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
-            "options": {k: v for k, v in asdict(self.opts).items() if k != "extra"},
+            "options": asdict(self.opts),
         }
 
     def _restore(self) -> None:
