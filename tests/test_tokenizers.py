@@ -156,9 +156,6 @@ def test_load_tokenizer_unknown_kind(tmp_path):
         load_tokenizer(path)
 
 
-@pytest.mark.xfail(strict=True, reason="load_tokenizer wraps only reading and JSON parsing: JSON of the wrong shape "
-                                       "raises AttributeError/KeyError/tokenizers' Exception, or a ValueError that "
-                                       "does not name the file")
 @pytest.mark.parametrize("content", ["[1, 2, 3]", '{"kind": "char"}', '{"kind": "bpe", "hf": {"model": 1}}',
                                      '{"kind": "wordpiece"}'])
 def test_load_tokenizer_wrong_shape_names_the_file(tmp_path, content):

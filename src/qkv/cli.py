@@ -157,12 +157,18 @@ def _add_train_arguments(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace) -> dict:
     """Defaults, then (with --resume) what the run stored, then what was typed now."""
     typed = {k: v for k, v in vars(args).items() if k in TRAIN_DEFAULTS and v is not None}
+    for key in ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv"):  # so --resume works from anywhere
+        if key in typed:
+            typed[key] = str(Path(typed[key]).resolve())
     stored = {}
     if args.resume:
-        from .checkpoint import resolve
+        from .checkpoint import CheckpointError, resolve
 
-        config = json.loads((resolve(Path(args.out) / "last") / "config.json").read_text(encoding="utf-8"))
-        stored = config.get("args", {})
+        try:
+            last = resolve(Path(args.out) / "last")
+        except CheckpointError:
+            raise ValueError(f"{args.out} has no checkpoint to resume; drop --resume to start a new run") from None
+        stored = json.loads((last / "config.json").read_text(encoding="utf-8")).get("args", {})
     return {**TRAIN_DEFAULTS, **stored, **typed}
 
 

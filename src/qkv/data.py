@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import random
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ def read_lines(path: str | Path) -> list[str]:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a text file") from None
-    except (OSError, EOFError) as err:  # permissions, truncated or non-gzip .gz files
+    except (OSError, EOFError, zlib.error) as err:  # permissions, truncated, corrupt or non-gzip .gz files
         raise DataError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
     try:
         text = raw.decode("utf-8")
@@ -38,7 +39,12 @@ def read_lines(path: str | Path) -> list[str]:
         raise DataError(
             f"{path}: line {line} is not valid UTF-8 (byte 0x{raw[err.start]:02x}); convert the file to UTF-8"
         ) from None
-    return text.removeprefix("\ufeff").splitlines()
+    # Split on "\n" only: str.splitlines() also breaks at U+2028, form feeds and the like, which would shift
+    # every later line of one file against the other language's.
+    lines = text.removeprefix("\ufeff").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def read_parallel(source: str | Path, target: str | Path | None = None) -> list[tuple[str, str]]:

@@ -115,7 +115,8 @@ class BPETokenizer:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
+        # Drop padding and sentence markers but keep <unk> visible, as the character tokenizer does.
+        return self.hf.decode([i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)], skip_special_tokens=False)
 
     def tokens(self, text: str) -> list[str]:
         return self.hf.encode(text, add_special_tokens=False).tokens
@@ -159,5 +160,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read tokenizer {path}: {err}") from err
-    return tokenizer_from_dict(data)
+        raise ValueError(f"cannot read tokenizer {path}: {err}") from None
+    try:
+        return tokenizer_from_dict(data)
+    except Exception as err:  # wrong shape, or a tokenizers-library error: either way not a usable file
+        raise ValueError(f"{path} is not a qkv tokenizer file: {err}") from None

@@ -177,6 +177,7 @@ class Trainer:
         self.step = self.epoch = self.batch_index = 0
         self.best: dict[str, float] | None = None
         self.tokens_seen = 0
+        self.elapsed_before, self.started = 0.0, time.monotonic()  # wall-clock of earlier runs, start of this one
 
     # --- state ----------------------------------------------------------------------------------------
     def _trainer_state(self) -> dict[str, Any]:
@@ -185,6 +186,7 @@ class Trainer:
             "epoch": self.epoch,
             "batch_index": self.batch_index,
             "tokens_seen": self.tokens_seen,
+            "elapsed_s": self.elapsed_before + time.monotonic() - self.started,
             "best": self.best or {},
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.get_rng_state(),
@@ -198,6 +200,7 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
         self.tokens_seen = state["tokens_seen"]
+        self.elapsed_before = state.get("elapsed_s", 0.0)
         self.best = state["best"] or None
         torch.set_rng_state(state["torch_rng"])
         log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt.path, self.step, self.epoch,
@@ -248,7 +251,8 @@ class Trainer:
             self.best = {**metrics, "step": self.step}
             self._save("best", with_state=False)
         self._save("last", with_state=True)
-        self._log_row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(elapsed, 1), **metrics})
+        self._log_row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(self.elapsed_before + elapsed, 1),
+                       **metrics})
         return metrics
 
     def _train_step(self, batches: Sequence[Any], lr: float) -> tuple[float, int]:
@@ -289,6 +293,7 @@ class Trainer:
         bar = tqdm(total=total, initial=self.step, unit="step", disable=not opts.progress, dynamic_ncols=True,
                    desc=self.task.meta.get("title", "train"), leave=True)
         start, tokens_before = time.monotonic(), self.tokens_seen
+        self.started = start
         window_loss, window_tokens, window_steps, window_start = 0.0, 0, 0, start
         last_eval: dict[str, float] | None = None
         stopped = "finished"
@@ -319,7 +324,7 @@ class Trainer:
                     if self.step % opts.log_every == 0:
                         self._log_row({"step": self.step, "epoch": self.epoch, "lr": lr,
                                        "train_loss": window_loss / window_steps, "tokens_per_s": round(rate),
-                                       "elapsed_s": round(now - start, 1)})
+                                       "elapsed_s": round(self.elapsed_before + now - start, 1)})
                         window_loss, window_tokens, window_steps, window_start = 0.0, 0, 0, now
                     reason = self._should_stop(total, start, stop.requested)
                     if self.step % opts.eval_every == 0 or reason:
