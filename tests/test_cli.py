@@ -251,7 +251,7 @@ def test_error_train_into_existing_run(trained, work):
 def test_error_resume_without_checkpoint(work, tmp_path):
     proc = qkv("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "fresh", "--resume",
                "--max-steps", "1", cwd=tmp_path)
-    one_line_error(proc, "fresh", "no such model directory")
+    one_line_error(proc, "fresh", "no checkpoint to resume")
 
 
 def test_error_nothing_on_stdin(trained, tmp_path):

@@ -13,7 +13,6 @@ import torch
 from qkv.data import (
     DataError,
     clean_pairs,
-    iterate_batches,
     pad,
     read_lines,
     read_parallel,
@@ -207,13 +206,6 @@ def test_no_seed_sorts_by_length():
     assert [LENGTHS[i] for i in order] == sorted(LENGTHS)
     assert token_budget_batches(LENGTHS, BUDGET) == batches
 
-
-def test_iterate_batches_resumes_from_start():
-    batches = [[0], [1, 2], [3]]
-    assert list(iterate_batches(batches, start=1)) == [(1, [1, 2]), (2, [3])]
-
-
-# --- teacher-forcing batches ----------------------------------------------------------------------------------
 
 def test_translation_batch_shifts_target_and_pads_with_zero():
     batch = translation_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13]], pad_id=0, bos_id=1, eos_id=2)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import random
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,8 +161,3 @@ def translation_batch(src: Sequence[list[int]], tgt: Sequence[list[int]], *, pad
         tgt_out=pad([[*t, eos_id] for t in tgt], pad_id),
     )
 
-
-def iterate_batches(batches: Sequence[Sequence[int]], start: int = 0) -> Iterator[tuple[int, Sequence[int]]]:
-    """``(index, batch)`` from ``start`` on; resuming mid-epoch skips the batches already trained on."""
-    for index in range(start, len(batches)):
-        yield index, batches[index]
