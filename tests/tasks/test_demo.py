@@ -14,3 +14,11 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "exact match" in printed and "March 3, 2021" in printed
     model = load_checkpoint(tmp_path / "demo")
     assert len(translate(model.model, model.tokenizers, ["May 17, 1990"])) == 1
+
+
+def test_a_rerun_never_overwrites_an_earlier_model(tmp_path):
+    from qkv.tasks.demo import _free_directory
+
+    (tmp_path / "demo" / "best").mkdir(parents=True)
+    assert _free_directory(tmp_path / "demo") == tmp_path / "demo-2"
+    assert _free_directory(tmp_path / "other") == tmp_path / "other"

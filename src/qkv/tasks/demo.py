@@ -36,15 +36,24 @@ class DemoTask(TranslationTask):
     selection_metric = "val_exact"
 
 
+def _free_directory(out: Path) -> Path:
+    """``out``, or ``out-2``, ``out-3``, ... if a model is already there: a rerun never overwrites one."""
+    candidate, n = out, 1
+    while (candidate / "best").exists() or (candidate / "last").exists():
+        n += 1
+        candidate = out.with_name(f"{out.name}-{n}")
+    if candidate != out:
+        log.info("%s already holds a model; this run goes to %s", out, candidate)
+    return candidate
+
+
 def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int = 0, progress: bool = True) -> dict:
     """Generate the corpus, train, evaluate on held-out pairs, print samples, draw the attention map.
 
     Returns:
         the test numbers: ``{"exact_match", "bleu", "train_minutes", ...}``.
     """
-    out = Path(out)
-    if (out / "best").exists() or (out / "last").exists():
-        raise ValueError(f"{out} already holds a demo model; remove it or pass --out elsewhere")
+    out = _free_directory(Path(out))
     start = time.monotonic()
     train_pairs, held_out = train_test_split(30_000, 1_500, seed=seed)
     valid_pairs, test_pairs = held_out[:500], held_out[500:]
