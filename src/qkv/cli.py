@@ -309,7 +309,8 @@ def _translate_cmd(args: argparse.Namespace) -> None:
         weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
                                                           ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
         path = attention_heatmap(weights, tgt_labels, src_labels, args.attention,
-                                 title=f"cross-attention, layer {args.layer}, mean over heads")
+                                 title=f"cross-attention, {'last layer' if args.layer == -1 else f'layer {args.layer}'}"
+                                       ", mean over heads")
         print(f"attention map of the first sentence: {path}", file=sys.stderr)
 
 
