@@ -1,5 +1,5 @@
-"""Scores: sacreBLEU and chrF on detokenized text, a tokenized lower-cased BLEU for comparison with older
-papers, perplexity and accuracy.
+"""Scores: sacreBLEU and chrF on detokenized text, and a tokenized lower-cased BLEU for comparison with older
+papers.
 
 Detokenized sacreBLEU is the number to quote: it tokenizes hypotheses and references itself and prints a
 signature that says exactly how. Many tutorials on Multi30k instead report BLEU over lower-cased spaCy tokens
@@ -9,7 +9,6 @@ compared, and says so in its signature.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,13 +74,3 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], *, lang
     result = metric.corpus_score(tokenize(hypotheses), [tokenize(references)])
     return Score("tokenized BLEU", result.score, f"lowercase, spacy.blank({language!r}) tokens, sacrebleu tok:none")
 
-
-def perplexity(mean_loss: float) -> float:
-    """exp(cross-entropy in nats per token), capped to stay a float."""
-    return math.exp(min(mean_loss, 700.0))
-
-
-def accuracy(predictions: Sequence, targets: Sequence) -> float:
-    if len(predictions) != len(targets):
-        raise ValueError(f"{len(predictions)} predictions but {len(targets)} targets")
-    return sum(p == t for p, t in zip(predictions, targets, strict=True)) / max(len(targets), 1)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import BERTConfig
-from ..nn import Encoder, LayerNorm
+from ..nn import Encoder, LayerNorm, padding_mask
 from . import common
 
 
@@ -59,7 +59,7 @@ class BERT(nn.Module):
         cfg = self.config
         common.check_ids(ids, cfg.vocab_size)
         if attention_mask is None and cfg.pad_id is not None:
-            attention_mask = ids != cfg.pad_id
+            attention_mask = padding_mask(ids, cfg.pad_id)
         elif attention_mask is not None:
             attention_mask = common.check_mask(attention_mask, ids, "attention_mask")
         if token_type_ids is None:

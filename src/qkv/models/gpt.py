@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig
-from ..nn import Decoder, DecoderCache
+from ..nn import Decoder, DecoderCache, padding_mask
 from . import common
 
 
@@ -69,7 +69,7 @@ class GPT(nn.Module):
         past = 0 if cache is None else len(cache)
         b, t = ids.shape
         if attention_mask is None and cfg.pad_id is not None and cache is None:
-            attention_mask = ids != cfg.pad_id
+            attention_mask = padding_mask(ids, cfg.pad_id)
         if attention_mask is not None:
             attention_mask = common.check_mask(attention_mask, ids.new_empty(b, past + t), "attention_mask")
             if positions is None:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import TransformerConfig
-from ..nn import Decoder, DecoderCache, Encoder
+from ..nn import Decoder, DecoderCache, Encoder, padding_mask
 from . import common
 
 
@@ -61,7 +61,7 @@ class Transformer(nn.Module):
 
     def source_mask(self, src: Tensor) -> Tensor | None:
         """``(B, S)`` boolean, True for real source tokens (None when the config has no pad_id)."""
-        return None if self.config.pad_id is None else src != self.config.pad_id
+        return None if self.config.pad_id is None else padding_mask(src, self.config.pad_id)
 
     def encode(self, src: Tensor, *, return_attention: bool = False):
         """Run the encoder: source ids ``(B, S)`` -> memory ``(B, S, d_model)``.
