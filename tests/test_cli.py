@@ -10,43 +10,17 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clitools import PNG_MAGIC, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow  # about 30 subprocesses, each importing torch: a few minutes on 2 CPU cores
 
 DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-tokens", "800", "--eval-every", "3", "--bleu-samples", "10", "--no-progress", "--warmup", "2"]
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
-
-
-def qkv(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, "-m", "qkv.cli", *map(str, args)], cwd=cwd, env=env, input=input,
-                          stdin=subprocess.DEVNULL if input is None else None, capture_output=True, text=True,
-                          timeout=300)
-
-
-def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
-    return proc
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *phrases: str) -> str:
-    """Non-zero exit, exactly one line on stderr, starting with "qkv", saying each of ``phrases``."""
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("qkv"), lines[0]
-    for phrase in phrases:
-        assert phrase in lines[0], lines[0]
-    return lines[0]
 
 
 def _gz_lines(path: Path, n: int) -> list[str]:

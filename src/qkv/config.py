@@ -216,6 +216,9 @@ class GPTConfig(ModelConfig):
             vocab_size=49152, d_model=576, n_heads=9, n_kv_heads=3, n_layers=30, d_ff=1536, max_seq_len=8192,
             norm="rms", norm_eps=1e-5, positional="rope", rope_base=100000.0, activation="swiglu", bias=False,
         ),
+        # Small GPTs for training on a CPU (GPT-2 style unless the llama switches are added).
+        "tiny": dict(d_model=128, n_heads=4, n_layers=4, max_seq_len=64),
+        "mini": dict(d_model=256, n_heads=4, n_layers=4, max_seq_len=128),
         # nanoGPT's character-level Shakespeare model.
         "shakespeare-char": dict(d_model=384, n_heads=6, n_layers=6, max_seq_len=256, dropout=0.2),
     }

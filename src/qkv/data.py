@@ -21,8 +21,8 @@ class DataError(ValueError):
     """A corpus that cannot be used as it is."""
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file, plain or gzip (``.gz``), without their line endings."""
+def read_text(path: str | Path) -> str:
+    """A whole UTF-8 text file, plain or gzip (``.gz``), without a leading byte-order mark."""
     path = Path(path)
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
@@ -33,15 +33,19 @@ def read_lines(path: str | Path) -> list[str]:
     except (OSError, EOFError, zlib.error) as err:  # permissions, truncated, corrupt or non-gzip .gz files
         raise DataError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(
             f"{path}: line {line} is not valid UTF-8 (byte 0x{raw[err.start]:02x}); convert the file to UTF-8"
         ) from None
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """All lines of a UTF-8 text file, plain or gzip (``.gz``), without their line endings."""
     # Split on "\n" only: str.splitlines() also breaks at U+2028, form feeds and the like, which would shift
     # every later line of one file against the other language's.
-    lines = text.removeprefix("\ufeff").split("\n")
+    lines = read_text(path).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]

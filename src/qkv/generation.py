@@ -3,17 +3,24 @@
 Every model is seen the same way, as an :class:`IncrementalDecoder`: give it the newest tokens, get the
 logits of the next one; it keeps whatever it needs between steps (the encoder output, the KV cache) and can
 reorder its batch rows (beam search keeps the best hypotheses). The search strategies below know nothing
-else about the model.
+else about the model, so the translator and the language model share them.
 
 * greedy: take the most probable token every step.
-* beam search: keep the ``k`` best partial translations by total log-probability; finished hypotheses are
+* sampling (:class:`Sampling`): divide the logits by a temperature, keep the k most probable tokens (top-k)
+  and/or the smallest set whose probability reaches p (top-p, "nucleus"), renormalise and draw. A repetition
+  penalty first makes tokens already in the context less likely. Temperature 0 is greedy.
+* beam search: keep the ``k`` best partial sequences by total log-probability; finished hypotheses are
   compared by score / lp(length) with lp(n) = ((5 + n) / 6)^α (Wu et al. 2016), so α > 0 counters the bias
   towards short outputs. With ``k = 1`` it is exactly greedy.
+
+Each search starts by feeding ``start``: ``<s>`` for a translation, the (left-padded) prompts for a language
+model; after that, only the newest token.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -66,8 +73,160 @@ class Seq2SeqDecoder:
         self.batch_size = index.numel()
 
 
-def _strip(tokens: list[int], eos_id: int) -> list[int]:
-    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens
+class LMDecoder:
+    """A decoder-only model (:class:`~qkv.models.GPT`) continuing a batch of prompts of different lengths.
+
+    The prompts are *left*-padded, so every row's next token sits in the same last column::
+
+        <pad> <pad> The  cat        mask 0 0 1 1
+        Once  upon  a    time       mask 1 1 1 1
+
+    The attention mask hides the padding, and positions count real tokens only, so a row is continued exactly
+    as it would be alone. ``start`` is the padded prompt batch: feed it as the first step.
+
+    A model with absolute positions cannot see beyond ``max_len`` tokens. When the sequence would grow past
+    it, the decoder keeps only the last ``max_len // 2`` tokens and goes on from those (re-reading them once:
+    the cache is rebuilt). The rule depends only on the length, so cached and uncached decoding still agree.
+    """
+
+    def __init__(self, model, prompts: Sequence[Sequence[int]], *, use_cache: bool = True, pad_id: int = 0,
+                 max_len: int | None = None) -> None:
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        self.model = model
+        self.max_len = max_len or model.config.max_seq_len
+        longest = max(len(p) for p in prompts)
+        if longest > self.max_len:
+            raise ValueError(f"a prompt has {longest} tokens; this model reads at most {self.max_len}")
+        self.start = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+        self.mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+        for row, prompt in enumerate(prompts):
+            self.start[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            self.mask[row, longest - len(prompt) :] = True
+        self.use_cache = use_cache
+        self.cache = model.new_cache() if use_cache else None
+        self.tokens = self.start[:, :0]  # everything read so far, (B, T); the mask covers it
+        self.batch_size = len(prompts)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        if self.tokens.size(1):  # the first step's tokens are `start`, whose mask is already known
+            self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
+        self.tokens = torch.cat([self.tokens, tokens], dim=1)
+        if self.tokens.size(1) > self.max_len:  # out of positions: go on from the last half
+            keep = self.max_len // 2
+            self.tokens, self.mask = self.tokens[:, -keep:], self.mask[:, -keep:]
+            if self.cache is not None:
+                self.cache = self.model.new_cache()
+            tokens = self.tokens
+        if self.cache is None or len(self.cache) == 0:
+            tokens = self.tokens  # no cache, or a fresh one: read everything
+        logits = self.model(tokens, attention_mask=self.mask, cache=self.cache)
+        return logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        self.tokens, self.mask = self.tokens.index_select(0, index), self.mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index)
+        self.batch_size = index.numel()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How to choose the next token from the logits.
+
+    Args:
+        temperature: logits are divided by it; < 1 sharpens, > 1 flattens; 0 means greedy (argmax).
+        top_k: keep only the k most probable tokens (None: all).
+        top_p: keep the smallest set of most probable tokens whose probabilities sum to at least p (None: all).
+        repetition_penalty: > 1 makes every token already in the context less likely (CTRL, Keskar et al.
+            2019): a positive logit is divided by it, a negative one multiplied. Applies to greedy too.
+    """
+
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1 = none), got {self.repetition_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling(temperature=0.0)
+
+
+def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """logits ``(B, V)``; seen ``(B, V)`` bool: tokens already in each row's context."""
+    if penalty == 1.0:
+        return logits
+    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalised, logits)
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Set every logit below the k-th largest of its row to -inf (ties with the k-th are kept)."""
+    if k >= logits.size(-1):
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest set of most probable tokens whose total probability is at least ``p``.
+
+    Sorted by probability, a token is dropped when the tokens before it already reach ``p``; the most probable
+    token is always kept.
+    """
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the more probable tokens
+    drop_sorted = before >= p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def next_token_logits(logits: Tensor, sampling: Sampling, seen: Tensor | None = None) -> Tensor:
+    """The logits that are actually sampled from: repetition penalty, temperature, top-k, top-p, in that
+    order (the order Hugging Face uses too)."""
+    logits = logits.float()
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
+    if sampling.greedy:
+        return logits
+    logits = logits / sampling.temperature
+    if sampling.top_k is not None:
+        logits = top_k_filter(logits, sampling.top_k)
+    if sampling.top_p is not None:
+        logits = top_p_filter(logits, sampling.top_p)
+    return logits
+
+
+def choose(logits: Tensor, sampling: Sampling, *, seen: Tensor | None = None,
+           generator: torch.Generator | None = None) -> Tensor:
+    """logits ``(B, V)`` -> next tokens ``(B,)``: argmax when greedy, else a draw from the filtered softmax."""
+    logits = next_token_logits(logits, sampling, seen)
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+
+def _strip(tokens: list[int], stop_ids: Collection[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            return tokens[:i]
+    return tokens
 
 
 def _limits(max_new_tokens: int | Sequence[int], n: int) -> torch.Tensor:
@@ -79,36 +238,86 @@ def _limits(max_new_tokens: int | Sequence[int], n: int) -> torch.Tensor:
     return torch.as_tensor(list(max_new_tokens))
 
 
-@torch.no_grad()
-def greedy(
-    decoder: IncrementalDecoder, *, bos_id: int, eos_id: int, max_new_tokens: int | Sequence[int]
-) -> list[list[int]]:
-    """The most probable token at every step, until ``</s>`` or the row's ``max_new_tokens``.
+def _start(decoder: IncrementalDecoder, start: Tensor | None, bos_id: int | None) -> Tensor:
+    if start is not None:
+        return start
+    if bos_id is None:
+        raise ValueError("give the first tokens: start=... or bos_id=...")
+    return torch.full((decoder.batch_size, 1), bos_id, dtype=torch.long)
 
-    Rows that have finished are dropped from the batch, so a long sentence does not make the short ones
-    in its batch keep paying for decoding.
+
+def _stop_set(eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
+    return set(stop_ids or ()) | ({eos_id} if eos_id is not None else set())
+
+
+@torch.no_grad()
+def generate(
+    decoder: IncrementalDecoder,
+    *,
+    max_new_tokens: int | Sequence[int],
+    start: Tensor | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    stop_ids: Collection[int] | None = None,
+    sampling: Sampling = GREEDY,
+    context: Sequence[Sequence[int]] | None = None,
+    generator: torch.Generator | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
+    """Greedy decoding or sampling, until a stop token or the row's ``max_new_tokens``.
+
+    Rows that have finished are dropped from the batch, so a long output does not make the short ones in its
+    batch keep paying for decoding.
+
+    Args:
+        start: the first tokens ``(B, t)``, fed in one step (default: a column of ``bos_id``).
+        eos_id, stop_ids: tokens that end a row (not included in the output).
+        sampling: how to choose each token; the default is greedy.
+        context: per row, the tokens the repetition penalty counts as already seen (default: the ``start``
+            rows; pass the unpadded prompts when ``start`` is padded).
+        generator: the random source of sampling, for reproducible draws.
+        on_token: called as ``on_token(row, token)`` for every produced token that is not a stop token, as it
+            is produced: for streaming.
 
     Returns:
-        per input row, the generated ids (without ``<s>`` and ``</s>``).
+        per input row, the generated ids (without the start and the stop token).
     """
     n = decoder.batch_size
     limits = _limits(max_new_tokens, n)
+    stops = _stop_set(eos_id, stop_ids)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long)
+    last = _start(decoder, start, bos_id)
     outputs: list[list[int]] = [[] for _ in range(n)]
     active = torch.arange(n)  # which original rows are still decoding
-    last = torch.full((n, 1), bos_id, dtype=torch.long)
+    seen: Tensor | None = None  # (B_active, V), only with a repetition penalty
     for step in range(1, int(limits.max()) + 1 if n else 0):
-        next_tokens = decoder.step(last).argmax(dim=-1)  # (B_active,)
+        logits = decoder.step(last)  # (B_active, V)
+        if sampling.repetition_penalty != 1.0 and seen is None:
+            seen = torch.zeros(logits.shape, dtype=torch.bool)
+            for row, tokens in enumerate(context if context is not None else last.tolist()):
+                seen[row, list(tokens)] = True
+        next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
+        if seen is not None:
+            seen[torch.arange(len(next_tokens)), next_tokens] = True
         for row, token in zip(active.tolist(), next_tokens.tolist(), strict=True):
             outputs[row].append(token)
-        going = (next_tokens != eos_id) & (limits[active] > step)
+            if on_token is not None and token not in stops:
+                on_token(row, token)
+        going = ~torch.isin(next_tokens, stop_tensor) & (limits[active] > step)
         if not going.any():
             break
         if not going.all():
             keep = going.nonzero().squeeze(1)
             decoder.reorder(keep)
             active, next_tokens = active[keep], next_tokens[keep]
+            seen = seen[keep] if seen is not None else None
         last = next_tokens[:, None]
-    return [_strip(o, eos_id) for o in outputs]
+    return [_strip(o, stops) for o in outputs]
+
+
+def greedy(decoder: IncrementalDecoder, *, max_new_tokens: int | Sequence[int], **kwargs) -> list[list[int]]:
+    """The most probable token at every step: :func:`generate` with its default sampling."""
+    return generate(decoder, max_new_tokens=max_new_tokens, **kwargs)
 
 
 def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
@@ -120,35 +329,46 @@ def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
 def beam_search(
     decoder: IncrementalDecoder,
     *,
-    bos_id: int,
-    eos_id: int,
     max_new_tokens: int | Sequence[int],
     beam_size: int = 4,
     alpha: float = 0.6,
+    start: Tensor | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    stop_ids: Collection[int] | None = None,
 ) -> list[list[int]]:
     """Batched beam search: every input row keeps ``beam_size`` hypotheses, all decoded in one batch.
 
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by ``</s>`` at no
     cost), so it competes with the unfinished ones by length-normalised score until something better appears.
     A hypothesis that reaches its row's ``max_new_tokens`` is frozen the same way (truncated, as greedy is).
+    ``start``, ``bos_id``, ``eos_id`` and ``stop_ids`` as for :func:`generate`.
 
     Returns:
         per input row, the best hypothesis (without ``<s>`` and ``</s>``).
     """
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     b, k = decoder.batch_size, beam_size
+    stops = _stop_set(eos_id, stop_ids)
+    if not stops:
+        raise ValueError("beam search needs an end token: give eos_id or stop_ids")
+    filler = min(stops)  # what a finished hypothesis is extended with
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long)
+    first = _start(decoder, start, bos_id).repeat_interleave(k, dim=0)
     limits = _limits(max_new_tokens, b).repeat_interleave(k)  # (B*K,)
     decoder.reorder(torch.arange(b).repeat_interleave(k))  # (B*K) rows: row r belongs to input r // K
-    ys = torch.full((b * k, 1), bos_id, dtype=torch.long)
+    ys = torch.zeros((b * k, 0), dtype=torch.long)  # generated tokens
     scores = torch.full((b, k), float("-inf"))
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
     finished = torch.zeros(b * k, dtype=torch.bool)
     lengths = torch.zeros(b * k)
     row_base = (torch.arange(b) * k)[:, None]  # (B, 1)
     for _ in range(int(limits.max()) if b else 0):
-        logp = F.log_softmax(decoder.step(ys[:, -1:]).float(), dim=-1)  # (B*K, V)
+        logp = F.log_softmax(decoder.step(ys[:, -1:] if ys.size(1) else first).float(), dim=-1)  # (B*K, V)
         vocab = logp.size(-1)
         logp[finished] = float("-inf")
-        logp[finished, eos_id] = 0.0  # a finished hypothesis carries on unchanged
+        logp[finished, filler] = 0.0  # a finished hypothesis carries on unchanged
         candidates = scores.view(-1, 1) + logp  # (B*K, V) total log-probability
         new_lengths = lengths + (~finished).float()
         ranked = candidates / length_penalty(new_lengths, alpha)[:, None]
@@ -159,9 +379,9 @@ def beam_search(
         decoder.reorder(rows)
         ys = torch.cat([ys[rows], tokens], dim=1)
         lengths = new_lengths[rows]
-        finished = finished[rows] | (tokens.squeeze(1) == eos_id) | (lengths >= limits)
+        finished = finished[rows] | torch.isin(tokens.squeeze(1), stop_tensor) | (lengths >= limits)
         if finished.all():
             break
     best = (scores / length_penalty(lengths, alpha).view(b, k)).argmax(dim=-1)  # (B,)
-    chosen = ys.view(b, k, -1)[torch.arange(b), best, 1:]
-    return [_strip(row, eos_id) for row in chosen.tolist()]
+    chosen = ys.view(b, k, -1)[torch.arange(b), best]
+    return [_strip(row, stops) for row in chosen.tolist()]

@@ -78,6 +78,7 @@ class TrainOptions:
     accum: int = 1
     bf16: bool = False
     eval_every: int = 500
+    eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
     stop_at: float | None = None  # stop once the task's selection metric reaches this value
     log_every: int = 50
     seed: int = 0
@@ -296,6 +297,7 @@ class Trainer:
         self.started = start
         window_loss, window_tokens, window_steps, window_start = 0.0, 0, 0, start
         last_eval: dict[str, float] | None = None
+        previous_s = self.elapsed_before
         stopped = "finished"
         self.model.train()
         with _StopFlag() as stop:
@@ -327,7 +329,10 @@ class Trainer:
                                        "elapsed_s": round(self.elapsed_before + now - start, 1)})
                         window_loss, window_tokens, window_steps, window_start = 0.0, 0, 0, now
                     reason = self._should_stop(total, start, stop.requested)
-                    if self.step % opts.eval_every == 0 or reason:
+                    run_s = self.elapsed_before + now - start
+                    mark = any(previous_s < 60 * m <= run_s for m in opts.eval_at_minutes)
+                    previous_s = run_s
+                    if self.step % opts.eval_every == 0 or reason or mark:
                         last_eval = self._evaluate_and_save(time.monotonic() - start)
                         bar.write(f"step {self.step}: " + "  ".join(f"{k} {v:.4g}" for k, v in last_eval.items()))
                         if not reason and self._reached_target(last_eval):

@@ -111,3 +111,19 @@ def test_errors():
         model(torch.randint(0, 50, (2, 5)), attention_mask=torch.ones(2, 4, dtype=torch.bool))
     rope = small(positional="rope")
     assert rope(torch.randint(0, 50, (1, 60))).shape == (1, 60, 50)  # rotary positions have no table limit
+
+
+def test_skip_init_builds_without_drawing_and_restores_init():
+    from torch import nn
+
+    from qkv.models.common import skip_init
+
+    normal = nn.init.normal_
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    with skip_init():
+        GPT(GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2))
+    assert torch.equal(torch.get_rng_state(), before)  # no random number was drawn
+    assert nn.init.normal_ is normal
+    GPT(GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2))
+    assert not torch.equal(torch.get_rng_state(), before)  # outside the block, models are initialised again

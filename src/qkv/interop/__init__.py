@@ -1,5 +1,14 @@
-"""Loading weights from other formats into qkv models (Hugging Face GPT-2, LLaMA-style decoders, BERT)."""
+"""Loading weights from other formats into qkv models: Hugging Face GPT-2, LLaMA-style decoders and BERT;
+GGUF files; and pretrained language models with their tokenizers (:func:`load_pretrained`)."""
 
+from .gguf import (
+    GGUFContents,
+    hf_config_from_gguf,
+    hf_state_dict_from_gguf,
+    load_gpt_from_gguf,
+    read_gguf,
+    unpermute_rope_rows,
+)
 from .huggingface import (
     bert_config_from_hf,
     bert_state_dict_from_hf,
@@ -8,12 +17,23 @@ from .huggingface import (
     load_bert_from_hf,
     load_gpt_from_hf,
 )
+from .pretrained import Pretrained, chat_prompt, load_pretrained, smollm2_path
 
 __all__ = [
+    "GGUFContents",
+    "Pretrained",
     "bert_config_from_hf",
     "bert_state_dict_from_hf",
+    "chat_prompt",
     "gpt_config_from_hf",
     "gpt_state_dict_from_hf",
+    "hf_config_from_gguf",
+    "hf_state_dict_from_gguf",
     "load_bert_from_hf",
+    "load_gpt_from_gguf",
     "load_gpt_from_hf",
+    "load_pretrained",
+    "read_gguf",
+    "smollm2_path",
+    "unpermute_rope_rows",
 ]

