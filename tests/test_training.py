@@ -107,3 +107,23 @@ def test_batches_depend_only_on_seed_and_epoch():
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainOptions(out="x", **kwargs)
+
+
+def test_evaluations_at_wall_clock_marks(tmp_path, monkeypatch):
+    """With a fake clock that advances 20 s per reading, marks at 1 and 2 minutes fall between steps and each
+    gets exactly one evaluation, besides those every --eval-every steps."""
+    import qkv.training as training
+
+    clock = iter(range(0, 10_000, 20))
+    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))
+    task = make_task(dropout=0.0)
+    opts = TrainOptions(out=str(tmp_path), lr=3e-3, warmup=3, eval_every=100, progress=False, max_steps=8,
+                        eval_at_minutes=(1.0, 2.0))
+    Trainer(task, opts).run()
+    rows = (tmp_path / "log.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    evals = [dict(zip(header, r.split(","), strict=False)) for r in rows[1:]]
+    evals = [r for r in evals if r.get("val_loss")]
+    assert len(evals) == 3  # the two marks and the end of the run
+    times = [float(r["elapsed_s"]) for r in evals]
+    assert 60 <= times[0] < 120 <= times[1] < times[2]
