@@ -151,8 +151,8 @@ def test_load_tokenizer_garbage_file(tmp_path):
 
 def test_load_tokenizer_unknown_kind(tmp_path):
     path = tmp_path / "tokenizer.json"
-    path.write_text(json.dumps({"kind": "wordpiece"}))
-    with pytest.raises(ValueError, match="wordpiece"):
+    path.write_text(json.dumps({"kind": "sentencepiece"}))
+    with pytest.raises(ValueError, match="sentencepiece"):
         load_tokenizer(path)
 
 

@@ -24,14 +24,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import BERTConfig, GPTConfig, TransformerConfig
-from .models import BERT, GPT, Transformer
+from .config import BERTClassifierConfig, BERTConfig, GPTConfig, TransformerConfig
+from .models import BERT, GPT, BERTClassifier, BERTForMaskedLM, Transformer
 from .tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
     "transformer": (Transformer, TransformerConfig),
     "gpt": (GPT, GPTConfig),
     "bert": (BERT, BERTConfig),
+    "bert-mlm": (BERTForMaskedLM, BERTConfig),
+    "bert-classifier": (BERTClassifier, BERTClassifierConfig),
 }
 
 CONFIG, WEIGHTS, TRAINER_STATE = "config.json", "model.safetensors", "trainer_state.pt"

@@ -253,6 +253,9 @@ class BERTConfig(ModelConfig):
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "bert-base": dict(vocab_size=30522, d_model=768, n_heads=12, n_layers=12, d_ff=3072),
         "minilm-l6": dict(vocab_size=30522, d_model=384, n_heads=12, n_layers=6, d_ff=1536),
+        # BERT-Tiny and BERT-Mini of Turc et al. 2019 ("Well-Read Students Learn Better"), for training on a CPU.
+        "tiny": dict(d_model=128, n_heads=2, n_layers=2, d_ff=512, max_seq_len=128),
+        "mini": dict(d_model=256, n_heads=4, n_layers=4, d_ff=1024, max_seq_len=128),
     }
 
     def __post_init__(self) -> None:
@@ -261,4 +264,29 @@ class BERTConfig(ModelConfig):
         _check_int("type_vocab_size", self.type_vocab_size)
 
 
-__all__ = ["BERTConfig", "GPTConfig", "ModelConfig", "TransformerConfig"]
+CLASSIFIER_POOLINGS = ("pooler", "mean")
+
+
+@dataclass(kw_only=True)
+class BERTClassifierConfig(BERTConfig):
+    """A BERT with a classification layer on its sentence vector.
+
+    Attributes:
+        n_labels: number of classes.
+        pooling: the sentence vector: ``"pooler"`` (BERT's pooled output, tanh(W h_[CLS] + b), as
+            ``BertForSequenceClassification``) or ``"mean"`` (the mean of the token states, as sentence
+            encoders pool).
+    """
+
+    n_labels: int
+    pooling: str = "pooler"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_int("n_labels", self.n_labels, minimum=2)
+        _check_choice("pooling", self.pooling, CLASSIFIER_POOLINGS)
+        if self.pooling == "pooler" and not self.pooler:
+            raise ValueError("pooling='pooler' needs pooler=True (or use pooling='mean')")
+
+
+__all__ = ["BERTClassifierConfig", "BERTConfig", "GPTConfig", "ModelConfig", "TransformerConfig"]

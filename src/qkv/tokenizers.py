@@ -17,6 +17,12 @@ A third kind is not trained here but comes with a pretrained model:
   with the special-token ids its authors chose, read from a Hugging Face ``tokenizer.json`` or rebuilt from
   the vocabulary and merges stored in a GGUF file.
 
+and a fourth is BERT's, trained here or read with a pretrained encoder:
+
+* :class:`WordPieceTokenizer`: WordPiece subwords ("playing" -> "play" "##ing") with BERT's five special
+  tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]``; :meth:`~WordPieceTokenizer.wrap` frames a sentence as
+  ``[CLS] tokens [SEP]``, cut to the model's length.
+
 A tokenizer saves to one JSON file and loads back without executing anything.
 """
 
@@ -368,6 +374,129 @@ class PretrainedTokenizer:
         }
 
 
+WORDPIECE_SPECIALS = {"pad": "[PAD]", "unk": "[UNK]", "cls": "[CLS]", "sep": "[SEP]", "mask": "[MASK]"}
+
+
+class WordPieceTokenizer:
+    """BERT's tokenizer: WordPiece subwords and the special tokens of an encoder.
+
+    WordPiece (Schuster & Nakajima 2012; BERT) splits each word greedily into the longest pieces found in its
+    vocabulary, continuation pieces marked ``##``: "embeddings" -> ``em ##bed ##ding ##s``. Before that, BERT's
+    normalizer lower-cases (for uncased models), strips control characters and puts spaces around every CJK
+    character, so Chinese is read one character at a time; its pre-tokenizer splits on spaces and punctuation.
+
+    An encoder reads a whole sentence framed as ``[CLS] tokens [SEP]``: ``[CLS]``'s final state feeds the
+    pooler, ``[SEP]`` ends a segment, ``[PAD]`` fills a batch, ``[MASK]`` hides the tokens that masked-language
+    modelling predicts. :meth:`encode` gives the bare tokens (the :class:`Tokenizer` protocol); :meth:`wrap`
+    adds the frame and truncates.
+
+    The pipeline is a Hugging Face ``tokenizers.Tokenizer``; any padding or truncation stored in it is
+    switched off (all-MiniLM-L6-v2's file pads every sentence to 128 tokens), because qkv batches sentences of
+    similar length and pads each batch only to its longest.
+
+    Attributes:
+        hf: the Hugging Face tokenizer.
+        pad_id, unk_id, cls_id, sep_id, mask_id: the special ids (``mask_id`` None if the vocabulary has none).
+    """
+
+    kind = "wordpiece"
+
+    def __init__(self, hf_tokenizer, *, specials: Mapping[str, str] | None = None) -> None:
+        self.hf = hf_tokenizer
+        self.hf.no_padding()
+        self.hf.no_truncation()
+        self.specials = {**WORDPIECE_SPECIALS, **(specials or {})}
+        ids = {name: hf_tokenizer.token_to_id(token) for name, token in self.specials.items()}
+        missing = [self.specials[name] for name in ("pad", "cls", "sep") if ids[name] is None]
+        if missing:
+            raise ValueError(f"a BERT vocabulary needs the tokens {missing}, which this tokenizer lacks")
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids["pad"], ids["unk"], ids["cls"], ids["sep"], ids["mask"]
+        )
+
+    @classmethod
+    def train(cls, texts: Iterable[str], *, vocab_size: int = 8000, min_frequency: int = 2,
+              lowercase: bool = True) -> WordPieceTokenizer:
+        """Learn a WordPiece vocabulary from ``texts`` with BERT's normalizer and pre-tokenizer."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+        hf = HFTokenizer(models.WordPiece(unk_token=WORDPIECE_SPECIALS["unk"]))
+        hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+        hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        hf.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=list(WORDPIECE_SPECIALS.values()), show_progress=False)
+        hf.train_from_iterator(texts, trainer=trainer)
+        return cls(hf)
+
+    @classmethod
+    def from_hf_folder(cls, folder: str | Path) -> WordPieceTokenizer:
+        """``tokenizer.json`` of a Hugging Face BERT folder; special tokens named in ``tokenizer_config.json``
+        (or ``special_tokens_map.json``) if they differ from BERT's.
+
+        Raises:
+            ValueError: if ``tokenizer.json`` is missing, unreadable, or lacks ``[PAD]``/``[CLS]``/``[SEP]``.
+        """
+        from tokenizers import Tokenizer as HFTokenizer
+
+        folder = Path(folder)
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise ValueError(f"{folder} has no tokenizer.json (qkv reads the fast-tokenizer file, not vocab.txt)")
+        try:
+            hf = HFTokenizer.from_file(str(path))
+        except Exception as err:  # the tokenizers library raises its own exception type for any bad file
+            raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from None
+        specials = {}
+        for file in ("special_tokens_map.json", "tokenizer_config.json"):  # the later wins
+            config = _read_json_if_present(folder / file)
+            for name in WORDPIECE_SPECIALS:
+                text = _special_token_text(config.get(f"{name}_token"))
+                if text is not None:
+                    specials[name] = text
+        try:
+            return cls(hf, specials=specials)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.hf.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def special_ids(self) -> set[int]:
+        """Ids that are never text: padding, sentence frame, mask (and unknown)."""
+        ids = (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)
+        return {i for i in ids if i is not None}
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without ``[CLS]``/``[SEP]``."""
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+
+    def wrap(self, ids: Sequence[int], max_length: int) -> list[int]:
+        """``[CLS] ids [SEP]``, the ids cut so that the whole is at most ``max_length`` tokens (as Hugging Face
+        truncates a single sentence: the end goes, the frame stays)."""
+        if max_length < 3:
+            raise ValueError(f"max_length must leave room for [CLS], one token and [SEP]: >= 3, got {max_length}")
+        return [self.cls_id, *ids[: max_length - 2], self.sep_id]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def tokens(self, text: str) -> list[str]:
+        return self.hf.encode(text, add_special_tokens=False).tokens
+
+    def id_to_token(self, token_id: int) -> str:
+        return self.hf.id_to_token(token_id)
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "hf": json.loads(self.hf.to_str()), "specials": self.specials}
+
+
 def _read_json_if_present(path: Path) -> dict:
     if not path.is_file():
         return {}
@@ -382,7 +511,7 @@ def _read_json_if_present(path: Path) -> dict:
 
 def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Encode many texts, in parallel where the tokenizer can."""
-    if isinstance(tokenizer, BPETokenizer | PretrainedTokenizer):
+    if isinstance(tokenizer, BPETokenizer | PretrainedTokenizer | WordPieceTokenizer):
         return tokenizer.encode_batch(texts)
     return [tokenizer.encode(t) for t in texts]
 
@@ -411,7 +540,11 @@ def tokenizer_from_dict(data: dict) -> Tokenizer:
             HFTokenizer.from_str(json.dumps(data["hf"])), bos_id=data["bos_id"], eos_id=data["eos_id"],
             pad_id=data["pad_id"], stop_ids=data["stop_ids"],
         )
-    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'bpe', 'char' or 'pretrained'")
+    if kind == "wordpiece":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return WordPieceTokenizer(HFTokenizer.from_str(json.dumps(data["hf"])), specials=data["specials"])
+    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'bpe', 'char', 'pretrained' or 'wordpiece'")
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:

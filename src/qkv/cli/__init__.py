@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from . import lm, translation
+from . import bert, lm, translation
 
 log = logging.getLogger("qkv")
 
@@ -95,10 +95,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="qkv", description="A Transformer toolkit written from the building "
-                                                             "blocks up.")
-    sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{demo,train,train lm,translate,evaluate,generate,chat,tour}")
+    parser = _Parser(prog="qkv", description="A Transformer toolkit written from the building blocks up.")
+    commands = ("demo", "train", "train lm", "train mlm", "train classify", "translate", "evaluate", "generate", "chat",
+                "embed", "search", "similarity", "classify", "tour")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(commands) + "}")
 
     demo = sub.add_parser("demo", help="train an English->Chinese date and number translator in ~3 minutes")
     demo.add_argument("--out", default="runs/demo", help="run directory (default runs/demo)")
@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=_demo)
 
     train = sub.add_parser("train", help="train a translation model on a parallel corpus "
-                                         "(qkv train lm: a language model)")
+                                         "(train lm: a language model; train mlm / train classify: BERT)")
     translation.add_train_arguments(train)
     train.set_defaults(run=translation.train)
 
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.set_defaults(run=translation.evaluate)
 
     lm.add_commands(sub)
+    bert.add_commands(sub)
 
     tour = sub.add_parser("tour", help="a short tour of the building blocks and models")
     tour.add_argument("--steps", type=int, default=250, help="training steps of the copy task (default 250)")
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:2] == ["train", "lm"]:  # `qkv train lm`: the language-model trainer
         argv[:2] = ["train-lm"]
+    elif argv[:2] in (["train", "mlm"], ["train", "classify"]):  # the encoder trainers
+        argv[:2] = [f"train-{argv[1]}"]
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="qkv: %(message)s", stream=sys.stderr)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)

@@ -257,6 +257,9 @@ def chat_cmd(args: argparse.Namespace) -> None:
     model, tokenizer, stops, template = load_lm(args)
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
+    if "<|im_start|>" not in template:
+        raise ValueError("qkv chat writes ChatML (<|im_start|>role ...), and this model's chat template is another "
+                         "format; use qkv generate with the prompt laid out by hand")
     interactive = sys.stdin.isatty()
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if interactive:

@@ -518,7 +518,8 @@ def load_bert_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     cfg = bert_config_from_hf(hf_config)
     cfg.pooler = any(name.removeprefix("bert.").startswith("pooler.") for name in state_dict)
     converted = bert_state_dict_from_hf(state_dict, cfg)
-    model = BERT(cfg)
+    with skip_init():  # every weight is loaded next (strictly)
+        model = BERT(cfg)
     model.load_state_dict(converted, strict=True)
     return model.eval()
 

@@ -4,15 +4,20 @@
                                                                           └ pooler: tanh(W h_[CLS])
 
 Every token sees every other, which is what makes it the half that understands: its hidden states feed
-sentence embeddings (mean pooling), classifiers (the pooler) and masked-language modelling.
+sentence embeddings (:func:`mean_pool`), classifiers (:class:`BERTClassifier`, on the pooler) and
+masked-language modelling (:class:`BERTForMaskedLM`), each a small head on the same :class:`BERT`.
+
+    BERTForMaskedLM:  hidden ─ dense ─ GELU ─ LayerNorm ─ · Eᵀ + b  -> a score for every vocabulary token
+    BERTClassifier:   pooled (tanh(W h_[CLS]) or mean of h) ─ dropout ─ linear -> a score for every label
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import BERTConfig
+from ..config import BERTClassifierConfig, BERTConfig
 from ..nn import Encoder, LayerNorm, padding_mask
 from . import common
 
@@ -82,6 +87,109 @@ class BERT(nn.Module):
         if self.pooler is None:
             raise ValueError("this BERT was built with pooler=False; build it with pooler=True to pool")
         return torch.tanh(self.pooler(hidden[:, 0]))
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
+
+
+def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
+    """The mean of the real tokens' states: Σ_t m_t h_t / Σ_t m_t, padding left out.
+
+    This is how sentence-transformers turns a BERT into a sentence encoder (all-MiniLM-L6-v2 was trained
+    with it): every token's state counts, not only [CLS]'s. A row without real tokens gives zeros, not NaN.
+
+    Shape:
+        hidden ``(B, T, D)``, attention_mask ``(B, T)`` (bool or 0/1) -> ``(B, D)``.
+    """
+    mask = attention_mask.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, D)
+
+
+class MaskedLMHead(nn.Module):
+    """BERT's masked-language-model head: logits = LayerNorm(GELU(W h + b)) · Eᵀ + b_vocab.
+
+    The output matrix is the token embedding E itself (weight tying, as in BERT), so the head owns only the
+    transform and a bias per vocabulary entry, and takes E as an argument.
+
+    Shape:
+        hidden ``(..., D)``, embedding ``(V, D)`` -> logits ``(..., V)``.
+    """
+
+    def __init__(self, cfg: BERTConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(cfg.d_model, cfg.d_model)
+        self.norm = LayerNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, hidden: Tensor, embedding: Tensor) -> Tensor:
+        x = self.norm(F.gelu(self.dense(hidden)))  # (..., D)
+        return F.linear(x, embedding, self.bias)  # (..., V)
+
+
+class BERTForMaskedLM(nn.Module):
+    """A :class:`BERT` with the masked-language-model head: predicts the tokens hidden behind ``[MASK]``.
+
+    Shape:
+        ids ``(B, T)`` -> logits ``(B, T, vocab_size)``, or ``(N, vocab_size)`` for the N selected positions.
+    """
+
+    def __init__(self, config: BERTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BERT(config)
+        self.head = MaskedLMHead(config)
+        common.init_weights(self.head, config)
+
+    def forward(
+        self,
+        ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        *,
+        select: Tensor | None = None,
+    ) -> Tensor:
+        """Vocabulary logits.
+
+        Args:
+            ids, attention_mask, token_type_ids: as for :meth:`BERT.forward`.
+            select: boolean ``(B, T)``; if given, only those positions are scored and the logits come flat,
+                ``(N, V)`` in row-major order. Training scores the 15% masked tokens only, which spares
+                85% of the largest matrix product (d_model x vocabulary).
+        """
+        hidden = self.bert(ids, attention_mask, token_type_ids)  # (B, T, D)
+        if select is not None:
+            hidden = hidden[common.check_mask(select, ids, "select")]  # (N, D)
+        return self.head(hidden, self.bert.tok_emb.weight)
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
+
+
+class BERTClassifier(nn.Module):
+    """A :class:`BERT` with a linear classifier on its sentence vector (see :class:`BERTClassifierConfig`).
+
+    Shape:
+        ids ``(B, T)`` -> logits ``(B, n_labels)``.
+    """
+
+    def __init__(self, config: BERTClassifierConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BERT(config)
+        self.dropout = nn.Dropout(config.dropout)
+        self.classifier = nn.Linear(config.d_model, config.n_labels)
+        common.init_weights(self.classifier, config)
+
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None
+                ) -> Tensor:
+        if attention_mask is None:
+            attention_mask = ids != self.config.pad_id if self.config.pad_id is not None else torch.ones_like(ids)
+        hidden = self.bert(ids, attention_mask, token_type_ids)  # (B, T, D)
+        if self.config.pooling == "pooler":
+            pooled = self.bert.pool(hidden)  # (B, D)
+        else:
+            pooled = mean_pool(hidden, common.check_mask(attention_mask, ids, "attention_mask"))  # (B, D)
+        return self.classifier(self.dropout(pooled))  # (B, n_labels)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

