@@ -24,12 +24,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import BERTClassifierConfig, BERTConfig, GPTConfig, TransformerConfig
-from .models import BERT, GPT, BERTClassifier, BERTForMaskedLM, Transformer
+from .config import BERTClassifierConfig, BERTConfig, GPTConfig, RNNConfig, TransformerConfig
+from .models import BERT, GPT, BERTClassifier, BERTForMaskedLM, Seq2Seq, Transformer
 from .tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
     "transformer": (Transformer, TransformerConfig),
+    "lstm": (Seq2Seq, RNNConfig),  # all three variants: the config's `attention` says which
     "gpt": (GPT, GPTConfig),
     "bert": (BERT, BERTConfig),
     "bert-mlm": (BERTForMaskedLM, BERTConfig),

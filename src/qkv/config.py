@@ -31,8 +31,33 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
+class Config:
+    """What every config shares: a JSON-able dict round trip (for checkpoints) and named presets."""
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error, not silently dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; expected some of {sorted(known)}")
+        return cls(**data)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """A named configuration (see ``PRESETS``), with any field overridden."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown {cls.__name__} preset {name!r}; choose from {sorted(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+
 @dataclass(kw_only=True)
-class ModelConfig:
+class ModelConfig(Config):
     """Fields every family shares. See the subclasses for each family's defaults.
 
     Attributes:
@@ -83,8 +108,6 @@ class ModelConfig:
     init: str = "normal"
     init_std: float = 0.02
 
-    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
-
     def __post_init__(self) -> None:
         if self.d_ff is None:
             self.d_ff = 4 * self.d_model
@@ -120,26 +143,6 @@ class ModelConfig:
         _check_int(name, size)
         if self.pad_id is not None and self.pad_id >= size:
             raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary: {name}={size}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]):
-        """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error, not silently dropped."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {unknown}; expected some of {sorted(known)}")
-        return cls(**data)
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any):
-        """A named configuration (see ``PRESETS``), with any field overridden."""
-        if name not in cls.PRESETS:
-            raise ValueError(f"unknown {cls.__name__} preset {name!r}; choose from {sorted(cls.PRESETS)}")
-        return cls(**{**cls.PRESETS[name], **overrides})
-
 
 @dataclass(kw_only=True)
 class TransformerConfig(ModelConfig):
@@ -289,4 +292,86 @@ class BERTClassifierConfig(BERTConfig):
             raise ValueError("pooling='pooler' needs pooler=True (or use pooling='mean')")
 
 
-__all__ = ["BERTClassifierConfig", "BERTConfig", "GPTConfig", "ModelConfig", "TransformerConfig"]
+RNN_ATTENTIONS = ("none", "dot", "additive")
+
+
+@dataclass(kw_only=True)
+class RNNConfig(Config):
+    """The LSTM encoder-decoder that came before the Transformer (:mod:`qkv.models.rnn`).
+
+    The encoder and the decoder have ``n_layers`` LSTM layers each, so that the encoder's final state of every
+    layer can start the decoder's layer of the same depth. A bidirectional encoder runs ``hidden_size // 2``
+    cells each way, so its outputs, the two directions side by side, are ``hidden_size`` wide like the decoder
+    state they are compared with.
+
+    Attributes:
+        src_vocab_size: source vocabulary size.
+        tgt_vocab_size: target vocabulary size.
+        embedding_dim: width of the token embeddings (and of the decoder's pre-output layer, so the output
+            projection can share the target embedding matrix).
+        hidden_size: width of the decoder's LSTM state and of every encoder output.
+        n_layers: LSTM layers of the encoder and of the decoder.
+        bidirectional: the encoder reads the sentence both ways; its final states are bridged to the
+            (one-directional) decoder.
+        attention: how the decoder sees the source: ``"none"`` (one context vector, the encoder's final state,
+            fed at every step: the bottleneck), ``"dot"`` (scaled dot-product attention, no parameters) or
+            ``"additive"`` (Bahdanau's vᵀ tanh(W_q s + W_k h)).
+        attention_dim: width of the additive attention's tanh layer (default ``hidden_size``).
+        dropout: dropout on embeddings, between LSTM layers and on the pre-output layer.
+        pad_id: token id of padding; the encoder stops at it and attention gives it no weight (None: no
+            padding).
+        share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
+        tie_output: the output projection reuses the target embedding matrix.
+        init_range: every parameter starts uniform in [-init_range, init_range] (Sutskever et al. 2014 used
+            0.08, Luong et al. 2015 0.1).
+    """
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    embedding_dim: int = 256
+    hidden_size: int = 512
+    n_layers: int = 2
+    bidirectional: bool = True
+    attention: str = "additive"
+    attention_dim: int | None = None
+    dropout: float = 0.3
+    pad_id: int | None = 0
+    share_embeddings: bool = False
+    tie_output: bool = True
+    init_range: float = 0.1
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # Sizes for training on a CPU in under an hour (Multi30k): one or two layers, embeddings 256, state 512.
+        "small": dict(embedding_dim=256, hidden_size=512, n_layers=1, dropout=0.3),
+        "base": dict(embedding_dim=256, hidden_size=512, n_layers=2, dropout=0.3),
+        # The scale of Sutskever et al. 2014 and Luong et al. 2015: 4 layers of 1000 cells, 1000-d embeddings.
+        "big": dict(embedding_dim=1000, hidden_size=1000, n_layers=4, dropout=0.2),
+    }
+
+    def __post_init__(self) -> None:
+        if self.attention_dim is None:
+            self.attention_dim = self.hidden_size
+        for name in ("embedding_dim", "hidden_size", "n_layers", "attention_dim"):
+            _check_int(name, getattr(self, name))
+        _check_int("pad_id", self.pad_id, minimum=0, optional=True)
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            _check_int(name, getattr(self, name))
+            if self.pad_id is not None and self.pad_id >= getattr(self, name):
+                raise ValueError(f"pad_id={self.pad_id} is outside the vocabulary: {name}={getattr(self, name)}")
+        _check_choice("attention", self.attention, RNN_ATTENTIONS)
+        if self.bidirectional and self.hidden_size % 2:
+            raise ValueError(f"a bidirectional encoder splits hidden_size in two halves; got odd "
+                             f"hidden_size={self.hidden_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got dropout={self.dropout}")
+        if not self.init_range > 0:
+            raise ValueError(f"init_range must be positive, got init_range={self.init_range}")
+        if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary, got "
+                f"src_vocab_size={self.src_vocab_size} != tgt_vocab_size={self.tgt_vocab_size}"
+            )
+
+
+__all__ = ["BERTClassifierConfig", "BERTConfig", "Config", "GPTConfig", "ModelConfig", "RNNConfig",
+           "TransformerConfig"]

@@ -16,16 +16,26 @@ log = logging.getLogger("qkv")
 # --- qkv train (translation) ----------------------------------------------------------------------------------
 
 TRAIN_DEFAULTS = dict(
-    tokenizer="bpe", target_tokenizer=None, vocab_size=8000, separate_vocab=False, preset="small", d_model=None,
-    n_heads=None, n_layers=None, n_encoder_layers=None, n_decoder_layers=None, d_ff=None, dropout=None,
-    attention_dropout=None, activation_dropout=None, post_norm=False, positional=None, max_len=128,
-    batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", label_smoothing=0.1, clip=1.0,
-    weight_decay=0.01, max_steps=None, epochs=None, max_minutes=None, eval_every=500, bleu_samples=500, bf16=False,
-    seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None, valid_src=None,
-    valid_tgt=None, valid_tsv=None,
+    arch="transformer", teacher_forcing=1.0, embedding_dim=None, hidden_size=None, bidirectional=None,
+    attention_dim=None, tokenizer="bpe", target_tokenizer=None, vocab_size=8000, separate_vocab=False,
+    preset="small", d_model=None, n_heads=None, n_layers=None, n_encoder_layers=None, n_decoder_layers=None,
+    d_ff=None, dropout=None, attention_dropout=None, activation_dropout=None, post_norm=False, positional=None,
+    max_len=128, batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", label_smoothing=0.1,
+    clip=1.0, weight_decay=0.01, max_steps=None, epochs=None, max_minutes=None, eval_every=500, bleu_samples=500,
+    bf16=False, seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None,
+    valid_src=None, valid_tgt=None, valid_tsv=None,
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
                 "attention_dropout", "activation_dropout", "positional")
+# --arch -> the LSTM's attention; one model family (checkpoint architecture "lstm"), three ways to read the source
+LSTM_ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
+RNN_FIELDS = ("embedding_dim", "hidden_size", "n_layers", "bidirectional", "attention_dim", "dropout")
+TRANSFORMER_ONLY = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "attention_dropout",
+                    "activation_dropout", "positional", "post_norm")
+LSTM_ONLY = ("embedding_dim", "hidden_size", "bidirectional", "attention_dim")
+# What suits the LSTMs better than the Transformer's defaults: a higher learning rate and a short warmup (Adam
+# with clipping needs little warmup for an LSTM; a long one costs a large part of an hour's run on a CPU).
+LSTM_TRAIN_DEFAULTS = dict(lr=1e-3, warmup=200)
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,8 +57,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     tok.add_argument("--target-tokenizer", choices=["bpe", "char"], help="a different kind for the target side")
     tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (8000)")
     tok.add_argument("--separate-vocab", action="store_true", default=None, help="one vocabulary per side")
-    model = p.add_argument_group("model (a preset, then any field overridden)")
-    model.add_argument("--preset", choices=["small", "base", "big"])
+    model = p.add_argument_group("model (an architecture and a preset, then any field overridden)")
+    model.add_argument("--arch", choices=["transformer", *LSTM_ATTENTION],
+                       help="transformer (default); lstm: LSTM encoder-decoder reading one context vector; "
+                            "lstm-dot / lstm-additive: with dot-product / additive (Bahdanau) attention")
+    model.add_argument("--preset", choices=["small", "base", "big"],
+                       help="small (default): Transformer 3+3 layers d=256; LSTM 1 layer, embeddings 256, state 512. "
+                            "base: Transformer 6+6 d=512; LSTM 2 layers. big: Transformer d=1024; LSTM 4x1000")
     model.add_argument("--d-model", type=int)
     model.add_argument("--n-heads", type=int)
     model.add_argument("--n-layers", type=int)
@@ -60,6 +75,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--activation-dropout", type=float)
     model.add_argument("--post-norm", action="store_true", default=None, help="Post-Norm as in the paper")
     model.add_argument("--positional", choices=["sinusoidal", "learned", "rope"])
+    model.add_argument("--embedding-dim", type=int, help="LSTM: token embedding width")
+    model.add_argument("--hidden-size", type=int, help="LSTM: decoder state width (a bidirectional encoder runs "
+                                                       "half of it each way)")
+    model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None,
+                       help="LSTM: read the source both ways (default) or left to right only")
+    model.add_argument("--attention-dim", type=int, help="lstm-additive: width of the attention's tanh layer")
     train = p.add_argument_group("training")
     train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
@@ -68,10 +89,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     train.add_argument("--max-minutes", type=float, help="wall-clock budget")
     train.add_argument("--batch-tokens", type=int, help="tokens per batch, padding included (4000)")
     train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
-    train.add_argument("--lr", type=float, help="peak learning rate (7e-4)")
-    train.add_argument("--warmup", type=int, help="warmup steps (1000)")
+    train.add_argument("--lr", type=float, help="peak learning rate (7e-4; LSTM 1e-3)")
+    train.add_argument("--warmup", type=int, help="warmup steps (1000; LSTM 200)")
     train.add_argument("--schedule", choices=["inverse_sqrt", "cosine", "constant"])
     train.add_argument("--label-smoothing", type=float)
+    train.add_argument("--teacher-forcing", type=float, metavar="RATIO",
+                       help="LSTM: probability of feeding the true previous token while training (1.0); otherwise "
+                            "the model's own prediction is fed (scheduled sampling)")
     train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
     train.add_argument("--weight-decay", type=float)
     train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
@@ -107,15 +131,51 @@ def _read_pairs(settings: dict) -> tuple[list, list, list | None]:
     return train, valid, test
 
 
+def _check_arch_options(s: dict) -> None:
+    """Options of the other architecture are a mistake, not something to ignore silently."""
+    lstm = s["arch"] != "transformer"
+    wrong = [k for k in (TRANSFORMER_ONLY if lstm else LSTM_ONLY) if s[k] != TRAIN_DEFAULTS[k]]
+    if wrong:
+        options = ", ".join("--" + k.replace("_", "-") for k in wrong)
+        raise ValueError(f"{options}: {'Transformer' if lstm else 'LSTM'} option(s), not for --arch {s['arch']}")
+    if s["attention_dim"] is not None and s["arch"] != "lstm-additive":
+        raise ValueError(f"--attention-dim sizes additive attention (--arch lstm-additive), not --arch {s['arch']}")
+    if not 0.0 <= s["teacher_forcing"] <= 1.0:
+        raise ValueError(f"--teacher-forcing must be in [0, 1], got {s['teacher_forcing']}")
+    if not lstm and s["teacher_forcing"] != 1.0:
+        raise ValueError(f"--teacher-forcing {s['teacher_forcing']} needs an LSTM (--arch lstm, lstm-dot or "
+                         "lstm-additive); the Transformer is trained with full teacher forcing")
+
+
+def _model_config(s: dict, tokenizers: dict):
+    """A new model's config: the preset of its architecture, then the fields given on the command line."""
+    from ..config import RNNConfig, TransformerConfig
+
+    shared = tokenizers["src"] is tokenizers["tgt"]
+    vocab = dict(src_vocab_size=tokenizers["src"].vocab_size, tgt_vocab_size=tokenizers["tgt"].vocab_size,
+                 share_embeddings=shared)
+    if s["arch"] in LSTM_ATTENTION:
+        overrides = {k: s[k] for k in RNN_FIELDS if s[k] is not None}
+        return RNNConfig.from_preset(s["preset"], attention=LSTM_ATTENTION[s["arch"]], **vocab, **overrides)
+    overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
+    return TransformerConfig.from_preset(
+        s["preset"], **vocab, max_seq_len=max(s["max_len"] + 2, 64),
+        **({"norm_first": False} if s["post_norm"] else {"norm_first": True}), **overrides,
+    )
+
+
 def train(args: argparse.Namespace) -> None:
-    from .. import Transformer, TransformerConfig
-    from ..checkpoint import load_checkpoint
+    from ..checkpoint import ARCHITECTURES, load_checkpoint
     from ..tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
     from ..training import Trainer, TrainOptions
 
     out = Path(args.out)
     refuse_to_overwrite(out, args.resume)
-    s = settings(args, TRAIN_DEFAULTS, paths=("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv"))
+    paths = ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv")
+    s = settings(args, TRAIN_DEFAULTS, paths=paths)
+    if s["arch"] in LSTM_ATTENTION:  # the same merge, over the LSTM's defaults
+        s = settings(args, {**TRAIN_DEFAULTS, **LSTM_TRAIN_DEFAULTS}, paths=paths)
+    _check_arch_options(s)
     opts = TrainOptions(
         out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"], lr=s["lr"],
         schedule=s["schedule"], warmup=s["warmup"], weight_decay=s["weight_decay"], clip=s["clip"], accum=s["accum"],
@@ -126,18 +186,17 @@ def train(args: argparse.Namespace) -> None:
     train_pairs, valid_pairs, test_pairs = _read_pairs(s)
     if args.resume:
         previous = load_checkpoint(out / "last")
+        stored_arch = previous.meta.get("args", {}).get("arch", "transformer")
+        if s["arch"] != stored_arch:
+            raise ValueError(f"{out} holds a --arch {stored_arch} run; it cannot be resumed as --arch {s['arch']}")
         tokenizers, cfg = previous.tokenizers, previous.model.config
+        model_cls = type(previous.model)
     else:
         tokenizers = build_tokenizers(train_pairs, kind=s["tokenizer"], vocab_size=s["vocab_size"],
                                       shared=not s["separate_vocab"] and not s["target_tokenizer"],
                                       target_kind=s["target_tokenizer"])
-        overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
-        shared = tokenizers["src"] is tokenizers["tgt"]
-        cfg = TransformerConfig.from_preset(
-            s["preset"], src_vocab_size=tokenizers["src"].vocab_size, tgt_vocab_size=tokenizers["tgt"].vocab_size,
-            share_embeddings=shared, max_seq_len=max(s["max_len"] + 2, 64),
-            **({"norm_first": False} if s["post_norm"] else {"norm_first": True}), **overrides,
-        )
+        cfg = _model_config(s, tokenizers)
+        model_cls = ARCHITECTURES["lstm" if s["arch"] in LSTM_ATTENTION else "transformer"][0]
     train = ParallelData.encode(train_pairs, tokenizers, max_len=s["max_len"], name="train")
     valid = ParallelData.encode(valid_pairs, tokenizers, max_len=s["max_len"], name="valid")
     if test_pairs is not None:
@@ -145,13 +204,13 @@ def train(args: argparse.Namespace) -> None:
         (out / "test.src.txt").write_text("".join(p[0].strip() + "\n" for p in test_pairs), encoding="utf-8")
         (out / "test.ref.txt").write_text("".join(p[1].strip() + "\n" for p in test_pairs), encoding="utf-8")
     target_lang = s["target_lang"] or ("zh" if looks_chinese(valid.tgt_text) else None)
-    model = Transformer(cfg)
+    model = model_cls(cfg)
     log.info("model: %.2fM parameters (%.2fM without embeddings); %d training pairs, %d validation pairs",
              model.num_parameters() / 1e6, model.num_parameters(exclude_embeddings=True) / 1e6, len(train), len(valid))
     stored_args = {k: s[k] for k in TRAIN_DEFAULTS}
     task = TranslationTask(model, tokenizers, train, valid, batch_tokens=s["batch_tokens"], seed=s["seed"],
                            label_smoothing=s["label_smoothing"], bleu_samples=s["bleu_samples"],
-                           target_language=target_lang,
+                           target_language=target_lang, teacher_forcing=s["teacher_forcing"],
                            meta={"args": stored_args, "target_lang": target_lang, "title": out.name})
     result = Trainer(task, opts).run()
     best = result.best or {}
@@ -193,7 +252,7 @@ def _load_translator(path: str):
     from ..checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
-    if ckpt.arch != "transformer" or not {"src", "tgt"} <= set(ckpt.tokenizers):
+    if ckpt.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(ckpt.tokenizers):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a translation model")
     return ckpt
 
@@ -204,6 +263,10 @@ def translate(args: argparse.Namespace) -> None:
 
     _check_decoding(args)
     ckpt = _load_translator(args.model)
+    lstm_attention = getattr(ckpt.model.config, "attention", None)  # None: a Transformer
+    if args.attention and lstm_attention == "none":
+        raise ValueError("--attention: this LSTM has no attention to draw (it reads one context vector); "
+                         "train with --arch lstm-dot or lstm-additive for attention maps")
     sources = _read_inputs(args.text, args.input)
     hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
                      alpha=args.alpha, use_cache=not args.no_cache)
@@ -216,9 +279,11 @@ def translate(args: argparse.Namespace) -> None:
         first = sources[0].strip()
         weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
                                                           ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
-        path = attention_heatmap(weights, tgt_labels, src_labels, args.attention,
-                                 title=f"cross-attention, {'last layer' if args.layer == -1 else f'layer {args.layer}'}"
-                                       ", mean over heads")
+        if lstm_attention:
+            title = f"LSTM {lstm_attention} attention"
+        else:
+            title = f"cross-attention, {'last layer' if args.layer == -1 else f'layer {args.layer}'}, mean over heads"
+        path = attention_heatmap(weights, tgt_labels, src_labels, args.attention, title=title)
         print(f"attention map of the first sentence: {path}", file=sys.stderr)
 
 

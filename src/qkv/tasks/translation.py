@@ -1,7 +1,9 @@
 """Machine translation: what differs from other tasks is only here.
 
 A batch is (source, target-in, target-out) with teacher forcing; the loss is label-smoothed cross-entropy over
-the target tokens; validation is the plain cross-entropy and sacreBLEU of greedy translations.
+the target tokens; validation is the plain cross-entropy and sacreBLEU of greedy translations. The model is a
+:class:`~qkv.models.Transformer` or an LSTM :class:`~qkv.models.Seq2Seq`; both decode through the same
+greedy and beam search.
 """
 
 from __future__ import annotations
@@ -14,23 +16,39 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
-from ..generation import Seq2SeqDecoder, beam_search, greedy
+from ..generation import IncrementalDecoder, Seq2SeqDecoder, beam_search, greedy
 from ..metrics import bleu
+from ..models.rnn import RNNDecoder, Seq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
 
 
+def position_limit(model: nn.Module) -> int | None:
+    """The longest sequence the model can read: the size of its position table, or None when it has none
+    (rotary positions, an LSTM)."""
+    cfg = model.config
+    return cfg.max_seq_len if getattr(cfg, "positional", None) in ("sinusoidal", "learned") else None
+
+
 def max_new_tokens(model: nn.Module, src_len: int) -> int:
     """Room for a translation: twice the source plus 10, within the model's position table if it has one."""
     budget = 2 * src_len + 10
-    cfg = model.config
-    if cfg.positional in ("sinusoidal", "learned"):
-        budget = min(budget, cfg.max_seq_len - 1)
+    limit = position_limit(model)
+    if limit is not None:
+        budget = min(budget, limit - 1)
     return max(budget, 1)
+
+
+def incremental_decoder(model: nn.Module, src: Tensor, *, use_cache: bool = True) -> IncrementalDecoder:
+    """The model as the search functions see it: the Transformer with its KV cache, the LSTM with its carried
+    state (h, c)."""
+    if isinstance(model, Seq2Seq):
+        return RNNDecoder(model, src, use_cache=use_cache)
+    return Seq2SeqDecoder(model, src, use_cache=use_cache)
 
 
 @torch.no_grad()
@@ -50,7 +68,7 @@ def translate_ids(
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
                                 eos_id=EOS_ID).src
-        decoder = Seq2SeqDecoder(model, src, use_cache=use_cache)
+        decoder = incremental_decoder(model, src, use_cache=use_cache)
         limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         if beam_size > 1:
             hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
@@ -64,26 +82,32 @@ def translate_ids(
 
 def translate(model: nn.Module, tokenizers: dict[str, Tokenizer], texts: Sequence[str], **kwargs: Any) -> list[str]:
     """Translate sentences; keyword arguments as for :func:`translate_ids`."""
-    limit = model.config.max_seq_len - 2 if model.config.positional in ("sinusoidal", "learned") else None
-    sources = [ids[:limit] if limit else ids for ids in encode_all(tokenizers["src"], texts)]
+    limit = position_limit(model)
+    sources = [ids[: limit - 2] if limit else ids for ids in encode_all(tokenizers["src"], texts)]
     return [tokenizers["tgt"].decode(ids) for ids in translate_ids(model, sources, **kwargs)]
 
 
 @torch.no_grad()
 def cross_attention(model: nn.Module, tokenizers: dict[str, Tokenizer], source: str, target_ids: list[int],
                     *, layer: int = -1) -> tuple[torch.Tensor, list[str], list[str]]:
-    """Cross-attention weights of one translated sentence, averaged over heads, with token labels.
+    """Cross-attention weights of one translated sentence, averaged over heads, with token labels. For an LSTM
+    with attention: its one set of weights (one layer, one head).
 
     Returns:
         ``(weights (T_tgt + 1, S), target labels, source labels)``: one row per produced token (and ``</s>``),
         one column per source token.
     """
     model.eval()
-    src_ids = tokenizers["src"].encode(source)[: model.config.max_seq_len]
+    limit = position_limit(model)
+    src_ids = tokenizers["src"].encode(source)[:limit]
     src = torch.tensor([src_ids])
     tgt_in = torch.tensor([[BOS_ID, *target_ids]])
     _, att = model(src, tgt_in, return_attention=True)
-    weights = att["decoder_cross"][layer][0].mean(0)  # (T, S): average over heads
+    layers = att["decoder_cross"]
+    if not -len(layers) <= layer < len(layers):
+        raise ValueError(f"layer {layer} does not exist: the decoder has {len(layers)} attention layer(s), "
+                         f"0 to {len(layers) - 1} (or -1 for the last)")
+    weights = layers[layer][0].mean(0)  # (T, S): average over heads
     tgt_tok = tokenizers["tgt"]
     target_labels = [_label(tgt_tok, i) for i in target_ids] + ["</s>"]
     source_labels = [_label(tokenizers["src"], i) for i in src_ids]
@@ -130,7 +154,11 @@ def split_off(pairs: list[tuple[str, str]], n: int, seed: int) -> tuple[list, li
 
 
 class TranslationTask:
-    """Teacher-forced training of an encoder-decoder on parallel data, validated by loss and BLEU."""
+    """Teacher-forced training of an encoder-decoder on parallel data, validated by loss and BLEU.
+
+    With ``teacher_forcing`` < 1 (LSTM only) training feeds the model's own previous prediction instead of
+    the true token with probability 1 - teacher_forcing (see :meth:`qkv.models.rnn.Decoder.forward`).
+    """
 
     selection_metric = "val_bleu"
     higher_is_better = True
@@ -147,9 +175,16 @@ class TranslationTask:
         label_smoothing: float = 0.1,
         bleu_samples: int = 500,
         target_language: str | None = None,
+        teacher_forcing: float = 1.0,
         meta: dict[str, Any] | None = None,
     ) -> None:
+        if not 0.0 <= teacher_forcing <= 1.0:
+            raise ValueError(f"teacher_forcing must be in [0, 1], got {teacher_forcing}")
+        if teacher_forcing < 1.0 and not isinstance(model, Seq2Seq):
+            raise ValueError(f"teacher_forcing={teacher_forcing} needs an LSTM Seq2Seq; the {type(model).__name__} "
+                             "is trained with full teacher forcing (1.0)")
         self.model, self.tokenizers, self.train, self.valid = model, tokenizers, train, valid
+        self.teacher_forcing = teacher_forcing
         self.batch_tokens, self.seed, self.label_smoothing = batch_tokens, seed, label_smoothing
         self.bleu_samples, self.target_language = bleu_samples, target_language
         self.meta = {"task": "translation", **(meta or {})}
@@ -168,7 +203,10 @@ class TranslationTask:
                                  bos_id=BOS_ID, eos_id=EOS_ID)
 
     def loss(self, batch: TranslationBatch, *, label_smoothing: float | None = None) -> tuple[torch.Tensor, int]:
-        logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+        if self.teacher_forcing < 1.0 and self.model.training:  # validation always feeds the true tokens
+            logits = self.model(batch.src, batch.tgt_in, teacher_forcing=self.teacher_forcing)  # (B, T, V)
+        else:
+            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
         smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID,
                                label_smoothing=smoothing, reduction="sum")
