@@ -1,12 +1,12 @@
 """The LSTM encoder-decoder: attention as a distribution that ignores padding, the formulas, the LSTM step
 against PyTorch's, teacher forcing, state-carried decoding against recomputing, learning, checkpoints."""
 
+import functools
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close
 
 from qkv import RNNConfig, Seq2Seq, Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint, save_checkpoint
@@ -16,6 +16,8 @@ from qkv.models.rnn import AdditiveAttention, DotProductAttention, RNNDecoder, l
 from qkv.tasks.translation import ParallelData, TranslationTask, cross_attention, translate, translate_ids
 from qkv.tokenizers import CharTokenizer
 from qkv.training import Trainer, TrainOptions
+
+assert_close = functools.partial(torch.testing.assert_close, atol=1e-5, rtol=1e-5)
 
 PAD, BOS, EOS = 0, 1, 2
 ATTENTIONS = ["none", "dot", "additive"]
