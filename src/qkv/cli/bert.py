@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import refuse_to_overwrite, settings
+from .common import read_inputs, refuse_to_overwrite, settings
 
 log = logging.getLogger("qkv")
 
@@ -66,28 +66,8 @@ def _attention_map(args: argparse.Namespace, encoder, texts: list[str]) -> None:
     print(f"attention map of input {args.sentence}: {path}", file=sys.stderr)
 
 
-def _read_sentences(texts: list[str], input_file: str | None, what: str) -> list[str]:
-    """Sentences from the arguments, else a file, else stdin; one per line, blank lines skipped."""
-    from ..data import read_lines
-
-    if texts and input_file:
-        raise ValueError("give sentences as arguments or with --input, not both")
-    if input_file:
-        lines = read_lines(input_file)
-    elif texts:
-        lines = texts
-    elif not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
-    else:
-        lines = []
-    sentences = [line.strip() for line in lines if line.strip()]
-    if not sentences:
-        raise ValueError(f"nothing to {what}: give sentences as arguments, with --input FILE, or on stdin")
-    return sentences
-
-
 def embed_cmd(args: argparse.Namespace) -> None:
-    sentences = _read_sentences(args.text, args.input, "embed")
+    sentences = read_inputs(args.text, args.input, "embed")
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix not in (".npy", ".jsonl", ".json"):
         raise ValueError(f"--output must end in .npy (a matrix) or .jsonl (JSON lines), got {output.name!r}")
@@ -397,7 +377,7 @@ def classify_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..tasks.classify import predict
 
-    sentences = _read_sentences(args.text, args.input, "classify")
+    sentences = read_inputs(args.text, args.input, "classify")
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "bert-classifier":
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a classifier (see qkv train classify)")

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import refuse_to_overwrite, settings
+from .common import read_inputs, refuse_to_overwrite, settings
 
 log = logging.getLogger("qkv")
 
@@ -223,24 +223,6 @@ def train(args: argparse.Namespace) -> None:
 
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
 
-def _read_inputs(texts: list[str], input_file: str | None) -> list[str]:
-    from ..data import read_lines
-
-    if texts and input_file:
-        raise ValueError("give sentences as arguments or with --input, not both")
-    if input_file:
-        lines = read_lines(input_file)
-    elif texts:
-        lines = texts
-    elif not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
-    else:
-        lines = []
-    if not any(line.strip() for line in lines):
-        raise ValueError("nothing to translate: give sentences as arguments, with --input FILE, or on stdin")
-    return lines
-
-
 def _check_decoding(args: argparse.Namespace) -> None:
     if args.beam < 1:
         raise ValueError(f"--beam must be >= 1, got {args.beam}")
@@ -267,7 +249,7 @@ def translate(args: argparse.Namespace) -> None:
     if args.attention and lstm_attention == "none":
         raise ValueError("--attention: this LSTM has no attention to draw (it reads one context vector); "
                          "train with --arch lstm-dot or lstm-additive for attention maps")
-    sources = _read_inputs(args.text, args.input)
+    sources = read_inputs(args.text, args.input, "translate", keep_blank=True)
     hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
                      alpha=args.alpha, use_cache=not args.no_cache)
     if args.output:
