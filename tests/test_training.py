@@ -43,6 +43,11 @@ def test_schedules():
     assert learning_rate(10, cos, 100) == pytest.approx(1.0)
     assert learning_rate(55, cos, 100) == pytest.approx(0.55)  # halfway: (1 + 0.1) / 2
     assert learning_rate(100, cos, 100) == pytest.approx(0.1)
+    timed = TrainOptions(out="x", max_minutes=60, lr=1.0, warmup=10, schedule="cosine", min_lr_ratio=0.1)
+    assert learning_rate(5, timed, None, 0.01) == pytest.approx(0.5)  # warmup still counts steps
+    assert learning_rate(500, timed, None, 0.5) == pytest.approx(0.55)  # half the time budget used
+    assert learning_rate(900, timed, None, 1.2) == pytest.approx(0.1)  # past the budget: the floor
+    assert learning_rate(500, timed, None) == pytest.approx(1.0)  # no step or time budget: constant
 
 
 def test_resumed_run_ends_with_the_same_weights(tmp_path):

@@ -102,12 +102,14 @@ class TrainOptions:
             raise ValueError(f"clip must be >= 0 (0 disables it), got {self.clip}")
 
 
-def learning_rate(step: int, opts: TrainOptions, total_steps: int | None) -> float:
+def learning_rate(step: int, opts: TrainOptions, total_steps: int | None,
+                  time_fraction: float | None = None) -> float:
     """Linear warmup to ``opts.lr``, then
 
     * inverse_sqrt: lr · sqrt(warmup / step), the paper's d^-0.5 · min(step^-0.5, step · warmup^-1.5) with
       its peak set to ``lr``;
-    * cosine: down to ``lr · min_lr_ratio`` at ``total_steps`` (half a cosine period);
+    * cosine: down to ``lr · min_lr_ratio`` at ``total_steps`` (half a cosine period); a run bounded only by
+      time (``max_minutes``) passes ``time_fraction``, the share of its budget used, and decays over that;
     * constant.
     """
     step = max(step, 1)
@@ -115,8 +117,11 @@ def learning_rate(step: int, opts: TrainOptions, total_steps: int | None) -> flo
         return opts.lr * step / opts.warmup
     if opts.schedule == "inverse_sqrt":
         return opts.lr * math.sqrt(max(opts.warmup, 1) / step)
-    if opts.schedule == "cosine" and total_steps:
-        progress = min(1.0, (step - opts.warmup) / max(1, total_steps - opts.warmup))
+    if opts.schedule == "cosine" and (total_steps or time_fraction is not None):
+        if total_steps:
+            progress = min(1.0, (step - opts.warmup) / max(1, total_steps - opts.warmup))
+        else:
+            progress = min(1.0, max(0.0, time_fraction))
         floor = opts.lr * opts.min_lr_ratio
         return floor + (opts.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     return opts.lr
@@ -305,7 +310,10 @@ class Trainer:
                 batches = self.task.batches(self.epoch)
                 while self.batch_index < len(batches):
                     chunk = batches[self.batch_index : self.batch_index + opts.accum]
-                    lr = learning_rate(self.step + 1, opts, total)
+                    fraction = None
+                    if total is None and opts.max_minutes:
+                        fraction = (time.monotonic() - start) / (60 * opts.max_minutes)
+                    lr = learning_rate(self.step + 1, opts, total, fraction)
                     loss, n_tokens = self._train_step(chunk, lr)
                     if not math.isfinite(loss):
                         raise FloatingPointError(f"loss became {loss} at step {self.step + 1}; lower --lr or "

@@ -55,7 +55,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     train.add_argument("--lr", type=float, help="peak learning rate (1e-3)")
     train.add_argument("--warmup", type=int, help="warmup steps (200)")
     train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"],
-                       help="after warmup (cosine, down to --min-lr-ratio at the step budget)")
+                       help="after warmup (cosine: down to --min-lr-ratio at the end of --max-steps, "
+                       "or of --max-minutes)")
     train.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of --lr (0.1)")
     train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
     train.add_argument("--weight-decay", type=float, help="(0.1)")
