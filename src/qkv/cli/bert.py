@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import read_inputs, refuse_to_overwrite, settings
+from .common import add_training_arguments, read_inputs, refuse_to_overwrite, settings, train_options
 
 log = logging.getLogger("qkv")
 
@@ -151,30 +151,11 @@ def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
     model.add_argument("--max-length", type=int, help="tokens per input, [CLS] and [SEP] included (128)")
 
 
-def _add_training_arguments(p: argparse.ArgumentParser, *, lr: str, batch: str, eval_every: int) -> None:
-    train = p.add_argument_group("training")
-    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--epochs", type=float)
-    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
-    train.add_argument("--batch-size", type=int, help=batch)
-    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
-    train.add_argument("--lr", type=float, help=lr)
-    train.add_argument("--warmup", type=int, help="warmup steps (100)")
-    train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"], help="after warmup (cosine)")
-    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
-    train.add_argument("--weight-decay", type=float, help="(0.01)")
-    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
-    train.add_argument("--eval-every", type=int, help=f"steps between validations and checkpoints ({eval_every})")
-    train.add_argument("--seed", type=int)
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
 TRAIN_DEFAULTS = dict(
     init=None, preset="tiny", d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, vocab_size=8000,
     max_length=128, max_steps=None, epochs=None, max_minutes=None, batch_size=32, accum=1, lr=None, warmup=100,
-    schedule="cosine", clip=1.0, weight_decay=0.01, bf16=False, eval_every=200, seed=0,
+    schedule="cosine", min_lr_ratio=0.0, clip=1.0, weight_decay=0.01, bf16=False, eval_every=200,
+    eval_at_minutes=None, seed=0,
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
 
@@ -187,17 +168,6 @@ def _settings(args: argparse.Namespace, defaults: dict, paths: tuple[str, ...]) 
     if init is not None and init.lower() not in MINILM_NAMES:  # a folder: stored absolute, for --resume
         s["init"] = str(Path(init).resolve())
     return s
-
-
-def _options(s: dict, args: argparse.Namespace, out: Path, *, lr: float):
-    from ..training import TrainOptions
-
-    return TrainOptions(
-        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"],
-        lr=s["lr"] if s["lr"] is not None else lr, schedule=s["schedule"], warmup=s["warmup"],
-        weight_decay=s["weight_decay"], betas=(0.9, 0.999), clip=s["clip"], accum=s["accum"], bf16=s["bf16"],
-        eval_every=s["eval_every"], seed=s["seed"], resume=args.resume, progress=not args.no_progress,
-    )
 
 
 def _scratch_config(s: dict, vocab_size: int, pad_id: int):
@@ -254,8 +224,8 @@ def add_mlm_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--valid-fraction", type=float, help="share of the text held out for validation (0.05)")
     data.add_argument("--mask-prob", type=float, help="share of the tokens to predict (0.15)")
     _add_model_arguments(p, start="a new BERT (--preset, fields) with a WordPiece vocabulary learnt from --text")
-    _add_training_arguments(p, lr="peak learning rate (5e-4 from scratch, 5e-5 with --init)",
-                            batch="sequences per batch (32)", eval_every=MLM_DEFAULTS["eval_every"])
+    add_training_arguments(p, MLM_DEFAULTS, batch=("--batch-size", "sequences per batch"),
+                           lr_help="peak learning rate (5e-4 from scratch, 5e-5 with --init)")
 
 
 def train_mlm(args: argparse.Namespace) -> None:
@@ -272,7 +242,8 @@ def train_mlm(args: argparse.Namespace) -> None:
     s = _settings(args, MLM_DEFAULTS, ("text", "valid_text"))
     if not s["text"]:
         raise ValueError("no training text: give --text FILE [FILE ...]")
-    opts = _options(s, args, out, lr=5e-5 if s["init"] else 5e-4)
+    lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 5e-4
+    opts = train_options(s, args, lr=lr, betas=(0.9, 0.999))
     text = read_corpus(s["text"])
     if s["valid_text"]:
         train_text, valid_text = text, "\n".join(read_text(p) for p in s["valid_text"])
@@ -325,8 +296,8 @@ def add_classify_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument_group("classifier").add_argument(
         "--pooling", choices=["pooler", "mean"],
         help="the sentence vector classified: BERT's pooled [CLS] output (default) or the mean of the tokens")
-    _add_training_arguments(p, lr="peak learning rate (1e-3 from scratch, 5e-5 with --init)",
-                            batch="examples per batch (32)", eval_every=CLASSIFY_DEFAULTS["eval_every"])
+    add_training_arguments(p, CLASSIFY_DEFAULTS, batch=("--batch-size", "examples per batch"),
+                           lr_help="peak learning rate (1e-3 from scratch, 5e-5 with --init)")
 
 
 def train_classify(args: argparse.Namespace) -> None:
@@ -342,7 +313,8 @@ def train_classify(args: argparse.Namespace) -> None:
     s = _settings(args, CLASSIFY_DEFAULTS, ("data", "valid_data"))
     if not s["data"]:
         raise ValueError("no training data: give --data FILE.tsv (text<TAB>label per line)")
-    opts = _options(s, args, out, lr=5e-5 if s["init"] else 1e-3)
+    lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 1e-3
+    opts = train_options(s, args, lr=lr, betas=(0.9, 0.999))
     examples = read_labelled(s["data"])
     if s["valid_data"]:
         train, valid = examples, read_labelled(s["valid_data"])

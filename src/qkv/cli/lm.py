@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import refuse_to_overwrite, settings
+from .common import add_training_arguments, refuse_to_overwrite, settings, train_options
 
 log = logging.getLogger("qkv")
 
@@ -44,29 +44,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--d-ff", type=int)
     model.add_argument("--dropout", type=float)
     model.add_argument("--context", type=int, help="tokens the model reads at once (the preset's)")
-    train = p.add_argument_group("training")
-    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--epochs", type=float)
-    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
-    train.add_argument("--batch-size", type=int, help="windows per batch (32)")
-    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
-    train.add_argument("--lr", type=float, help="peak learning rate (1e-3)")
-    train.add_argument("--warmup", type=int, help="warmup steps (200)")
-    train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"],
-                       help="after warmup (cosine: down to --min-lr-ratio at the end of --max-steps, "
-                       "or of --max-minutes)")
-    train.add_argument("--min-lr-ratio", type=float, help="cosine floor as a fraction of --lr (0.1)")
-    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
-    train.add_argument("--weight-decay", type=float, help="(0.1)")
-    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
-    train.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (250)")
-    train.add_argument("--eval-at-minutes", type=float, nargs="+", metavar="M",
-                       help="also validate when the run has trained this many minutes")
+    train = add_training_arguments(p, LM_DEFAULTS, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=int, help="validate on this many windows only (default: all)")
-    train.add_argument("--seed", type=int)
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _model_config(s: dict, vocab_size: int):
@@ -87,20 +66,14 @@ def train_lm(args: argparse.Namespace) -> None:
     from ..generation import Sampling
     from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
     from ..tokenizers import train_tokenizer
-    from ..training import Trainer, TrainOptions
+    from ..training import Trainer
 
     out = Path(args.out)
     refuse_to_overwrite(out, args.resume)
     s = settings(args, LM_DEFAULTS, paths=("text", "valid_text"))
     if not s["text"]:
         raise ValueError("no training text: give --text FILE [FILE ...]")
-    opts = TrainOptions(
-        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"], lr=s["lr"],
-        schedule=s["schedule"], warmup=s["warmup"], min_lr_ratio=s["min_lr_ratio"], weight_decay=s["weight_decay"],
-        betas=(0.9, 0.95), clip=s["clip"], accum=s["accum"], bf16=s["bf16"], eval_every=s["eval_every"],
-        eval_at_minutes=tuple(s["eval_at_minutes"] or ()), seed=s["seed"], resume=args.resume,
-        progress=not args.no_progress,
-    )
+    opts = train_options(s, args, betas=(0.9, 0.95))
     if s["batch_size"] < 1:
         raise ValueError(f"--batch-size must be >= 1, got {s['batch_size']}")
     text = read_corpus(s["text"])

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from .common import read_inputs, refuse_to_overwrite, settings
+from .common import add_training_arguments, read_inputs, refuse_to_overwrite, settings, train_options
 
 log = logging.getLogger("qkv")
 
@@ -20,7 +20,8 @@ TRAIN_DEFAULTS = dict(
     attention_dim=None, tokenizer="bpe", target_tokenizer=None, vocab_size=8000, separate_vocab=False,
     preset="small", d_model=None, n_heads=None, n_layers=None, n_encoder_layers=None, n_decoder_layers=None,
     d_ff=None, dropout=None, attention_dropout=None, activation_dropout=None, post_norm=False, positional=None,
-    max_len=128, batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", label_smoothing=0.1,
+    max_len=128, batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", min_lr_ratio=0.0,
+    eval_at_minutes=None, label_smoothing=0.1,
     clip=1.0, weight_decay=0.01, max_steps=None, epochs=None, max_minutes=None, eval_every=500, bleu_samples=500,
     bf16=False, seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None,
     valid_src=None, valid_tgt=None, valid_tsv=None,
@@ -81,28 +82,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None,
                        help="LSTM: read the source both ways (default) or left to right only")
     model.add_argument("--attention-dim", type=int, help="lstm-additive: width of the attention's tanh layer")
-    train = p.add_argument_group("training")
-    train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
-    train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--epochs", type=float)
-    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
-    train.add_argument("--batch-tokens", type=int, help="tokens per batch, padding included (4000)")
-    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
-    train.add_argument("--lr", type=float, help="peak learning rate (7e-4; LSTM 1e-3)")
-    train.add_argument("--warmup", type=int, help="warmup steps (1000; LSTM 200)")
-    train.add_argument("--schedule", choices=["inverse_sqrt", "cosine", "constant"])
-    train.add_argument("--label-smoothing", type=float)
+    train = add_training_arguments(p, TRAIN_DEFAULTS, batch=("--batch-tokens", "tokens per batch, padding included"),
+                                   lr_help="peak learning rate (7e-4; LSTM 1e-3)",
+                                   warmup_help="warmup steps (1000; LSTM 200)")
+    train.add_argument("--label-smoothing", type=float, help="(0.1)")
     train.add_argument("--teacher-forcing", type=float, metavar="RATIO",
                        help="LSTM: probability of feeding the true previous token while training (1.0); otherwise "
                             "the model's own prediction is fed (scheduled sampling)")
-    train.add_argument("--clip", type=float, help="gradient-norm clipping (1.0; 0 disables)")
-    train.add_argument("--weight-decay", type=float)
-    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
-    train.add_argument("--eval-every", type=int, help="steps between validations and checkpoints (500)")
     train.add_argument("--bleu-samples", type=int, help="validation sentences translated for BLEU (500; 0 = none)")
-    train.add_argument("--seed", type=int)
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _read_pairs(settings: dict) -> tuple[list, list, list | None]:
@@ -167,7 +154,7 @@ def _model_config(s: dict, tokenizers: dict):
 def train(args: argparse.Namespace) -> None:
     from ..checkpoint import ARCHITECTURES, load_checkpoint
     from ..tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
-    from ..training import Trainer, TrainOptions
+    from ..training import Trainer
 
     out = Path(args.out)
     refuse_to_overwrite(out, args.resume)
@@ -176,11 +163,7 @@ def train(args: argparse.Namespace) -> None:
     if s["arch"] in LSTM_ATTENTION:  # the same merge, over the LSTM's defaults
         s = settings(args, {**TRAIN_DEFAULTS, **LSTM_TRAIN_DEFAULTS}, paths=paths)
     _check_arch_options(s)
-    opts = TrainOptions(
-        out=str(out), max_steps=s["max_steps"], epochs=s["epochs"], max_minutes=s["max_minutes"], lr=s["lr"],
-        schedule=s["schedule"], warmup=s["warmup"], weight_decay=s["weight_decay"], clip=s["clip"], accum=s["accum"],
-        bf16=s["bf16"], eval_every=s["eval_every"], seed=s["seed"], resume=args.resume, progress=not args.no_progress,
-    )
+    opts = train_options(s, args)
     if not 0.0 <= s["label_smoothing"] < 1.0:
         raise ValueError(f"--label-smoothing must be in [0, 1), got {s['label_smoothing']}")
     train_pairs, valid_pairs, test_pairs = _read_pairs(s)
