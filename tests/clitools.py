@@ -1,11 +1,20 @@
 """Running ``qkv`` in a subprocess, as a user would, and checking how it ends."""
 
+import gzip
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# ../shared/data beside the project (QKV_DATA overrides)
+DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def gz_lines(path: Path, n: int) -> list[str]:
+    """The first ``n`` lines of a gzipped text file."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return f.read().splitlines()[:n]
 
 
 def qkv(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:

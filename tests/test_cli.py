@@ -7,25 +7,18 @@ One tiny model is trained per module and reused; tests that damage a run work on
 
 import gzip
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from clitools import PNG_MAGIC, ok, one_line_error, qkv
+from clitools import DATA, PNG_MAGIC, gz_lines, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow  # about 30 subprocesses, each importing torch: a few minutes on 2 CPU cores
 
-DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64", "--vocab-size", "300",
         "--batch-tokens", "800", "--eval-every", "3", "--bleu-samples", "10", "--no-progress", "--warmup", "2"]
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
-
-
-def _gz_lines(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()[:n]
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +30,7 @@ def work(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("cli")
     for split, n, name in [("train", 400, "train"), ("val", 50, "val"), ("test_2016_flickr", 10, "test")]:
         for lang in ("de", "en"):
-            (work / f"{name}.{lang}").write_text("\n".join(_gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
+            (work / f"{name}.{lang}").write_text("\n".join(gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
                                                  encoding="utf-8")
     lines = tatoeba.read_text(encoding="utf-8").splitlines()
     (work / "zh.tsv").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")

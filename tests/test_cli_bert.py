@@ -3,20 +3,18 @@ slices of the shared corpora; and the mistakes users make, each ending in one li
 
 import gzip
 import json
-import os
 import random
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from clitools import PNG_MAGIC, ok, one_line_error, qkv
+from clitools import DATA, PNG_MAGIC, ok, one_line_error, qkv
 
 from qkv.interop.sentence import MINILM_INSTALL, minilm_path
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TINY = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--max-length", "32",
         "--vocab-size", "500", "--batch-size", "8", "--eval-every", "3", "--warmup", "2", "--no-progress"]
 needs_minilm = pytest.mark.skipif(minilm_path() is None, reason=f"all-MiniLM-L6-v2 is not installed: {MINILM_INSTALL}")

@@ -2,16 +2,14 @@
 mistakes users make, each ending in one line on stderr."""
 
 import importlib.util
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from clitools import ok, one_line_error, qkv
+from clitools import DATA, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 TINY = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context", "32",
         "--batch-size", "4", "--eval-every", "3", "--warmup", "2", "--no-progress"]
 

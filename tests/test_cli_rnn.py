@@ -3,18 +3,15 @@ Transformer, each trained a few steps on the same slice of Multi30k, then loaded
 and ``evaluate`` commands; and the option mix-ups, each one line on stderr.
 """
 
-import gzip
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
-from clitools import PNG_MAGIC, ok, one_line_error, qkv
+from clitools import DATA, PNG_MAGIC, gz_lines, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow  # about 20 subprocesses, each importing torch
 
-DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 COMMON = ["--vocab-size", "300", "--batch-tokens", "800", "--eval-every", "2", "--bleu-samples", "5", "--no-progress",
           "--warmup", "2", "--max-steps", "3"]
 SIZES = {
@@ -28,11 +25,6 @@ ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
 
 
-def _gz_lines(path: Path, n: int) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()[:n]
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory) -> Path:
     """300 training, 30 validation and 10 test pairs of Multi30k de-en."""
@@ -42,7 +34,7 @@ def work(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("cli-rnn")
     for split, n, name in [("train", 300, "train"), ("val", 30, "val"), ("test_2016_flickr", 10, "test")]:
         for lang in ("de", "en"):
-            (work / f"{name}.{lang}").write_text("\n".join(_gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
+            (work / f"{name}.{lang}").write_text("\n".join(gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
                                                  encoding="utf-8")
     return work
 
