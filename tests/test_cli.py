@@ -215,6 +215,16 @@ def test_error_train_into_existing_run(trained, work):
     assert (run / "best" / "model.safetensors").read_bytes() == before
 
 
+def test_error_resume_a_finished_run(work, run_copy):
+    # trained to its whole --max-steps 6; the budget counts the run, so nothing is left to do
+    before = (run_copy / "last" / "model.safetensors").read_bytes()
+    proc = qkv("train", "--out", run_copy, "--resume", "--no-progress", cwd=work)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.splitlines()[-1]  # after the data and model lines, the error
+    assert last.startswith("qkv train: error:") and "already ran 6 steps" in last and "raise --max-steps" in last
+    assert (run_copy / "last" / "model.safetensors").read_bytes() == before
+
+
 def test_error_resume_without_checkpoint(work, tmp_path):
     proc = qkv("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "fresh", "--resume",
                "--max-steps", "1", cwd=tmp_path)

@@ -1,5 +1,6 @@
 """The training loop: schedules, accumulation, exact resume, stopping."""
 
+import itertools
 import math
 
 import pytest
@@ -48,6 +49,38 @@ def test_schedules():
     assert learning_rate(500, timed, None, 0.5) == pytest.approx(0.55)  # half the time budget used
     assert learning_rate(900, timed, None, 1.2) == pytest.approx(0.1)  # past the budget: the floor
     assert learning_rate(500, timed, None) == pytest.approx(1.0)  # no step or time budget: constant
+
+
+def test_a_resumed_time_budget_counts_the_whole_run(tmp_path, monkeypatch):
+    """--max-minutes, like --max-steps, is the run's budget: a resumed run keeps its place on the time cosine
+    and stops when the minutes of all its invocations add up; an already spent budget is a clear error."""
+    import qkv.training as training
+
+    clock = iter(range(0, 100_000, 5))  # every look at the clock moves it 5 s on
+    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))
+
+    def timed(minutes, resume=False):
+        return TrainOptions(out=str(tmp_path), lr=1e-2, warmup=1, schedule="cosine", min_lr_ratio=0.1,
+                            max_minutes=minutes, eval_every=1000, log_every=1, progress=False, resume=resume)
+
+    def rows():
+        lines = (tmp_path / "log.csv").read_text().splitlines()
+        table = [dict(zip(lines[0].split(","), r.split(","), strict=False)) for r in lines[1:]]
+        return [r for r in table if r.get("lr")]
+
+    first = Trainer(make_task(dropout=0.0), timed(1.0)).run()
+    assert first.stopped_because == "time budget reached"
+    before = rows()
+    resumed = Trainer(make_task(dropout=0.0), timed(2.0, resume=True)).run()
+    assert resumed.stopped_because == "time budget reached"
+    after = rows()[len(before):]
+    assert after, "the resumed run took no step"
+    # the schedule goes on from about half of the 2-minute budget, not from its peak again
+    assert float(after[0]["lr"]) < 0.6 * 1e-2
+    assert all(float(a["lr"]) >= float(b["lr"]) for a, b in itertools.pairwise(after))
+    assert 120 <= float(after[-1]["elapsed_s"]) < 120 + 60  # both invocations together, not 2 more minutes
+    with pytest.raises(ValueError, match=r"already ran .* minutes.*raise --max-minutes"):
+        Trainer(make_task(dropout=0.0), timed(2.0, resume=True)).run()
 
 
 def test_resumed_run_ends_with_the_same_weights(tmp_path):

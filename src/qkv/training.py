@@ -284,6 +284,7 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         if opts.resume:
             self._restore()
+            self._check_budget_left()
         else:
             torch.manual_seed(opts.seed)
             if (self.out / "log.csv").exists():
@@ -311,8 +312,8 @@ class Trainer:
                 while self.batch_index < len(batches):
                     chunk = batches[self.batch_index : self.batch_index + opts.accum]
                     fraction = None
-                    if total is None and opts.max_minutes:
-                        fraction = (time.monotonic() - start) / (60 * opts.max_minutes)
+                    if total is None and opts.max_minutes:  # the whole run's share of its time budget
+                        fraction = (self.elapsed_before + time.monotonic() - start) / (60 * opts.max_minutes)
                     lr = learning_rate(self.step + 1, opts, total, fraction)
                     loss, n_tokens = self._train_step(chunk, lr)
                     if not math.isfinite(loss):
@@ -329,7 +330,8 @@ class Trainer:
                     bar.update(1)
                     postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{rate:,.0f}"}
                     if opts.max_minutes:
-                        postfix["left"] = f"{max(0.0, opts.max_minutes - (now - start) / 60):.1f}m"
+                        left = opts.max_minutes - (self.elapsed_before + now - start) / 60
+                        postfix["left"] = f"{max(0.0, left):.1f}m"
                     bar.set_postfix(postfix, refresh=False)
                     if self.step % opts.log_every == 0:
                         self._log_row({"step": self.step, "epoch": self.epoch, "lr": lr,
@@ -358,6 +360,16 @@ class Trainer:
         return TrainResult(self.step, self.epoch, stopped, self.best, last_eval, elapsed,
                            (self.tokens_seen - tokens_before) / max(elapsed, 1e-9))
 
+    def _check_budget_left(self) -> None:
+        """A resumed run's budgets count the whole run, so one already spent would stop at once: say so."""
+        opts, done = self.opts, self.elapsed_before / 60
+        if opts.max_steps is not None and self.step >= opts.max_steps:
+            raise ValueError(f"{self.out} already ran {self.step} steps, its whole max_steps={opts.max_steps}; "
+                             "raise --max-steps to train on")
+        if opts.max_minutes is not None and done >= opts.max_minutes:
+            raise ValueError(f"{self.out} already ran {done:.1f} minutes, its whole max_minutes={opts.max_minutes:g}; "
+                             "raise --max-minutes to train on (the budget counts the run, not this invocation)")
+
     def _reached_target(self, metrics: dict[str, float]) -> bool:
         value = metrics.get(self.task.selection_metric)
         if self.opts.stop_at is None or value is None:
@@ -369,6 +381,7 @@ class Trainer:
             return "interrupted"
         if total is not None and self.step >= total:
             return "step budget reached"
-        if self.opts.max_minutes is not None and time.monotonic() - start >= 60 * self.opts.max_minutes:
+        spent = self.elapsed_before + time.monotonic() - start  # earlier invocations count, as steps do
+        if self.opts.max_minutes is not None and spent >= 60 * self.opts.max_minutes:
             return "time budget reached"
         return ""

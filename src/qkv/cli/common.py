@@ -74,7 +74,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch:
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
     train.add_argument("--max-steps", type=int)
     train.add_argument("--epochs", type=float)
-    train.add_argument("--max-minutes", type=float, help="wall-clock budget")
+    train.add_argument("--max-minutes", type=float,
+                       help="wall-clock budget of the whole run (--resume counts the minutes already trained)")
     flag, counts = batch
     train.add_argument(flag, type=int, help=f"{counts} ({defaults[flag[2:].replace('-', '_')]})")
     train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
