@@ -2,6 +2,7 @@
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -30,6 +31,13 @@ def make_task(seed=0, dropout=0.1):
     cfg = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=32, n_heads=4,
                             n_layers=1, d_ff=64, dropout=dropout, share_embeddings=True, max_seq_len=64)
     return TranslationTask(Transformer(cfg), toks, train, valid, batch_tokens=300, seed=seed, bleu_samples=5)
+
+
+def log_rows(out, column):
+    """The rows of ``out/log.csv`` that fill ``column`` (training rows have an lr, evaluation rows a val_loss)."""
+    header, *lines = (Path(out) / "log.csv").read_text().splitlines()
+    rows = [dict(zip(header.split(","), line.split(","), strict=False)) for line in lines]
+    return [r for r in rows if r.get(column)]
 
 
 def options(out, **kw):
@@ -63,17 +71,12 @@ def test_a_resumed_time_budget_counts_the_whole_run(tmp_path, monkeypatch):
         return TrainOptions(out=str(tmp_path), lr=1e-2, warmup=1, schedule="cosine", min_lr_ratio=0.1,
                             max_minutes=minutes, eval_every=1000, log_every=1, progress=False, resume=resume)
 
-    def rows():
-        lines = (tmp_path / "log.csv").read_text().splitlines()
-        table = [dict(zip(lines[0].split(","), r.split(","), strict=False)) for r in lines[1:]]
-        return [r for r in table if r.get("lr")]
-
     first = Trainer(make_task(dropout=0.0), timed(1.0)).run()
     assert first.stopped_because == "time budget reached"
-    before = rows()
+    before = log_rows(tmp_path, "lr")
     resumed = Trainer(make_task(dropout=0.0), timed(2.0, resume=True)).run()
     assert resumed.stopped_because == "time budget reached"
-    after = rows()[len(before):]
+    after = log_rows(tmp_path, "lr")[len(before):]
     assert after, "the resumed run took no step"
     # the schedule goes on from about half of the 2-minute budget, not from its peak again
     assert float(after[0]["lr"]) < 0.6 * 1e-2
@@ -158,10 +161,7 @@ def test_evaluations_at_wall_clock_marks(tmp_path, monkeypatch):
     opts = TrainOptions(out=str(tmp_path), lr=3e-3, warmup=3, eval_every=100, progress=False, max_steps=8,
                         eval_at_minutes=(1.0, 2.0))
     Trainer(task, opts).run()
-    rows = (tmp_path / "log.csv").read_text().splitlines()
-    header = rows[0].split(",")
-    evals = [dict(zip(header, r.split(","), strict=False)) for r in rows[1:]]
-    evals = [r for r in evals if r.get("val_loss")]
+    evals = log_rows(tmp_path, "val_loss")
     assert len(evals) == 3  # the two marks and the end of the run
     times = [float(r["elapsed_s"]) for r in evals]
     assert 60 <= times[0] < 120 <= times[1] < times[2]
