@@ -326,20 +326,19 @@ class Trainer:
                     window_tokens += n_tokens
                     window_steps += 1
                     now = time.monotonic()
+                    run_s = self.elapsed_before + now - start  # the whole run's seconds: earlier invocations count
                     rate = window_tokens / max(now - window_start, 1e-9)
                     bar.update(1)
                     postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", "tok/s": f"{rate:,.0f}"}
                     if opts.max_minutes:
-                        left = opts.max_minutes - (self.elapsed_before + now - start) / 60
-                        postfix["left"] = f"{max(0.0, left):.1f}m"
+                        postfix["left"] = f"{max(0.0, opts.max_minutes - run_s / 60):.1f}m"
                     bar.set_postfix(postfix, refresh=False)
                     if self.step % opts.log_every == 0:
                         self._log_row({"step": self.step, "epoch": self.epoch, "lr": lr,
                                        "train_loss": window_loss / window_steps, "tokens_per_s": round(rate),
-                                       "elapsed_s": round(self.elapsed_before + now - start, 1)})
+                                       "elapsed_s": round(run_s, 1)})
                         window_loss, window_tokens, window_steps, window_start = 0.0, 0, 0, now
-                    reason = self._should_stop(total, start, stop.requested)
-                    run_s = self.elapsed_before + now - start
+                    reason = self._should_stop(total, run_s, stop.requested)
                     mark = any(previous_s < 60 * m <= run_s for m in opts.eval_at_minutes)
                     previous_s = run_s
                     if self.step % opts.eval_every == 0 or reason or mark:
@@ -376,12 +375,11 @@ class Trainer:
             return False
         return value >= self.opts.stop_at if self.task.higher_is_better else value <= self.opts.stop_at
 
-    def _should_stop(self, total: int | None, start: float, interrupted: bool) -> str:
+    def _should_stop(self, total: int | None, run_s: float, interrupted: bool) -> str:
         if interrupted:
             return "interrupted"
         if total is not None and self.step >= total:
             return "step budget reached"
-        spent = self.elapsed_before + time.monotonic() - start  # earlier invocations count, as steps do
-        if self.opts.max_minutes is not None and spent >= 60 * self.opts.max_minutes:
+        if self.opts.max_minutes is not None and run_s >= 60 * self.opts.max_minutes:
             return "time budget reached"
         return ""
