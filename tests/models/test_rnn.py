@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qkv import RNNConfig, Seq2Seq, Transformer, TransformerConfig
+from qkv import LSTMSeq2Seq, RNNConfig, Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint, save_checkpoint
 from qkv.data import translation_batch
 from qkv.generation import beam_search, greedy
-from qkv.models.rnn import AdditiveAttention, DotProductAttention, RNNDecoder, lstm_step
+from qkv.models.rnn import AdditiveAttention, DotProductAttention, LSTMDecoding, lstm_step
 from qkv.tasks.translation import ParallelData, TranslationTask, cross_attention, translate, translate_ids
 from qkv.tokenizers import CharTokenizer
 from qkv.training import Trainer, TrainOptions
@@ -28,7 +28,7 @@ def make(attention="additive", *, bidirectional=True, n_layers=2, scale=4.0, see
     torch.manual_seed(seed)
     cfg = RNNConfig(src_vocab_size=40, tgt_vocab_size=30, embedding_dim=16, hidden_size=32, n_layers=n_layers,
                     bidirectional=bidirectional, attention=attention, dropout=0.0, **kw)
-    model = Seq2Seq(cfg).eval()
+    model = LSTMSeq2Seq(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(scale)
@@ -235,8 +235,8 @@ def decoding_model(request):
 
 def test_carried_state_greedy_equals_recomputing_from_scratch(decoding_model):
     srcs = sources(seed=8)
-    cached = greedy(RNNDecoder(decoding_model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-    uncached = greedy(RNNDecoder(decoding_model, batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
+    cached = greedy(LSTMDecoding(decoding_model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
+    uncached = greedy(LSTMDecoding(decoding_model, batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
                       max_new_tokens=12)
     assert cached == uncached == [reference_greedy(decoding_model, s, 12) for s in srcs]
     assert any(len(g) < 12 for g in cached) and any(len(set(g)) > 1 for g in cached)  # stopping, varied tokens
@@ -245,17 +245,17 @@ def test_carried_state_greedy_equals_recomputing_from_scratch(decoding_model):
 def test_carried_state_beam_equals_recomputing_from_scratch(decoding_model):
     srcs = sources(seed=9)
     kw = dict(bos_id=BOS, eos_id=EOS, max_new_tokens=12, beam_size=3)
-    assert beam_search(RNNDecoder(decoding_model, batch(srcs)), **kw) == \
-        beam_search(RNNDecoder(decoding_model, batch(srcs), use_cache=False), **kw)
+    assert beam_search(LSTMDecoding(decoding_model, batch(srcs)), **kw) == \
+        beam_search(LSTMDecoding(decoding_model, batch(srcs), use_cache=False), **kw)
 
 
 def test_beam_size_one_is_greedy_and_batches_change_nothing(decoding_model):
     srcs = sources(n=5, seed=10)
     kw = dict(bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-    g = greedy(RNNDecoder(decoding_model, batch(srcs)), **kw)
-    assert beam_search(RNNDecoder(decoding_model, batch(srcs)), beam_size=1, **kw) == g
-    batched = beam_search(RNNDecoder(decoding_model, batch(srcs)), beam_size=4, **kw)
-    alone = [beam_search(RNNDecoder(decoding_model, batch([s])), beam_size=4, **kw)[0] for s in srcs]
+    g = greedy(LSTMDecoding(decoding_model, batch(srcs)), **kw)
+    assert beam_search(LSTMDecoding(decoding_model, batch(srcs)), beam_size=1, **kw) == g
+    batched = beam_search(LSTMDecoding(decoding_model, batch(srcs)), beam_size=4, **kw)
+    alone = [beam_search(LSTMDecoding(decoding_model, batch([s])), beam_size=4, **kw)[0] for s in srcs]
     assert batched == alone
 
 
@@ -277,7 +277,7 @@ def reversal_data(n, g, vocab=13):
 
 def test_a_tiny_attention_model_learns_to_reverse_sequences():
     torch.manual_seed(0)
-    model = Seq2Seq(RNNConfig(src_vocab_size=13, tgt_vocab_size=13, embedding_dim=32, hidden_size=64, n_layers=1,
+    model = LSTMSeq2Seq(RNNConfig(src_vocab_size=13, tgt_vocab_size=13, embedding_dim=32, hidden_size=64, n_layers=1,
                               attention="additive", dropout=0.0, share_embeddings=True))
     opt = torch.optim.Adam(model.parameters(), lr=2e-2)
     g = torch.Generator().manual_seed(1)
@@ -311,7 +311,7 @@ def _reversal_task(teacher_forcing):
     toks = {"src": tok, "tgt": tok}
     data = ParallelData.encode(pairs, toks, max_len=40, name="train")
     torch.manual_seed(0)
-    model = Seq2Seq(RNNConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embedding_dim=16,
+    model = LSTMSeq2Seq(RNNConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embedding_dim=16,
                               hidden_size=32, n_layers=1, dropout=0.1, share_embeddings=True))
     return TranslationTask(model, toks, data, data, batch_tokens=200, teacher_forcing=teacher_forcing,
                            bleu_samples=0)
@@ -355,7 +355,7 @@ def test_a_resumed_lstm_run_ends_with_the_same_weights(tmp_path):
 def test_save_load_translates_identically(tmp_path, attention):
     tok = CharTokenizer.train(["abcdefghij klmnop"])
     torch.manual_seed(3)
-    model = Seq2Seq(RNNConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embedding_dim=16,
+    model = LSTMSeq2Seq(RNNConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, embedding_dim=16,
                               hidden_size=32, n_layers=2, attention=attention, share_embeddings=True)).eval()
     with torch.no_grad():
         for p in model.parameters():

@@ -19,7 +19,7 @@ so each target word can look back at the source words it needs. Two scores:
 
 Training feeds the true previous token (teacher forcing), or with probability 1 - ratio the model's own
 previous prediction (scheduled sampling, Bengio et al. 2015). Decoding carries the state (h, c) from step to
-step, so a step costs one LSTM step whatever the prefix; :class:`RNNDecoder` plugs it into the greedy and
+step, so a step costs one LSTM step whatever the prefix; :class:`LSTMDecoding` plugs it into the greedy and
 beam search of :mod:`qkv.generation`, shared with the Transformer.
 """
 
@@ -151,7 +151,7 @@ class Bridge(nn.Module):
         return torch.tanh(self.h(h)), self.c(c)
 
 
-class Encoder(nn.Module):
+class LSTMEncoder(nn.Module):
     """Embedding, then a (bidirectional) LSTM over the source.
 
     The forward LSTM reads x_1 … x_S, the backward one x_S … x_1; the state of position i is both side by
@@ -184,11 +184,11 @@ class Encoder(nn.Module):
 
 
 @dataclass
-class DecoderState:
+class LSTMState:
     """Everything the decoder carries from one step to the next.
 
     Only ``hidden`` changes from step to step; the rest is computed once per sentence by
-    :meth:`Seq2Seq.encode`. Beam search reorders all of it row by row (:meth:`select`).
+    :meth:`LSTMSeq2Seq.encode`. Beam search reorders all of it row by row (:meth:`select`).
 
     Shape:
         hidden: (h, c), each ``(n_layers, B, H)``; memory ``(B, S, H)``; keys ``(B, S, H or attention_dim)``
@@ -205,18 +205,18 @@ class DecoderState:
     def batch_size(self) -> int:
         return self.memory.size(0)
 
-    def select(self, index: Tensor) -> DecoderState:
+    def select(self, index: Tensor) -> LSTMState:
         """Keep (and duplicate) batch rows ``index``."""
         h, c = self.hidden
 
         def rows(t: Tensor | None) -> Tensor | None:
             return None if t is None else t.index_select(0, index)
 
-        return DecoderState((h.index_select(1, index), c.index_select(1, index)), rows(self.memory),
+        return LSTMState((h.index_select(1, index), c.index_select(1, index)), rows(self.memory),
                             rows(self.keys), rows(self.mask), rows(self.context))
 
 
-class Decoder(nn.Module):
+class LSTMDecoder(nn.Module):
     """An LSTM decoder that reads the source through an attention module, or through one fixed context vector
     when ``attention`` is None.
 
@@ -247,13 +247,13 @@ class Decoder(nn.Module):
         self.embedding, self.lstm, self.attention = embedding, lstm, attention
         self.pre_output, self.out_proj, self.dropout = pre_output, out_proj, nn.Dropout(dropout)
 
-    def _attend(self, state: DecoderState) -> tuple[Tensor, Tensor | None]:
+    def _attend(self, state: LSTMState) -> tuple[Tensor, Tensor | None]:
         if self.attention is None:
             return state.context, None
         query = state.hidden[0][-1]  # (B, H): s_{t-1}, the top layer
         return self.attention(query, state.keys, state.memory, state.mask)
 
-    def _recur(self, emb: Tensor, state: DecoderState) -> tuple[Tensor, Tensor, Tensor | None, DecoderState]:
+    def _recur(self, emb: Tensor, state: LSTMState) -> tuple[Tensor, Tensor, Tensor | None, LSTMState]:
         """One step of the recurrence: emb ``(B, E)`` -> s_t ``(B, H)``, c_t ``(B, H)``, α_t ``(B, S)``, state."""
         context, weights = self._attend(state)
         out, hidden = lstm_step(self.lstm, torch.cat([emb, context], dim=-1), state.hidden)  # (B, H)
@@ -263,13 +263,13 @@ class Decoder(nn.Module):
         """(..., H), (..., H), (..., E) -> logits (..., V)."""
         return self.out_proj(self.dropout(torch.tanh(self.pre_output(torch.cat([out, context, emb], dim=-1)))))
 
-    def step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState, Tensor | None]:
+    def step(self, tokens: Tensor, state: LSTMState) -> tuple[Tensor, LSTMState, Tensor | None]:
         """One token per row: tokens ``(B,)`` -> logits ``(B, V)`` of the next, the new state, α_t ``(B, S)``."""
         emb = self.dropout(self.embedding(tokens))  # (B, E)
         out, context, weights, state = self._recur(emb, state)
         return self._logits(out, context, emb), state, weights
 
-    def forward(self, tokens: Tensor, state: DecoderState, *,
+    def forward(self, tokens: Tensor, state: LSTMState, *,
                 teacher_forcing: float = 1.0) -> tuple[Tensor, Tensor | None]:
         """Decode a whole target from ``state``: tokens ``(B, T)`` -> logits ``(B, T, V)``, weights ``(B, T, S)``.
 
@@ -307,17 +307,17 @@ class Decoder(nn.Module):
         return result, None if self.attention is None else torch.stack(weights, dim=1)  # (B, T, S)
 
 
-class Seq2Seq(nn.Module):
+class LSTMSeq2Seq(nn.Module):
     """The LSTM encoder-decoder configured by an :class:`RNNConfig`: the bottleneck model
     (``attention="none"``) or an attention model (``"dot"``, ``"additive"``).
 
     It offers what the Transformer offers to the training loop and the translator: ``forward(src, tgt)``
     for teacher-forced training, ``source_mask``, ``encode``/``decode``, attention weights in the
-    Transformer's format, and :class:`RNNDecoder` for greedy and beam search.
+    Transformer's format, and :class:`LSTMDecoding` for greedy and beam search.
 
     Example:
         >>> cfg = RNNConfig(src_vocab_size=1000, tgt_vocab_size=1200, attention="additive")
-        >>> logits = Seq2Seq(cfg)(src, tgt_in)  # (B, T_tgt, 1200)
+        >>> logits = LSTMSeq2Seq(cfg)(src, tgt_in)  # (B, T_tgt, 1200)
 
     Shape:
         src ``(B, S)``, tgt ``(B, T)`` token ids, right-padded with ``pad_id`` -> logits ``(B, T, tgt_vocab_size)``.
@@ -331,7 +331,7 @@ class Seq2Seq(nn.Module):
         src_emb = nn.Embedding(cfg.src_vocab_size, e)
         tgt_emb = src_emb if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, e)
         directions = 2 if cfg.bidirectional else 1
-        self.encoder = Encoder(
+        self.encoder = LSTMEncoder(
             embedding=src_emb,
             lstm=nn.LSTM(e, h // directions, cfg.n_layers, batch_first=True, bidirectional=cfg.bidirectional,
                          dropout=between_layers),
@@ -343,7 +343,7 @@ class Seq2Seq(nn.Module):
             attention = DotProductAttention()
         elif cfg.attention == "additive":
             attention = AdditiveAttention(h, h, cfg.attention_dim)
-        self.decoder = Decoder(
+        self.decoder = LSTMDecoder(
             embedding=tgt_emb,
             lstm=nn.LSTM(e + h, h, cfg.n_layers, batch_first=True, dropout=between_layers),
             attention=attention,
@@ -360,8 +360,8 @@ class Seq2Seq(nn.Module):
         """``(B, S)`` boolean, True for real source tokens (None when the config has no pad_id)."""
         return None if self.config.pad_id is None else padding_mask(src, self.config.pad_id)
 
-    def encode(self, src: Tensor) -> DecoderState:
-        """Read the source once: source ids ``(B, S)`` -> the decoder's first state (see :class:`DecoderState`)."""
+    def encode(self, src: Tensor) -> LSTMState:
+        """Read the source once: source ids ``(B, S)`` -> the decoder's first state (see :class:`LSTMState`)."""
         common.check_ids(src, self.config.src_vocab_size, "src")
         mask = self.source_mask(src)
         memory, final = self.encoder(src, mask)  # (B, S, H), ((L, B, H), (L, B, H))
@@ -369,12 +369,12 @@ class Seq2Seq(nn.Module):
         hidden = self.bridge(final) if self.bridge is not None else final
         attention = self.decoder.attention
         keys = attention.project_keys(memory) if attention is not None else None
-        return DecoderState(hidden, memory, keys, mask, context)
+        return LSTMState(hidden, memory, keys, mask, context)
 
-    def decode(self, tgt: Tensor, state: DecoderState, *, teacher_forcing: float = 1.0,
+    def decode(self, tgt: Tensor, state: LSTMState, *, teacher_forcing: float = 1.0,
                return_attention: bool = False):
         """Target ids ``(B, T)`` from ``state`` (usually :meth:`encode`'s) -> logits ``(B, T, tgt_vocab_size)``;
-        with ``return_attention`` also the weights ``(B, T, S)``. See :meth:`Decoder.forward`."""
+        with ``return_attention`` also the weights ``(B, T, S)``. See :meth:`LSTMDecoder.forward`."""
         common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
         if tgt.size(0) != state.batch_size:
             raise ValueError(f"batch sizes differ: tgt has {tgt.size(0)} rows, the state {state.batch_size}")
@@ -384,7 +384,7 @@ class Seq2Seq(nn.Module):
         logits, weights = self.decoder(tgt, state, teacher_forcing=teacher_forcing)
         return (logits, weights) if return_attention else logits
 
-    def decode_step(self, tokens: Tensor, state: DecoderState) -> tuple[Tensor, DecoderState, Tensor | None]:
+    def decode_step(self, tokens: Tensor, state: LSTMState) -> tuple[Tensor, LSTMState, Tensor | None]:
         """One token per row, ``(B,)`` -> next-token logits ``(B, V)``, the next state, weights ``(B, S)``."""
         return self.decoder.step(tokens, state)
 
@@ -406,8 +406,8 @@ class Seq2Seq(nn.Module):
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
 
-class RNNDecoder:
-    """A :class:`Seq2Seq` as :mod:`qkv.generation` sees every model (an ``IncrementalDecoder``): the source
+class LSTMDecoding:
+    """An :class:`LSTMSeq2Seq` as :mod:`qkv.generation` sees every model (an ``IncrementalDecoder``): the source
     encoded once, then one step per token with the state (h, c) carried forward; beam search reorders the
     state, the encoder outputs and the source mask together.
 
@@ -416,7 +416,7 @@ class RNNDecoder:
     against.
     """
 
-    def __init__(self, model: Seq2Seq, src: Tensor, *, use_cache: bool = True) -> None:
+    def __init__(self, model: LSTMSeq2Seq, src: Tensor, *, use_cache: bool = True) -> None:
         self.model = model
         self.state = model.encode(src)
         self.use_cache = use_cache
@@ -442,5 +442,8 @@ class RNNDecoder:
         self.batch_size = index.numel()
 
 
-__all__ = ["AdditiveAttention", "Bridge", "Decoder", "DecoderState", "DotProductAttention", "Encoder",
-           "RNNDecoder", "Seq2Seq", "lstm_step", "masked_softmax"]
+__all__ = ["AdditiveAttention", "Bridge", "DotProductAttention", "LSTMDecoder", "LSTMDecoding", "LSTMEncoder",
+           "LSTMSeq2Seq", "LSTMState", "lstm_step", "masked_softmax"]
+
+# TODO(remove): until checkpoint.py and cli/translation.py are updated
+Seq2Seq = LSTMSeq2Seq

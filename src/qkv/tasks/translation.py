@@ -21,7 +21,8 @@ from torch import Tensor, nn
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
 from ..generation import IncrementalDecoder, Seq2SeqDecoder, beam_search, greedy
 from ..metrics import bleu
-from ..models.rnn import RNNDecoder, Seq2Seq
+from ..models import Seq2Seq  # TODO(remove): TranslationTask's teacher-forcing check still names it
+from ..models.rnn import LSTMDecoding, LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ def max_new_tokens(model: nn.Module, src_len: int) -> int:
 def incremental_decoder(model: nn.Module, src: Tensor, *, use_cache: bool = True) -> IncrementalDecoder:
     """The model as the search functions see it: the Transformer with its KV cache, the LSTM with its carried
     state (h, c)."""
-    if isinstance(model, Seq2Seq):
-        return RNNDecoder(model, src, use_cache=use_cache)
+    if isinstance(model, LSTMSeq2Seq):
+        return LSTMDecoding(model, src, use_cache=use_cache)
     return Seq2SeqDecoder(model, src, use_cache=use_cache)
 
 
