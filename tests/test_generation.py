@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from qkv import Transformer, TransformerConfig
-from qkv.generation import Seq2SeqDecoder, beam_search, greedy, length_penalty
+from qkv.generation import beam_search, greedy, length_penalty
 from qkv.tasks.translation import translate_ids
 
 BOS, EOS = 1, 2
@@ -46,7 +46,7 @@ def reference_greedy(model, src, steps):
 
 def test_greedy_matches_the_obvious_implementation(model):
     srcs = sources()
-    got = greedy(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
+    got = greedy(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
     assert got == [reference_greedy(model, s, 12) for s in srcs]
     assert any(len(g) < 12 for g in got) and any(len(g) > 0 for g in got)  # the test exercises stopping
 
@@ -54,8 +54,8 @@ def test_greedy_matches_the_obvious_implementation(model):
 def test_cached_equals_uncached(model):
     srcs = sources(seed=3)
     for search in (greedy, lambda d, **kw: beam_search(d, beam_size=3, **kw)):
-        cached = search(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-        uncached = search(Seq2SeqDecoder(model, batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
+        cached = search(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
+        uncached = search(model.start_decoding(batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
                           max_new_tokens=12)
         assert cached == uncached
 
@@ -63,17 +63,17 @@ def test_cached_equals_uncached(model):
 @pytest.mark.parametrize("alpha", [0.0, 0.6])
 def test_beam_size_one_is_greedy(model, alpha):
     srcs = sources(seed=5)
-    g = greedy(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-    b = beam_search(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12, beam_size=1,
+    g = greedy(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
+    b = beam_search(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12, beam_size=1,
                     alpha=alpha)
     assert b == g
 
 
 def test_batched_beam_search_equals_one_sentence_at_a_time(model):
     srcs = sources(n=5, seed=7)
-    batched = beam_search(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12,
+    batched = beam_search(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12,
                           beam_size=4)
-    alone = [beam_search(Seq2SeqDecoder(model, batch([s])), bos_id=BOS, eos_id=EOS, max_new_tokens=12,
+    alone = [beam_search(model.start_decoding(batch([s])), bos_id=BOS, eos_id=EOS, max_new_tokens=12,
                          beam_size=4)[0] for s in srcs]
     assert batched == alone
 
@@ -86,8 +86,8 @@ def sequence_logprob(model, src, hyp):
 
 def test_beam_search_finds_at_least_as_likely_translations_as_greedy(model):
     srcs = sources(n=8, seed=11)
-    g = greedy(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=30)
-    b = beam_search(Seq2SeqDecoder(model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=30, beam_size=5,
+    g = greedy(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=30)
+    b = beam_search(model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=30, beam_size=5,
                     alpha=0.0)
     finished = [i for i in range(len(srcs)) if len(g[i]) < 30 and len(b[i]) < 30]
     assert finished

@@ -3,7 +3,8 @@
 Every model is seen the same way, as an :class:`IncrementalDecoder`: give it the newest tokens, get the
 logits of the next one; it keeps whatever it needs between steps (the encoder output, the KV cache) and can
 reorder its batch rows (beam search keeps the best hypotheses). The search strategies below know nothing
-else about the model, so the translator and the language model share them.
+else about the model, so the translator and the language model share them. An encoder-decoder model makes
+its own adapter (``model.start_decoding(src)``); :class:`LMDecoder` is the decoder-only one.
 
 * greedy: take the most probable token every step.
 * sampling (:class:`Sampling`): divide the logits by a temperature, keep the k most probable tokens (top-k)
@@ -29,6 +30,13 @@ from torch import Tensor
 
 
 class IncrementalDecoder(Protocol):
+    """A model seen one step at a time, with whatever it keeps between steps.
+
+    Every encoder-decoder model gives one for a source batch with ``model.start_decoding(src, use_cache=True)``
+    (:class:`~qkv.models.transformer.TransformerDecoding`, :class:`~qkv.models.rnn.LSTMDecoding`); a
+    decoder-only model continuing prompts is wrapped in :class:`LMDecoder`.
+    """
+
     batch_size: int
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -38,39 +46,6 @@ class IncrementalDecoder(Protocol):
     def reorder(self, index: Tensor) -> None:
         """Keep (and duplicate) batch rows ``index``."""
         ...
-
-
-class Seq2SeqDecoder:
-    """An encoder-decoder model with its source encoded once, decoding with (or without) its KV cache.
-
-    Without the cache every step re-runs the decoder over the whole prefix: the reference the cache is
-    checked against, and what the cache saves.
-    """
-
-    def __init__(self, model, src: Tensor, *, use_cache: bool = True) -> None:
-        self.model = model
-        self.memory = model.encode(src)  # (B, S, D)
-        self.memory_mask = model.source_mask(src)  # (B, S)
-        self.cache = model.new_cache() if use_cache else None
-        self.prefix: Tensor | None = None
-        self.batch_size = src.size(0)
-
-    def step(self, tokens: Tensor) -> Tensor:
-        if self.cache is None:
-            self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
-            tokens = self.prefix
-        logits = self.model.decode(tokens, self.memory, memory_mask=self.memory_mask, cache=self.cache)
-        return logits[:, -1]
-
-    def reorder(self, index: Tensor) -> None:
-        self.memory = self.memory.index_select(0, index)
-        if self.memory_mask is not None:
-            self.memory_mask = self.memory_mask.index_select(0, index)
-        if self.cache is not None:
-            self.cache.reorder(index)
-        if self.prefix is not None:
-            self.prefix = self.prefix.index_select(0, index)
-        self.batch_size = index.numel()
 
 
 class LMDecoder:

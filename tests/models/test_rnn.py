@@ -12,7 +12,7 @@ from qkv import LSTMSeq2Seq, RNNConfig, Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint, save_checkpoint
 from qkv.data import translation_batch
 from qkv.generation import beam_search, greedy
-from qkv.models.rnn import AdditiveAttention, DotProductAttention, LSTMDecoding, lstm_step
+from qkv.models.rnn import AdditiveAttention, DotProductAttention, lstm_step
 from qkv.tasks.translation import ParallelData, TranslationTask, cross_attention, translate, translate_ids
 from qkv.tokenizers import CharTokenizer
 from qkv.training import Trainer, TrainOptions
@@ -235,8 +235,8 @@ def decoding_model(request):
 
 def test_carried_state_greedy_equals_recomputing_from_scratch(decoding_model):
     srcs = sources(seed=8)
-    cached = greedy(LSTMDecoding(decoding_model, batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-    uncached = greedy(LSTMDecoding(decoding_model, batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
+    cached = greedy(decoding_model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
+    uncached = greedy(decoding_model.start_decoding(batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
                       max_new_tokens=12)
     assert cached == uncached == [reference_greedy(decoding_model, s, 12) for s in srcs]
     assert any(len(g) < 12 for g in cached) and any(len(set(g)) > 1 for g in cached)  # stopping, varied tokens
@@ -245,21 +245,21 @@ def test_carried_state_greedy_equals_recomputing_from_scratch(decoding_model):
 def test_carried_state_beam_equals_recomputing_from_scratch(decoding_model):
     srcs = sources(seed=9)
     kw = dict(bos_id=BOS, eos_id=EOS, max_new_tokens=12, beam_size=3)
-    assert beam_search(LSTMDecoding(decoding_model, batch(srcs)), **kw) == \
-        beam_search(LSTMDecoding(decoding_model, batch(srcs), use_cache=False), **kw)
+    assert beam_search(decoding_model.start_decoding(batch(srcs)), **kw) == \
+        beam_search(decoding_model.start_decoding(batch(srcs), use_cache=False), **kw)
 
 
 def test_beam_size_one_is_greedy_and_batches_change_nothing(decoding_model):
     srcs = sources(n=5, seed=10)
     kw = dict(bos_id=BOS, eos_id=EOS, max_new_tokens=12)
-    g = greedy(LSTMDecoding(decoding_model, batch(srcs)), **kw)
-    assert beam_search(LSTMDecoding(decoding_model, batch(srcs)), beam_size=1, **kw) == g
-    batched = beam_search(LSTMDecoding(decoding_model, batch(srcs)), beam_size=4, **kw)
-    alone = [beam_search(LSTMDecoding(decoding_model, batch([s])), beam_size=4, **kw)[0] for s in srcs]
+    g = greedy(decoding_model.start_decoding(batch(srcs)), **kw)
+    assert beam_search(decoding_model.start_decoding(batch(srcs)), beam_size=1, **kw) == g
+    batched = beam_search(decoding_model.start_decoding(batch(srcs)), beam_size=4, **kw)
+    alone = [beam_search(decoding_model.start_decoding(batch([s])), beam_size=4, **kw)[0] for s in srcs]
     assert batched == alone
 
 
-def test_translate_ids_picks_the_rnn_decoder(decoding_model):
+def test_translate_ids_decodes_the_lstm_through_its_own_adapter(decoding_model):
     srcs = sources(n=7, seed=11)
     together = translate_ids(decoding_model, srcs, batch_tokens=20)  # several length-sorted batches
     assert together == [reference_greedy(decoding_model, s, 2 * len(s) + 10) for s in srcs]

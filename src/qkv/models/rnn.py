@@ -19,8 +19,9 @@ so each target word can look back at the source words it needs. Two scores:
 
 Training feeds the true previous token (teacher forcing), or with probability 1 - ratio the model's own
 previous prediction (scheduled sampling, Bengio et al. 2015). Decoding carries the state (h, c) from step to
-step, so a step costs one LSTM step whatever the prefix; :class:`LSTMDecoding` plugs it into the greedy and
-beam search of :mod:`qkv.generation`, shared with the Transformer.
+step, so a step costs one LSTM step whatever the prefix; :class:`LSTMDecoding` (from
+:meth:`LSTMSeq2Seq.start_decoding`) plugs it into the greedy and beam search of :mod:`qkv.generation`, shared
+with the Transformer.
 """
 
 from __future__ import annotations
@@ -313,7 +314,7 @@ class LSTMSeq2Seq(nn.Module):
 
     It offers what the Transformer offers to the training loop and the translator: ``forward(src, tgt)``
     for teacher-forced training, ``source_mask``, ``encode``/``decode``, attention weights in the
-    Transformer's format, and :class:`LSTMDecoding` for greedy and beam search.
+    Transformer's format, and :meth:`start_decoding` (an :class:`LSTMDecoding`) for greedy and beam search.
 
     Example:
         >>> cfg = RNNConfig(src_vocab_size=1000, tgt_vocab_size=1200, attention="additive")
@@ -402,6 +403,11 @@ class LSTMSeq2Seq(nn.Module):
             return logits, {"decoder_cross": [weights[:, None]]}
         return decoded
 
+    def start_decoding(self, src: Tensor, *, use_cache: bool = True) -> LSTMDecoding:
+        """The source ``(B, S)`` encoded once, ready for :mod:`qkv.generation`'s greedy and beam search: the
+        decoding adapter every encoder-decoder model offers (see :class:`LSTMDecoding`)."""
+        return LSTMDecoding(self, src, use_cache=use_cache)
+
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
@@ -436,6 +442,7 @@ class LSTMDecoding:
         return logits
 
     def reorder(self, index: Tensor) -> None:
+        """Keep (and duplicate) batch rows ``index``."""
         self.state = self.state.select(index)
         if self.prefix is not None:
             self.prefix = self.prefix.index_select(0, index)

@@ -6,7 +6,8 @@
 
 Training feeds the whole shifted target at once (teacher forcing); the causal mask keeps each position
 from seeing its future. Translating runs the encoder once and the decoder one token at a time, with a KV
-cache so each step costs only the new position.
+cache so each step costs only the new position: :meth:`Transformer.start_decoding` gives the
+:class:`TransformerDecoding` that greedy and beam search drive.
 """
 
 from __future__ import annotations
@@ -118,6 +119,11 @@ class Transformer(nn.Module):
     def new_cache(self) -> DecoderCache:
         return self.decoder.new_cache()
 
+    def start_decoding(self, src: Tensor, *, use_cache: bool = True) -> TransformerDecoding:
+        """The source ``(B, S)`` encoded once, ready for :mod:`qkv.generation`'s greedy and beam search: the
+        decoding adapter every encoder-decoder model offers (see :class:`TransformerDecoding`)."""
+        return TransformerDecoding(self, src, use_cache=use_cache)
+
     def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False):
         """Teacher-forced pass: logits for every target position.
 
@@ -139,3 +145,40 @@ class Transformer(nn.Module):
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
+
+
+class TransformerDecoding:
+    """A :class:`Transformer` as :mod:`qkv.generation` sees every model (an ``IncrementalDecoder``): the source
+    encoded once, then one decoder step per token with the KV cache; beam search reorders the cache, the
+    encoder output and the source mask together.
+
+    Without the cache (``use_cache=False``) every step re-runs the decoder over the whole prefix: the reference
+    the cache is checked against, and what the cache saves.
+    """
+
+    def __init__(self, model: Transformer, src: Tensor, *, use_cache: bool = True) -> None:
+        self.model = model
+        self.memory = model.encode(src)  # (B, S, D)
+        self.memory_mask = model.source_mask(src)  # (B, S)
+        self.cache = model.new_cache() if use_cache else None
+        self.prefix: Tensor | None = None
+        self.batch_size = src.size(0)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """tokens ``(B, t)``: the newest tokens -> logits ``(B, V)`` of the next one."""
+        if self.cache is None:
+            self.prefix = tokens if self.prefix is None else torch.cat([self.prefix, tokens], dim=1)
+            tokens = self.prefix
+        logits = self.model.decode(tokens, self.memory, memory_mask=self.memory_mask, cache=self.cache)
+        return logits[:, -1]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and duplicate) batch rows ``index``."""
+        self.memory = self.memory.index_select(0, index)
+        if self.memory_mask is not None:
+            self.memory_mask = self.memory_mask.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder(index)
+        if self.prefix is not None:
+            self.prefix = self.prefix.index_select(0, index)
+        self.batch_size = index.numel()

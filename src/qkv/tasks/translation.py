@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import nn
 
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
-from ..generation import IncrementalDecoder, Seq2SeqDecoder, beam_search, greedy
+from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
 from ..models import Seq2Seq  # TODO(remove): TranslationTask's teacher-forcing check still names it
-from ..models.rnn import LSTMDecoding, LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
@@ -44,14 +43,6 @@ def max_new_tokens(model: nn.Module, src_len: int) -> int:
     return max(budget, 1)
 
 
-def incremental_decoder(model: nn.Module, src: Tensor, *, use_cache: bool = True) -> IncrementalDecoder:
-    """The model as the search functions see it: the Transformer with its KV cache, the LSTM with its carried
-    state (h, c)."""
-    if isinstance(model, LSTMSeq2Seq):
-        return LSTMDecoding(model, src, use_cache=use_cache)
-    return Seq2SeqDecoder(model, src, use_cache=use_cache)
-
-
 @torch.no_grad()
 def translate_ids(
     model: nn.Module,
@@ -69,7 +60,8 @@ def translate_ids(
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
                                 eos_id=EOS_ID).src
-        decoder = incremental_decoder(model, src, use_cache=use_cache)
+        # the Transformer with its KV cache, the LSTM with its carried state (h, c)
+        decoder: IncrementalDecoder = model.start_decoding(src, use_cache=use_cache)
         limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         if beam_size > 1:
             hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
