@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from qkv import BERT, BERTConfig
+from qkv.models.common import WithAttention
 
 
 def small(**overrides) -> BERT:
@@ -45,8 +46,10 @@ def test_token_types_matter_and_pooler():
     assert not torch.allclose(model(ids), model(ids, token_type_ids=torch.ones_like(ids)))
     pooled = model.pool(model(ids))
     assert pooled.shape == (2, 32) and pooled.abs().max() <= 1
-    _, att = model(ids, return_attention=True)
-    assert len(att) == 2 and att[1].shape == (2, 4, 6, 6)
+    result = model(ids, return_attention=True)
+    assert isinstance(result, WithAttention)
+    torch.testing.assert_close(result.output, model(ids))
+    assert len(result.attention) == 2 and result.attention[1].shape == (2, 4, 6, 6)
 
 
 def test_errors():

@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv import GPT, GPTConfig
+from qkv.models.common import WithAttention
 
 VARIANTS = {
     "gpt2": {},
@@ -71,7 +72,12 @@ def test_left_padded_incremental_decoding_continues_each_prompt():
 
 def test_attention_weights_per_layer():
     model = small()
-    _, att = model(torch.randint(0, 50, (2, 6)), return_attention=True)
+    ids = torch.randint(0, 50, (2, 6))
+    result = model(ids, return_attention=True)
+    assert isinstance(result, WithAttention)
+    torch.testing.assert_close(result.output, model(ids))
+    logits, att = result  # a pair, as before the names
+    assert logits is result.output and att is result.attention
     assert len(att) == 2 and att[0].shape == (2, 4, 6, 6)
     assert (att[0].triu(1) == 0).all()  # nothing above the diagonal: no peeking ahead
 

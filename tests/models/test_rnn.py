@@ -12,6 +12,7 @@ from qkv import LSTMSeq2Seq, RNNConfig, Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint, save_checkpoint
 from qkv.data import translation_batch
 from qkv.generation import beam_search, greedy
+from qkv.models.common import WithAttention
 from qkv.models.rnn import AdditiveAttention, DotProductAttention, lstm_step
 from qkv.tasks.translation import ParallelData, TranslationTask, cross_attention, translate, translate_ids
 from qkv.tokenizers import CharTokenizer
@@ -158,8 +159,11 @@ def test_model_attention_gives_padding_zero_weight(attention):
     model = make(attention)
     srcs = sources(seed=5)
     src = batch(srcs)
-    _, att = model(src, torch.randint(3, 30, (len(srcs), 5)), return_attention=True)
-    weights = att["decoder_cross"][0]  # the Transformer's format: (B, heads=1, T, S)
+    tgt = torch.randint(3, 30, (len(srcs), 5))
+    result = model(src, tgt, return_attention=True)
+    assert isinstance(result, WithAttention) and set(result.attention) == {"decoder_cross"}
+    assert_close(result.output, model(src, tgt))
+    weights = result.attention["decoder_cross"][0]  # the Transformer's format: (B, heads=1, T, S)
     assert weights.shape == (len(srcs), 1, 5, src.size(1))
     assert (weights >= 0).all()
     assert_close(weights.sum(-1), torch.ones(len(srcs), 1, 5))

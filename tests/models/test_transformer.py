@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv import Transformer, TransformerConfig
+from qkv.models.common import WithAttention
 
 PAD, BOS = 0, 1
 
@@ -33,8 +34,11 @@ def test_shapes_and_attention_maps():
     src = torch.randint(2, 23, (3, 7))
     src[1, 5:] = PAD
     tgt = torch.randint(2, 29, (3, 5))
-    logits, att = model(src, tgt, return_attention=True)
+    result = model(src, tgt, return_attention=True)
+    assert isinstance(result, WithAttention)
+    logits, att = result
     assert logits.shape == (3, 5, 29)
+    assert set(att) == {"encoder", "decoder_self", "decoder_cross"}
     assert [w.shape for w in att["encoder"]] == [(3, 4, 7, 7)] * 2
     assert [w.shape for w in att["decoder_self"]] == [(3, 4, 5, 5)] * 2
     assert [w.shape for w in att["decoder_cross"]] == [(3, 4, 5, 7)] * 2
@@ -42,6 +46,12 @@ def test_shapes_and_attention_maps():
         torch.testing.assert_close(w.sum(-1), torch.ones(3, 4, 5))
         assert (w[1, ..., 5:] == 0).all()  # padding gets no weight
     torch.testing.assert_close(logits, model(src, tgt))
+    memory, encoder_att = model.encode(src, return_attention=True)
+    torch.testing.assert_close(memory, model.encode(src))
+    assert all(torch.equal(a, b) for a, b in zip(encoder_att, att["encoder"], strict=True))
+    decoded = model.decode(tgt, memory, memory_mask=model.source_mask(src), return_attention=True)
+    torch.testing.assert_close(decoded.output, logits)
+    assert set(decoded.attention) == {"decoder_self", "decoder_cross"}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -13,6 +13,8 @@ masked-language modelling (:class:`BERTForMaskedLM`), each a small head on the s
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 from ..config import BERTClassifierConfig, BERTConfig
 from ..nn import Encoder, LayerNorm, padding_mask
 from . import common
+from .common import WithAttention
 
 
 class BERT(nn.Module):
@@ -42,6 +45,13 @@ class BERT(nn.Module):
         self.pooler = nn.Linear(cfg.d_model, cfg.d_model) if cfg.pooler else None
         common.init_weights(self, cfg)
 
+    @overload
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None, *,
+                return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def forward(self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None, *,
+                return_attention: Literal[True]) -> WithAttention: ...
+
     def forward(
         self,
         ids: Tensor,
@@ -49,17 +59,19 @@ class BERT(nn.Module):
         token_type_ids: Tensor | None = None,
         *,
         return_attention: bool = False,
-    ):
+    ) -> Tensor | WithAttention:
         """Contextual hidden states for every token.
 
         Args:
             ids: token ids ``(B, T)``.
             attention_mask: ``(B, T)``, True/1 for real tokens; defaults to ``ids != pad_id``.
             token_type_ids: segment ids ``(B, T)``; default all 0.
-            return_attention: also return the per-layer weights ``(B, H, T, T)``.
+            return_attention: also return the attention weights.
 
         Returns:
-            hidden ``(B, T, d_model)``, or ``(hidden, [weights per layer])``.
+            hidden ``(B, T, d_model)``; with ``return_attention``, ``WithAttention(hidden, attention)`` where
+            attention is a list of ``n_layers`` tensors ``(B, H, T, T)``, one per layer: row i is how much token
+            i attends to each token (zero for padding).
         """
         cfg = self.config
         common.check_ids(ids, cfg.vocab_size)
@@ -80,7 +92,7 @@ class BERT(nn.Module):
             x = x + self.positions(torch.arange(ids.size(1), device=ids.device))
         x = self.emb_dropout(self.emb_norm(x))
         hidden, weights = self.encoder(x, key_padding_mask=attention_mask, need_weights=return_attention)
-        return (hidden, weights) if return_attention else hidden
+        return WithAttention(hidden, weights) if return_attention else hidden
 
     def pool(self, hidden: Tensor) -> Tensor:
         """BERT's pooled output: tanh(W h_0 + b) of the first ([CLS]) token. Shape ``(B, T, D)`` -> ``(B, D)``."""

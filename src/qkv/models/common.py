@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from typing import NamedTuple, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -21,6 +22,23 @@ from ..nn import (
     SinusoidalPositionalEncoding,
     build_norm,
 )
+
+# One (B, H, T_query, T_key) tensor per layer; by attention kind for an encoder-decoder (see WithAttention).
+AttentionMaps: TypeAlias = list[Tensor] | dict[str, list[Tensor]]
+
+
+class WithAttention(NamedTuple):
+    """A model's output together with the attention weights that made it: what ``return_attention=True`` gives.
+
+    A tuple, so ``logits, attention = model(..., return_attention=True)`` unpacks it; the names say which is
+    which. ``attention`` holds one ``(B, H, T_query, T_key)`` tensor per layer, each row a distribution over the
+    keys (padded keys get zero weight): a list for a single stack (GPT, BERT, the Transformer's encoder), or a
+    dict of lists by attention kind (``"encoder"``, ``"decoder_self"``, ``"decoder_cross"``) for an
+    encoder-decoder. Each model's docstring says exactly what it returns.
+    """
+
+    output: Tensor  # logits, or hidden states for BERT
+    attention: AttentionMaps
 
 
 def absolute_positions(cfg: ModelConfig) -> nn.Module | None:

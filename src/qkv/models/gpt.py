@@ -8,12 +8,15 @@ family (RMSNorm, rotary positions, SwiGLU, grouped key/value heads, no biases).
 
 from __future__ import annotations
 
+from typing import Literal, overload
+
 import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig
 from ..nn import Decoder, DecoderCache, padding_mask
 from . import common
+from .common import WithAttention
 
 
 class GPT(nn.Module):
@@ -41,6 +44,13 @@ class GPT(nn.Module):
     def new_cache(self) -> DecoderCache:
         return self.decoder.new_cache()
 
+    @overload
+    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: DecoderCache | None = None, return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
+                cache: DecoderCache | None = None, return_attention: Literal[True]) -> WithAttention: ...
+
     def forward(
         self,
         ids: Tensor,
@@ -49,7 +59,7 @@ class GPT(nn.Module):
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_attention: bool = False,
-    ):
+    ) -> Tensor | WithAttention:
         """Next-token logits for every position.
 
         Args:
@@ -59,10 +69,13 @@ class GPT(nn.Module):
                 left-padded sequence gets the same positions as it would alone.
             positions: explicit positions ``(T,)`` or ``(B, T)``; by default they follow the mask or cache.
             cache: from :meth:`new_cache`; extended in place.
-            return_attention: also return the per-layer weights ``(B, H, T, T_past + T)``.
+            return_attention: also return the attention weights.
 
         Returns:
-            logits ``(B, T, vocab_size)``, or ``(logits, [weights per layer])``.
+            logits ``(B, T, vocab_size)``; with ``return_attention``, ``WithAttention(logits, attention)`` where
+            attention is a list of ``n_layers`` tensors ``(B, H, T, T_past + T)``, one per layer: row i is how
+            much position i attends to each cached and new position (zero for later positions and masked
+            ones). ``T_past`` is the number of cached positions (0 without a cache).
         """
         cfg = self.config
         common.check_ids(ids, cfg.vocab_size)
@@ -85,7 +98,7 @@ class GPT(nn.Module):
             need_weights=return_attention,
         )
         logits = self.lm_head(x)
-        return (logits, weights) if return_attention else logits
+        return WithAttention(logits, weights) if return_attention else logits
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

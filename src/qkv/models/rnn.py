@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,7 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from ..config import RNNConfig
 from ..nn import padding_mask, scaled_dot_product_attention
 from . import common
+from .common import WithAttention
 
 
 def lstm_step(lstm: nn.LSTM, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -322,6 +324,13 @@ class LSTMSeq2Seq(nn.Module):
 
     Shape:
         src ``(B, S)``, tgt ``(B, T)`` token ids, right-padded with ``pad_id`` -> logits ``(B, T, tgt_vocab_size)``.
+
+    Attention maps:
+        With ``return_attention=True`` (attention models only), :meth:`forward` and :meth:`decode` return a
+        :class:`~qkv.models.common.WithAttention` ``(logits, {"decoder_cross": [w]})`` in the Transformer's
+        format, one layer with one head: w ``(B, 1, T, S)``, row t the α_t that built c_t, a distribution over
+        the source (zero on padding). The bottleneck model (``attention="none"``) has none and raises
+        ``ValueError``.
     """
 
     def __init__(self, config: RNNConfig) -> None:
@@ -372,36 +381,49 @@ class LSTMSeq2Seq(nn.Module):
         keys = attention.project_keys(memory) if attention is not None else None
         return LSTMState(hidden, memory, keys, mask, context)
 
+    @overload
     def decode(self, tgt: Tensor, state: LSTMState, *, teacher_forcing: float = 1.0,
-               return_attention: bool = False):
+               return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def decode(self, tgt: Tensor, state: LSTMState, *, teacher_forcing: float = 1.0,
+               return_attention: Literal[True]) -> WithAttention: ...
+
+    def decode(self, tgt: Tensor, state: LSTMState, *, teacher_forcing: float = 1.0,
+               return_attention: bool = False) -> Tensor | WithAttention:
         """Target ids ``(B, T)`` from ``state`` (usually :meth:`encode`'s) -> logits ``(B, T, tgt_vocab_size)``;
-        with ``return_attention`` also the weights ``(B, T, S)``. See :meth:`LSTMDecoder.forward`."""
+        with ``return_attention``, ``WithAttention(logits, {"decoder_cross": [...]})`` (see the class docstring).
+        See :meth:`LSTMDecoder.forward` for ``teacher_forcing``."""
         common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
         if tgt.size(0) != state.batch_size:
             raise ValueError(f"batch sizes differ: tgt has {tgt.size(0)} rows, the state {state.batch_size}")
         if return_attention and self.decoder.attention is None:
             raise ValueError("this LSTM has no attention (attention='none'): it reads one context vector; "
                              "attention maps need attention='dot' or 'additive'")
-        logits, weights = self.decoder(tgt, state, teacher_forcing=teacher_forcing)
-        return (logits, weights) if return_attention else logits
+        logits, weights = self.decoder(tgt, state, teacher_forcing=teacher_forcing)  # (B, T, V), (B, T, S)
+        if return_attention:
+            return WithAttention(logits, {"decoder_cross": [weights[:, None]]})  # one layer, one head
+        return logits
 
     def decode_step(self, tokens: Tensor, state: LSTMState) -> tuple[Tensor, LSTMState, Tensor | None]:
         """One token per row, ``(B,)`` -> next-token logits ``(B, V)``, the next state, weights ``(B, S)``."""
         return self.decoder.step(tokens, state)
 
-    def forward(self, src: Tensor, tgt: Tensor, *, teacher_forcing: float = 1.0, return_attention: bool = False):
-        """Encode, then decode the whole target (teacher forcing with probability ``teacher_forcing``).
+    @overload
+    def forward(self, src: Tensor, tgt: Tensor, *, teacher_forcing: float = 1.0,
+                return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def forward(self, src: Tensor, tgt: Tensor, *, teacher_forcing: float = 1.0,
+                return_attention: Literal[True]) -> WithAttention: ...
 
-        Returns:
-            logits ``(B, T, tgt_vocab_size)``; with ``return_attention``, ``(logits, {"decoder_cross": [w]})``
-            with w ``(B, 1, T, S)``: the Transformer's format, one layer with one head.
-        """
-        decoded = self.decode(tgt, self.encode(src), teacher_forcing=teacher_forcing,
-                              return_attention=return_attention)
+    def forward(self, src: Tensor, tgt: Tensor, *, teacher_forcing: float = 1.0,
+                return_attention: bool = False) -> Tensor | WithAttention:
+        """Encode, then decode the whole target (teacher forcing with probability ``teacher_forcing``): logits
+        ``(B, T, tgt_vocab_size)``, or with ``return_attention`` ``WithAttention(logits, {"decoder_cross": [...]})``
+        (see the class docstring)."""
+        state = self.encode(src)
         if return_attention:
-            logits, weights = decoded
-            return logits, {"decoder_cross": [weights[:, None]]}
-        return decoded
+            return self.decode(tgt, state, teacher_forcing=teacher_forcing, return_attention=True)
+        return self.decode(tgt, state, teacher_forcing=teacher_forcing)
 
     def start_decoding(self, src: Tensor, *, use_cache: bool = True) -> LSTMDecoding:
         """The source ``(B, S)`` encoded once, ready for :mod:`qkv.generation`'s greedy and beam search: the

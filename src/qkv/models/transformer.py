@@ -13,6 +13,7 @@ cache so each step costs only the new position: :meth:`Transformer.start_decodin
 from __future__ import annotations
 
 import math
+from typing import Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 from ..config import TransformerConfig
 from ..nn import Decoder, DecoderCache, Encoder, padding_mask
 from . import common
+from .common import WithAttention
 
 
 class Transformer(nn.Module):
@@ -31,6 +33,18 @@ class Transformer(nn.Module):
 
     Shape:
         src ``(B, S)``, tgt ``(B, T)`` token ids, padding = ``pad_id`` -> logits ``(B, T, tgt_vocab_size)``.
+
+    Attention maps:
+        With ``return_attention=True``, :meth:`forward`, :meth:`encode` and :meth:`decode` return a
+        :class:`~qkv.models.common.WithAttention` ``(output, attention)``. ``attention`` holds one tensor per
+        layer, ``(B, H, T_query, T_key)``, each row a distribution over the keys (zero on padded source keys):
+
+        * ``"encoder"``: ``n_encoder_layers`` tensors ``(B, H, S, S)`` (:meth:`encode` returns this list alone);
+        * ``"decoder_self"``: ``n_decoder_layers`` tensors ``(B, H, T, T_past + T)``, zero above the diagonal;
+        * ``"decoder_cross"``: ``n_decoder_layers`` tensors ``(B, H, T, S)``.
+
+        :meth:`forward` gives all three keys, :meth:`decode` the two decoder ones. ``T_past`` is the number of
+        cached positions (0 without a cache).
     """
 
     def __init__(self, config: TransformerConfig) -> None:
@@ -64,16 +78,29 @@ class Transformer(nn.Module):
         """``(B, S)`` boolean, True for real source tokens (None when the config has no pad_id)."""
         return None if self.config.pad_id is None else padding_mask(src, self.config.pad_id)
 
-    def encode(self, src: Tensor, *, return_attention: bool = False):
-        """Run the encoder: source ids ``(B, S)`` -> memory ``(B, S, d_model)``.
+    @overload
+    def encode(self, src: Tensor, *, return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def encode(self, src: Tensor, *, return_attention: Literal[True]) -> WithAttention: ...
 
-        With ``return_attention``: ``(memory, [per-layer weights (B, H, S, S)])``.
-        """
+    def encode(self, src: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
+        """Run the encoder: source ids ``(B, S)`` -> memory ``(B, S, d_model)``; with ``return_attention``,
+        ``WithAttention(memory, encoder weights)`` (see the class docstring)."""
+        memory, weights = self._encode(src, need_weights=return_attention)
+        return WithAttention(memory, weights) if return_attention else memory
+
+    def _encode(self, src: Tensor, *, need_weights: bool) -> tuple[Tensor, list[Tensor]]:
         common.check_ids(src, self.config.src_vocab_size, "src")
-        memory, weights = self.encoder(
-            self._embed(src, self.src_emb), key_padding_mask=self.source_mask(src), need_weights=return_attention
+        return self.encoder(
+            self._embed(src, self.src_emb), key_padding_mask=self.source_mask(src), need_weights=need_weights
         )
-        return (memory, weights) if return_attention else memory
+
+    @overload
+    def decode(self, tgt: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None,
+               cache: DecoderCache | None = None, return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def decode(self, tgt: Tensor, memory: Tensor, *, memory_mask: Tensor | None = None,
+               cache: DecoderCache | None = None, return_attention: Literal[True]) -> WithAttention: ...
 
     def decode(
         self,
@@ -83,7 +110,7 @@ class Transformer(nn.Module):
         memory_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         return_attention: bool = False,
-    ):
+    ) -> Tensor | WithAttention:
         """Run the decoder over target ids and return next-token logits.
 
         Args:
@@ -91,11 +118,19 @@ class Transformer(nn.Module):
             memory: encoder output ``(B, S, d_model)``.
             memory_mask: ``(B, S)`` boolean, True for real source tokens (see :meth:`source_mask`).
             cache: from :meth:`new_cache`; extended in place.
-            return_attention: also return ``{"decoder_self": [...], "decoder_cross": [...]}``.
+            return_attention: also return the decoder's weights (see the class docstring).
 
-        Shape:
-            -> logits ``(B, T, tgt_vocab_size)``.
+        Returns:
+            logits ``(B, T, tgt_vocab_size)``, or ``WithAttention(logits, {"decoder_self", "decoder_cross"})``.
         """
+        logits, self_w, cross_w = self._decode(tgt, memory, memory_mask, cache, need_weights=return_attention)
+        if return_attention:
+            return WithAttention(logits, {"decoder_self": self_w, "decoder_cross": cross_w})
+        return logits
+
+    def _decode(self, tgt: Tensor, memory: Tensor, memory_mask: Tensor | None, cache: DecoderCache | None, *,
+                need_weights: bool) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """-> logits ``(B, T, V)``, self- and cross-attention weights per layer (empty unless need_weights)."""
         common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
         if memory.dim() != 3 or memory.size(-1) != self.config.d_model:
             raise ValueError(f"memory must have shape (B, S, {self.config.d_model}), got {tuple(memory.shape)}")
@@ -109,12 +144,9 @@ class Transformer(nn.Module):
             memory,
             memory_key_padding_mask=memory_mask,
             cache=cache,
-            need_weights=return_attention,
+            need_weights=need_weights,
         )
-        logits = self.out_proj(x)
-        if return_attention:
-            return logits, {"decoder_self": self_w, "decoder_cross": cross_w}
-        return logits
+        return self.out_proj(x), self_w, cross_w
 
     def new_cache(self) -> DecoderCache:
         return self.decoder.new_cache()
@@ -124,24 +156,23 @@ class Transformer(nn.Module):
         decoding adapter every encoder-decoder model offers (see :class:`TransformerDecoding`)."""
         return TransformerDecoding(self, src, use_cache=use_cache)
 
-    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False):
-        """Teacher-forced pass: logits for every target position.
+    @overload
+    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: Literal[False] = False) -> Tensor: ...
+    @overload
+    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: Literal[True]) -> WithAttention: ...
 
-        Returns:
-            logits ``(B, T, tgt_vocab_size)``; with ``return_attention``, ``(logits, attentions)`` where
-            attentions is ``{"encoder", "decoder_self", "decoder_cross"}`` -> one ``(B, H, T_q, T_k)`` tensor
-            per layer.
-        """
+    def forward(self, src: Tensor, tgt: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
+        """Teacher-forced pass: logits ``(B, T, tgt_vocab_size)`` for every target position; with
+        ``return_attention``, ``WithAttention(logits, {"encoder", "decoder_self", "decoder_cross"})`` (see the
+        class docstring)."""
         common.check_ids(src, self.config.src_vocab_size, "src")
         common.check_ids(tgt, self.config.tgt_vocab_size, "tgt")
         common.check_batch(src, tgt, "src", "tgt")
-        encoded = self.encode(src, return_attention=return_attention)
-        memory, enc_w = encoded if return_attention else (encoded, None)
-        decoded = self.decode(tgt, memory, memory_mask=self.source_mask(src), return_attention=return_attention)
+        memory, enc_w = self._encode(src, need_weights=return_attention)  # (B, S, D)
+        logits, self_w, cross_w = self._decode(tgt, memory, self.source_mask(src), None, need_weights=return_attention)
         if return_attention:
-            logits, dec_w = decoded
-            return logits, {"encoder": enc_w, **dec_w}
-        return decoded
+            return WithAttention(logits, {"encoder": enc_w, "decoder_self": self_w, "decoder_cross": cross_w})
+        return logits
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

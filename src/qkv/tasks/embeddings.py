@@ -153,7 +153,7 @@ def self_attention(
         raise ValueError(f"head must be in [0, {cfg.n_heads - 1}], got {head}")
     model.eval()
     ids = frame(tokenizer, [text], max_length or cfg.max_seq_len)[0]
-    _, weights = model(torch.tensor([ids]), return_attention=True)
+    weights = model(torch.tensor([ids]), return_attention=True).attention  # one (1, H, T, T) per layer
     att = weights[layer][0]  # (H, T, T)
     att = att.mean(0) if head is None else att[head]  # (T, T)
     return att, [tokenizer.id_to_token(i) for i in ids]
