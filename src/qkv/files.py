@@ -1,0 +1,63 @@
+"""qkv's small files: reading JSON with a one-line error that names the file.
+
+Configs, tokenizers and the side files of other projects' model folders are small JSON files. Each reader
+wants the same thing of them: the value, or one ``ValueError`` that names the file and says what is wrong
+with it, so that the CLI can print it as one line instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# Python type -> its name in JSON, for "expected a JSON object, got a JSON array".
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+
+def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = True) -> Any:
+    """The value stored in the JSON file ``path``.
+
+    Example:
+        >>> read_json("run/last/config.json")["arch"]  # doctest: +SKIP
+        'gpt'
+
+    Args:
+        path: the file.
+        expect: the Python type the top-level value must have (``dict`` for a JSON object, ``list`` for an
+            array, ...).
+        required: if False, a missing file is not an error and gives ``expect()`` (an empty dict or list).
+
+    Returns:
+        The parsed value, an instance of ``expect``.
+
+    Raises:
+        ValueError: ``"cannot read {path}: {reason}"``, one line, for a missing file (when ``required``), a
+            file that cannot be read or is not UTF-8, text that is not JSON, or a top-level value that is not
+            an ``expect``.
+    """
+    path = Path(path)
+    if not path.exists():
+        if required:
+            raise ValueError(f"cannot read {path}: no such file")
+        return expect()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"cannot read {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:  # a folder, no permission, ...: strerror says which without repeating the path
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"cannot read {path}: not valid JSON ({err})") from None
+    if not isinstance(data, expect):
+        expected = _JSON_NAMES.get(expect, expect.__name__)
+        actual = _JSON_NAMES.get(type(data), type(data).__name__)
+        raise ValueError(f"cannot read {path}: expected a JSON {expected}, got a JSON {actual}")
+    return data
+
+
+__all__ = ["read_json"]
