@@ -14,14 +14,16 @@ Ids 0-3 are always ``<pad> <s> </s> <unk>``. ``encode`` returns the bare tokens;
 A third kind is not trained here but comes with a pretrained model:
 
 * :class:`PretrainedTokenizer`: the model's own tokenizer (usually byte-level BPE, as in GPT-2 and SmolLM2)
-  with the special-token ids its authors chose, read from a Hugging Face ``tokenizer.json`` or rebuilt from
-  the vocabulary and merges stored in a GGUF file.
+  with the special-token ids its authors chose. The readers of other projects' files build it:
+  :func:`qkv.interop.hf_folder.tokenizer_from_hf_folder` from a Hugging Face ``tokenizer.json``, and
+  :func:`qkv.interop.gguf.tokenizer_from_gguf` from the vocabulary and merges stored in a GGUF file.
 
 and a fourth is BERT's, trained here or read with a pretrained encoder:
 
 * :class:`WordPieceTokenizer`: WordPiece subwords ("playing" -> "play" "##ing") with BERT's five special
   tokens ``[PAD] [UNK] [CLS] [SEP] [MASK]``; :meth:`~WordPieceTokenizer.wrap` frames a sentence as
-  ``[CLS] tokens [SEP]``, cut to the model's length.
+  ``[CLS] tokens [SEP]``, cut to the model's length. A pretrained encoder's comes from its Hugging Face folder
+  (:func:`qkv.interop.hf_folder.wordpiece_tokenizer_from_hf_folder`).
 
 A tokenizer saves to one JSON file and loads back without executing anything.
 """
@@ -32,7 +34,9 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from .files import read_json
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -162,50 +166,10 @@ class BPETokenizer:
 # chat model writes <|im_end|>), so generation stops at any of those the vocabulary has.
 END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
 
-# llama.cpp's token types (tokenizer.ggml.token_type). CONTROL tokens are special: matched whole in the text
-# and dropped when decoding. USER_DEFINED ones are matched whole but are ordinary text when decoded.
-_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
-
-
-def _digits_then_bytelevel():
-    """SmolLM2's pre-tokenizer, as in its ``tokenizer.json`` (and StarCoder's): every digit alone, then GPT-2's.
-
-    The digit split runs first, so it also cuts a run of spaces off the number that follows: "a  1" is
-    ``a ĠĠ 1``, where GPT-2's rule alone gives ``a Ġ Ġ1`` and then, for lack of a merge, ``a Ġ Ġ 1``.
-    llama.cpp's "smollm" pre-tokenizer does the same with the regex ``\\p{N}`` ahead of GPT-2's.
-    """
-    from tokenizers import pre_tokenizers
-
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-
-
-def _gpt2_bytelevel():
-    """GPT-2's pre-tokenizer: its regex (words, numbers, punctuation runs, spaces) inside ``ByteLevel``."""
-    from tokenizers import pre_tokenizers
-
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-# tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
-# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests; "gpt2" is
-# llama.cpp's copy of the GPT-2 regex that ByteLevel runs. Another name is an error, not a guess.
-GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel}
-
-
-def _default_stop_ids(hf_tokenizer, eos_id: int | None) -> set[int]:
-    """eos and the END_MARKERS the vocabulary has."""
+def default_stop_ids(hf_tokenizer, eos_id: int | None) -> set[int]:
+    """The ids that end generation when a model names no others: eos and the END_MARKERS the vocabulary has."""
     markers = (hf_tokenizer.token_to_id(token) for token in END_MARKERS)
     return {i for i in (eos_id, *markers) if i is not None}
-
-
-def _special_token_text(value: Any) -> str | None:
-    """A token in ``tokenizer_config.json``: a string, or an AddedToken written as a dict with ``content``."""
-    if isinstance(value, Mapping):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
 
 
 class PretrainedTokenizer:
@@ -239,107 +203,13 @@ class PretrainedTokenizer:
     ) -> None:
         self.hf = hf_tokenizer
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
-        self.stop_ids = set(_default_stop_ids(hf_tokenizer, eos_id) if stop_ids is None else stop_ids)
+        self.stop_ids = set(default_stop_ids(hf_tokenizer, eos_id) if stop_ids is None else stop_ids)
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if value is not None and not 0 <= value < self.vocab_size:
                 raise ValueError(f"{name}={value} is outside the vocabulary of {self.vocab_size} tokens")
         outside = sorted(i for i in self.stop_ids if not 0 <= i < self.vocab_size)
         if outside:
             raise ValueError(f"stop_ids {outside} are outside the vocabulary of {self.vocab_size} tokens")
-
-    @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> PretrainedTokenizer:
-        """Rebuild a byte-level BPE tokenizer from the metadata of a GGUF file.
-
-        A GGUF file has no ``tokenizer.json``, but it stores what one is made of: the vocabulary
-        (``tokenizer.ggml.tokens``, already spelt in GPT-2's byte alphabet), the merges in priority order
-        (``tokenizer.ggml.merges``, ``"Ġ t"``), each token's type (``tokenizer.ggml.token_type``), the special
-        ids, and the name of the pre-tokenizer (``tokenizer.ggml.pre``), which is code in llama.cpp and is
-        rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
-
-        Args:
-            metadata: ``GGUFContents.metadata`` (see :func:`qkv.interop.read_gguf`).
-
-        Raises:
-            ValueError: for a tokenizer other than byte-level BPE (``tokenizer.ggml.model`` ``"gpt2"``), an
-                unknown pre-tokenizer, or missing tokens/merges.
-        """
-        from tokenizers import AddedToken, decoders, models
-        from tokenizers import Tokenizer as HFTokenizer
-
-        model = metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise ValueError(
-                f"tokenizer.ggml.model={model!r} is not supported; qkv rebuilds byte-level BPE ('gpt2') only"
-            )
-        # No default: a file without the key gets llama.cpp's "default" split, which is not GPT-2's.
-        pre = metadata.get("tokenizer.ggml.pre")
-        if pre not in GGUF_PRE_TOKENIZERS:
-            raise ValueError(
-                f"tokenizer.ggml.pre={pre!r} is not supported; expected one of {sorted(GGUF_PRE_TOKENIZERS)}"
-            )
-        tokens, merges = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.merges")
-        if not tokens or not merges:
-            raise ValueError("the GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-        hf = HFTokenizer(
-            models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges])
-        )
-        hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
-        hf.decoder = decoders.ByteLevel()
-        types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        # Tokens already in the vocabulary keep their ids; being "added" makes them match whole in the text.
-        # normalized=False: matched as written, not after the normalizer.
-        hf.add_special_tokens([
-            AddedToken(token, special=True, normalized=False)
-            for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_CONTROL
-        ])
-        hf.add_tokens([
-            AddedToken(token, special=False, normalized=False)
-            for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_USER_DEFINED
-        ])
-        return cls(
-            hf,
-            bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
-            pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
-        )
-
-    @classmethod
-    def from_hf_folder(cls, folder: str | Path) -> PretrainedTokenizer:
-        """Load ``tokenizer.json`` from a Hugging Face model folder.
-
-        ``tokenizer.json`` holds the whole pipeline but not which token is bos, eos or padding: those come from
-        ``tokenizer_config.json`` (as token strings), else from ``config.json`` (as ids). A list of eos ids
-        (LLaMA 3) gives eos and further stop ids.
-
-        Raises:
-            ValueError: if ``tokenizer.json`` is missing or unreadable.
-        """
-        from tokenizers import Tokenizer as HFTokenizer
-
-        folder = Path(folder)
-        path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"{folder} has no tokenizer.json")
-        try:
-            hf = HFTokenizer.from_file(str(path))
-        except Exception as err:  # the tokenizers library raises its own exception type for any bad file
-            raise ValueError(f"cannot read {path}: {err}") from None
-        config = _read_json_if_present(folder / "config.json")
-        ids: dict[str, Any] = {name: config.get(f"{name}_token_id") for name in ("bos", "eos", "pad")}
-        extra_stops: set[int] = set()
-        if isinstance(ids["eos"], list):  # LLaMA 3: end of text, end of turn, ... all end generation
-            extra_stops, ids["eos"] = set(ids["eos"]), (ids["eos"][0] if ids["eos"] else None)
-        tokenizer_config = _read_json_if_present(folder / "tokenizer_config.json")
-        for name in ("bos", "eos", "pad"):
-            text = _special_token_text(tokenizer_config.get(f"{name}_token"))
-            if text is not None and hf.token_to_id(text) is not None:
-                ids[name] = hf.token_to_id(text)
-        stop_ids = _default_stop_ids(hf, ids["eos"]) | extra_stops
-        try:
-            return cls(hf, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], stop_ids=stop_ids)
-        except ValueError as err:
-            raise ValueError(f"{folder}: {err}") from None
 
     @property
     def vocab_size(self) -> int:
@@ -430,36 +300,6 @@ class WordPieceTokenizer:
         hf.train_from_iterator(texts, trainer=trainer)
         return cls(hf)
 
-    @classmethod
-    def from_hf_folder(cls, folder: str | Path) -> WordPieceTokenizer:
-        """``tokenizer.json`` of a Hugging Face BERT folder; special tokens named in ``tokenizer_config.json``
-        (or ``special_tokens_map.json``) if they differ from BERT's.
-
-        Raises:
-            ValueError: if ``tokenizer.json`` is missing, unreadable, or lacks ``[PAD]``/``[CLS]``/``[SEP]``.
-        """
-        from tokenizers import Tokenizer as HFTokenizer
-
-        folder = Path(folder)
-        path = folder / "tokenizer.json"
-        if not path.is_file():
-            raise ValueError(f"{folder} has no tokenizer.json (qkv reads the fast-tokenizer file, not vocab.txt)")
-        try:
-            hf = HFTokenizer.from_file(str(path))
-        except Exception as err:  # the tokenizers library raises its own exception type for any bad file
-            raise ValueError(f"cannot read {path}: {' '.join(str(err).split())}") from None
-        specials = {}
-        for file in ("special_tokens_map.json", "tokenizer_config.json"):  # the later wins
-            config = _read_json_if_present(folder / file)
-            for name in WORDPIECE_SPECIALS:
-                text = _special_token_text(config.get(f"{name}_token"))
-                if text is not None:
-                    specials[name] = text
-        try:
-            return cls(hf, specials=specials)
-        except ValueError as err:
-            raise ValueError(f"{path}: {err}") from None
-
     @property
     def vocab_size(self) -> int:
         return self.hf.get_vocab_size(with_added_tokens=True)
@@ -495,18 +335,6 @@ class WordPieceTokenizer:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "hf": json.loads(self.hf.to_str()), "specials": self.specials}
-
-
-def _read_json_if_present(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
-    return data
 
 
 def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
@@ -552,10 +380,12 @@ def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read tokenizer {path}: {err}") from None
+    """The tokenizer that :func:`save_tokenizer` wrote to ``path``.
+
+    Raises:
+        ValueError: naming the file, if it is missing, not JSON, or not a qkv tokenizer.
+    """
+    data = read_json(path)
     try:
         return tokenizer_from_dict(data)
     except Exception as err:  # wrong shape, or a tokenizers-library error: either way not a usable file

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 import torch
 
-from qkv.interop import GGUFContents, load_gpt_from_gguf, load_pretrained, read_gguf, unpermute_rope_rows
+from qkv.interop import (
+    GGUFContents,
+    load_gpt_from_gguf,
+    load_pretrained,
+    read_gguf,
+    tokenizer_from_gguf,
+    unpermute_rope_rows,
+)
 from qkv.interop import gguf as qkv_gguf
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 
@@ -289,7 +296,7 @@ def test_unsupported_gguf_tokenizers(key, value, message):
     metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": TOKENS,
                 "tokenizer.ggml.merges": MERGES, key: value}
     with pytest.raises(ValueError, match=message):
-        PretrainedTokenizer.from_gguf_metadata(metadata)
+        tokenizer_from_gguf(metadata)
 
 
 # -------------------------------------------------------------------------------------- SmolLM2, for real

@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 
-from qkv.interop import chat_prompt, load_pretrained, smollm2_path
+from qkv.interop import chat_prompt, load_pretrained, smollm2_path, tokenizer_from_hf_folder
 from qkv.interop import pretrained as pretrained_module
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 
@@ -156,11 +156,11 @@ def test_folder_tokenizer_ids_from_config_json(tmp_path):
     _train_tokenizer().save_pretrained(folder)
     (folder / "tokenizer_config.json").unlink()
     (folder / "config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [0, 5]}))
-    tok = PretrainedTokenizer.from_hf_folder(folder)
+    tok = tokenizer_from_hf_folder(folder)
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.stop_ids) == (1, 0, None, {0, 5})
     (folder / "config.json").write_text(json.dumps({"bos_token_id": 50256}))  # GPT-2's, for a smaller vocabulary
     with pytest.raises(ValueError, match=r"tok: bos_id=50256 is outside the vocabulary of \d+ tokens"):
-        PretrainedTokenizer.from_hf_folder(folder)
+        tokenizer_from_hf_folder(folder)
 
 
 def _break(folder, how):
@@ -207,6 +207,16 @@ def test_missing_shard_is_named(tmp_path):
     shard.unlink()
     with pytest.raises(ValueError, match=f"lacks the shards .*{shard.name}"):
         load_pretrained(folder)
+
+
+@pytest.mark.parametrize(("index", "expected"), [('{"metadata": {}}', "no weight_map"),
+                                                 ("[]", "expected a JSON object")])
+def test_a_broken_shard_index_is_named(tmp_path, index, expected):
+    folder = _save(tmp_path / "sharded", _hf_model("llama"), max_shard_size="20KB")
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ValueError, match=expected) as err:
+        load_pretrained(folder)
+    assert "model.safetensors.index.json" in str(err.value)
 
 
 def test_a_tokenizer_larger_than_the_model_is_refused(tmp_path):

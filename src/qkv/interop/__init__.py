@@ -1,6 +1,11 @@
-"""Loading weights from other formats into qkv models: Hugging Face GPT-2, LLaMA-style decoders and BERT;
-GGUF files; pretrained language models with their tokenizers (:func:`load_pretrained`); and sentence encoders
-such as all-MiniLM-L6-v2 (:func:`load_sentence_encoder`)."""
+"""Reading other projects' files into qkv models and tokenizers.
+
+* :mod:`.huggingface`: Hugging Face GPT-2, LLaMA-style decoder and BERT state dicts and configs -> qkv models;
+* :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
+* :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
+* :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
+* :mod:`.sentence`: one door for sentence encoders such as all-MiniLM-L6-v2 (:func:`load_sentence_encoder`).
+"""
 
 from .gguf import (
     GGUFContents,
@@ -8,8 +13,10 @@ from .gguf import (
     hf_state_dict_from_gguf,
     load_gpt_from_gguf,
     read_gguf,
+    tokenizer_from_gguf,
     unpermute_rope_rows,
 )
+from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tokenizer_from_hf_folder
 from .huggingface import (
     bert_config_from_hf,
     bert_state_dict_from_hf,
@@ -39,6 +46,10 @@ __all__ = [
     "load_sentence_encoder",
     "minilm_path",
     "read_gguf",
+    "read_safetensors",
     "smollm2_path",
+    "tokenizer_from_gguf",
+    "tokenizer_from_hf_folder",
     "unpermute_rope_rows",
+    "wordpiece_tokenizer_from_hf_folder",
 ]

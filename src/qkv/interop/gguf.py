@@ -10,6 +10,9 @@ translates, so that the existing, strict Hugging Face converter does the loading
     GGUF tensors  ── dequantize, rename, ─────> LLaMA state dict ─────────┴─ load_gpt_from_hf ─> GPT
                      un-permute q/k (hf_state_dict_from_gguf)
 
+The tokenizer is rebuilt from the metadata as well (:func:`tokenizer_from_gguf`): a GGUF file has no
+``tokenizer.json``, but holds its vocabulary, merges and special ids.
+
 Quantization is lossy, but once the weights are dequantized to float32 the model is an ordinary LLaMA model:
 qkv's logits equal those of any other implementation that dequantizes the same file (transformers does).
 
@@ -33,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..models import GPT
+from ..tokenizers import PretrainedTokenizer
 from .huggingface import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
@@ -280,11 +284,108 @@ def load_gpt_from_gguf(source: str | Path | GGUFContents) -> GPT:
         raise ValueError(f"{contents.path}: {err}") from None
 
 
+# ------------------------------------------------------------------------------------------------ tokenizer
+
+# llama.cpp's token types (tokenizer.ggml.token_type). CONTROL tokens are special: matched whole in the text
+# and dropped when decoding. USER_DEFINED ones are matched whole but are ordinary text when decoded.
+_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
+
+
+def _digits_then_bytelevel():
+    """SmolLM2's pre-tokenizer, as in its ``tokenizer.json`` (and StarCoder's): every digit alone, then GPT-2's.
+
+    The digit split runs first, so it also cuts a run of spaces off the number that follows: "a  1" is
+    ``a ĠĠ 1``, where GPT-2's rule alone gives ``a Ġ Ġ1`` and then, for lack of a merge, ``a Ġ Ġ 1``.
+    llama.cpp's "smollm" pre-tokenizer does the same with the regex ``\\p{N}`` ahead of GPT-2's.
+    """
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+
+
+def _gpt2_bytelevel():
+    """GPT-2's pre-tokenizer: its regex (words, numbers, punctuation runs, spaces) inside ``ByteLevel``."""
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+# tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
+# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests; "gpt2" is
+# llama.cpp's copy of the GPT-2 regex that ByteLevel runs. Another name is an error, not a guess.
+GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel}
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
+    """Rebuild a byte-level BPE tokenizer from the metadata of a GGUF file.
+
+    A GGUF file has no ``tokenizer.json``, but it stores what one is made of: the vocabulary
+    (``tokenizer.ggml.tokens``, already spelt in GPT-2's byte alphabet), the merges in priority order
+    (``tokenizer.ggml.merges``, ``"Ġ t"``), each token's type (``tokenizer.ggml.token_type``), the special
+    ids, and the name of the pre-tokenizer (``tokenizer.ggml.pre``), which is code in llama.cpp and is
+    rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
+
+    Args:
+        metadata: ``GGUFContents.metadata`` (see :func:`read_gguf`).
+
+    Returns:
+        The tokenizer, with the bos, eos and padding ids the file names (None for those it does not).
+
+    Raises:
+        ValueError: for a tokenizer other than byte-level BPE (``tokenizer.ggml.model`` ``"gpt2"``), an
+            unknown pre-tokenizer, or missing tokens/merges.
+    """
+    from tokenizers import AddedToken, decoders, models
+    from tokenizers import Tokenizer as HFTokenizer
+
+    model = metadata.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(
+            f"tokenizer.ggml.model={model!r} is not supported; qkv rebuilds byte-level BPE ('gpt2') only"
+        )
+    # No default: a file without the key gets llama.cpp's "default" split, which is not GPT-2's.
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(
+            f"tokenizer.ggml.pre={pre!r} is not supported; expected one of {sorted(GGUF_PRE_TOKENIZERS)}"
+        )
+    tokens, merges = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.merges")
+    if not tokens or not merges:
+        raise ValueError("the GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    hf = HFTokenizer(
+        models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges])
+    )
+    hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    hf.decoder = decoders.ByteLevel()
+    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    # Tokens already in the vocabulary keep their ids; being "added" makes them match whole in the text.
+    # normalized=False: matched as written, not after the normalizer.
+    hf.add_special_tokens([
+        AddedToken(token, special=True, normalized=False)
+        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_CONTROL
+    ])
+    hf.add_tokens([
+        AddedToken(token, special=False, normalized=False)
+        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_USER_DEFINED
+    ])
+    return PretrainedTokenizer(
+        hf,
+        bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
+        pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
 __all__ = [
+    "GGUF_PRE_TOKENIZERS",
     "GGUFContents",
     "hf_config_from_gguf",
     "hf_state_dict_from_gguf",
     "load_gpt_from_gguf",
     "read_gguf",
+    "tokenizer_from_gguf",
     "unpermute_rope_rows",
 ]

