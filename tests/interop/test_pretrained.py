@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from hf_greedy import greedy_hf, greedy_qkv
 
 from qkv.interop import chat_prompt, load_pretrained, smollm2_path, tokenizer_from_hf_folder
 from qkv.interop import pretrained as pretrained_module
@@ -67,26 +68,6 @@ def _save(folder, model, tokenizer=None, **save_kwargs):
     return folder
 
 
-def _greedy_qkv(model, prompt, steps):
-    """Prompt once, then one token at a time through qkv's KV cache."""
-    cache = model.new_cache()
-    logits = model(prompt, cache=cache)
-    tokens = []
-    for _ in range(steps):
-        next_id = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-        tokens.append(next_id)
-        logits = model(next_id, cache=cache)
-    return torch.cat(tokens, dim=1)
-
-
-def _greedy_hf(hf, prompt, steps):
-    """The reference reruns the whole sequence at every step: no cache involved."""
-    ids = prompt
-    for _ in range(steps):
-        ids = torch.cat((ids, hf(ids).logits[:, -1].argmax(-1, keepdim=True)), dim=1)
-    return ids[:, prompt.size(1):]
-
-
 # ---------------------------------------------------------------------------------- Hugging Face folders
 
 
@@ -103,7 +84,7 @@ def test_hf_folder_logits_greedy_and_tokenizer_match_transformers(tmp_path, kind
     ids = torch.tensor([tok.encode(TEXTS[0] + " " + TEXTS[1])])
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
-        ours, theirs = _greedy_qkv(model, ids[:, :5], 12), _greedy_hf(hf, ids[:, :5], 12)
+        ours, theirs = greedy_qkv(model, ids[:, :5], 12), greedy_hf(hf, ids[:, :5], 12)
     assert torch.equal(ours, theirs), f"qkv {ours.tolist()} != transformers {theirs.tolist()}"
     assert len(set(ours[0].tolist())) > 3, f"a degenerate continuation {ours.tolist()} checks little"
 

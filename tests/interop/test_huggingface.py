@@ -7,6 +7,7 @@ swapped gain and bias, a missing transpose or a mis-split fused projection canno
 
 import pytest
 import torch
+from hf_greedy import greedy_hf, greedy_qkv
 
 from qkv.interop import (
     bert_config_from_hf,
@@ -102,26 +103,6 @@ def test_gpt2_bare_checkpoint_without_prefix_head_or_with_old_buffers_converts_t
 # ------------------------------------------------------------------------------------------------ LLaMA
 
 
-def _greedy_qkv(model, prompt, steps):
-    """Prompt once, then one token at a time through the KV cache."""
-    cache = model.new_cache()
-    logits = model(prompt, cache=cache)
-    tokens = []
-    for _ in range(steps):
-        next_id = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-        tokens.append(next_id)
-        logits = model(next_id, cache=cache)
-    return torch.cat(tokens, dim=1)
-
-
-def _greedy_hf(hf, prompt, steps):
-    """The reference recomputes the whole sequence at every step: no cache involved."""
-    ids = prompt
-    for _ in range(steps):
-        ids = torch.cat((ids, hf(ids).logits[:, -1].argmax(-1, keepdim=True)), dim=1)
-    return ids[:, prompt.size(1):]
-
-
 @pytest.mark.parametrize("tie", [False, True])
 def test_llama_logits_and_greedy_tokens_match(tie):
     hf = _llama(tie=tie)
@@ -133,7 +114,7 @@ def test_llama_logits_and_greedy_tokens_match(tie):
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
         prompt = ids[:, :5]
-        ours, theirs = _greedy_qkv(model, prompt, 10), _greedy_hf(hf, prompt, 10)
+        ours, theirs = greedy_qkv(model, prompt, 10), greedy_hf(hf, prompt, 10)
     assert torch.equal(ours, theirs), f"qkv {ours.tolist()} != transformers {theirs.tolist()}"
     assert all(len(set(row)) > 3 for row in ours.tolist()), f"a degenerate continuation {ours.tolist()}"
 
