@@ -1,6 +1,7 @@
 """Tokenizers on real text: BPE round-trips Chinese (no spaces) and German/English exactly, keeps full-width
 punctuation, splits punctuation off words; the character tokenizer maps unknowns to <unk>; both save and load
-back to identical encodings; a broken tokenizer file is a ValueError naming it."""
+back to identical encodings; a broken tokenizer file is a ValueError naming it; a vocabulary size too small for
+the special tokens and the alphabet is an error, not a larger vocabulary."""
 
 import gzip
 import json
@@ -124,6 +125,38 @@ def test_char_round_trip_unknowns_and_specials():
 def test_train_tokenizer_rejects_unknown_kind():
     with pytest.raises(ValueError, match="'wordpiece'"):
         train_tokenizer("wordpiece", ["text"])
+
+
+# --- vocabulary size ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("vocab_size", [0, -1])  # once: "no limit" to the tokenizers library, and an OverflowError
+@pytest.mark.parametrize(("kind", "byte_level"), [("bpe", False), ("bpe", True), ("char", False)])
+def test_a_vocab_size_below_one_is_refused_before_training(kind, byte_level, vocab_size):
+    with pytest.raises(ValueError, match=f"vocab_size must be >= 1, got {vocab_size}"):
+        train_tokenizer(kind, ["a dog runs"], vocab_size=vocab_size, byte_level=byte_level)
+    if kind == "bpe":
+        with pytest.raises(ValueError, match=f"vocab_size must be >= 1, got {vocab_size}"):
+            BPETokenizer.train(["a dog runs"], vocab_size=vocab_size, byte_level=byte_level)
+
+
+@pytest.mark.parametrize("vocab_size", [1, 100, 259])
+def test_byte_level_bpe_needs_room_for_the_256_bytes(vocab_size):
+    """Once silently a vocabulary of 260 tokens, whatever was asked for."""
+    expected = (f"vocab_size={vocab_size} is smaller than the 260 tokens this text needs (4 special tokens and 256 "
+                "bytes); choose vocab_size >= 260")
+    with pytest.raises(ValueError) as err:
+        train_tokenizer("bpe", ["a dog runs", "a cat sits"], vocab_size=vocab_size, byte_level=True)
+    assert str(err.value) == expected
+    assert train_tokenizer("bpe", ["a dog runs", "a cat sits"], vocab_size=260, byte_level=True).vocab_size == 260
+
+
+def test_bpe_needs_room_for_the_alphabet():
+    texts = ["abc", "cab"]  # a, b, c and the word marker ▁
+    with pytest.raises(ValueError, match=r"vocab_size=7 is smaller than the 8 tokens this text needs \(4 special "
+                                         r"tokens and 4 characters\); choose vocab_size >= 8"):
+        BPETokenizer.train(texts, vocab_size=7, min_frequency=1)
+    tok = BPETokenizer.train(texts, vocab_size=8, min_frequency=1)
+    assert tok.vocab_size == 8 and tok.decode(tok.encode("cab")) == "cab"
 
 
 # --- saving and loading ---------------------------------------------------------------------------------------

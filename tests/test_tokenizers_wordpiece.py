@@ -1,4 +1,5 @@
-"""WordPieceTokenizer: BERT's special tokens, the [CLS] ... [SEP] frame and its truncation, saving and loading."""
+"""WordPieceTokenizer: BERT's special tokens, the [CLS] ... [SEP] frame and its truncation, saving and loading, a
+vocabulary size that cannot be honoured."""
 
 import pytest
 from tokenizers import Tokenizer, models
@@ -50,6 +51,21 @@ def test_save_and_load_give_the_same_tokenizer(tok, tmp_path):
     assert isinstance(again, WordPieceTokenizer) and again.special_ids == tok.special_ids
     assert encode_all(again, TEXTS) == encode_all(tok, TEXTS)
     assert tokenizer_from_dict(tok.to_dict()).encode("cats") == tok.encode("cats")
+
+
+@pytest.mark.parametrize("vocab_size", [0, -5])
+def test_a_vocab_size_below_one_is_refused(vocab_size):
+    with pytest.raises(ValueError, match=f"vocab_size must be >= 1, got {vocab_size}"):
+        WordPieceTokenizer.train(TEXTS, vocab_size=vocab_size)
+
+
+def test_a_vocab_size_too_small_for_the_alphabet_is_refused():
+    """The 5 specials, "a" and "b" starting a word, "##a" and "##b" continuing one: once silently 9 tokens."""
+    with pytest.raises(ValueError, match=r"vocab_size=3 is smaller than the 9 tokens this text needs \(5 special "
+                                         r"tokens and 4 characters, word-initial or ##-continued\); choose "
+                                         r"vocab_size >= 9"):
+        WordPieceTokenizer.train(["ab ba"], vocab_size=3, min_frequency=1)
+    assert WordPieceTokenizer.train(["ab ba"], vocab_size=9, min_frequency=1).vocab_size == 9
 
 
 def test_a_vocabulary_without_bert_specials_is_refused():

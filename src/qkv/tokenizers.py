@@ -25,7 +25,9 @@ and a fourth is BERT's, trained here or read with a pretrained encoder:
   ``[CLS] tokens [SEP]``, cut to the model's length. A pretrained encoder's comes from its Hugging Face folder
   (:func:`qkv.interop.hf_folder.wordpiece_tokenizer_from_hf_folder`).
 
-A tokenizer saves to one JSON file and loads back without executing anything.
+A trained vocabulary is at most ``vocab_size`` tokens; a size too small for the special tokens and the
+alphabet is an error, not a larger vocabulary. A tokenizer saves to one JSON file and loads back without
+executing anything.
 """
 
 from __future__ import annotations
@@ -109,10 +111,21 @@ class BPETokenizer:
         ``byte_level=True`` gives GPT-2's flavour instead, for language models: the text is seen as UTF-8 bytes
         (no ``<unk>`` ever, and spaces, tabs and line breaks survive exactly), split by GPT-2's rule into words,
         numbers, punctuation and whitespace runs, with digits first split one by one.
+
+        Args:
+            texts: the training text, one string per line or document.
+            vocab_size: the most tokens to learn, the 4 special tokens and the alphabet (the 256 bytes, or the
+                characters of ``texts``) included.
+            min_frequency: a pair must occur this often to be merged.
+            byte_level: GPT-2's byte-level flavour (above).
+
+        Raises:
+            ValueError: if ``vocab_size`` < 1, or is smaller than the special tokens and the alphabet need.
         """
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+        _check_vocab_size(vocab_size)
         if byte_level:
             hf = HFTokenizer(models.BPE())
             hf.pre_tokenizer = pre_tokenizers.Sequence([
@@ -124,6 +137,7 @@ class BPETokenizer:
                                           special_tokens=list(SPECIALS), show_progress=False,
                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
             hf.train_from_iterator(texts, trainer=trainer)
+            _check_learnt_size(hf, vocab_size, len(SPECIALS), "bytes")
             return cls(hf)
         hf = HFTokenizer(models.BPE(unk_token="<unk>"))
         # NFC only: NFKC would turn full-width Chinese punctuation (，？) into ASCII and no longer match references.
@@ -138,6 +152,7 @@ class BPETokenizer:
             vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(SPECIALS), show_progress=False
         )
         hf.train_from_iterator(texts, trainer=trainer)
+        _check_learnt_size(hf, vocab_size, len(SPECIALS), "characters")
         return cls(hf)
 
     @property
@@ -287,10 +302,22 @@ class WordPieceTokenizer:
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 8000, min_frequency: int = 2,
               lowercase: bool = True) -> WordPieceTokenizer:
-        """Learn a WordPiece vocabulary from ``texts`` with BERT's normalizer and pre-tokenizer."""
+        """Learn a WordPiece vocabulary from ``texts`` with BERT's normalizer and pre-tokenizer.
+
+        Args:
+            texts: the training text, one string per sentence or document.
+            vocab_size: the most tokens to learn, the 5 special tokens and the alphabet included (each character
+                that starts a word, and each that continues one as ``##c``).
+            min_frequency: a pair must occur this often to be merged.
+            lowercase: lower-case the text first (an uncased model).
+
+        Raises:
+            ValueError: if ``vocab_size`` < 1, or is smaller than the special tokens and the alphabet need.
+        """
         from tokenizers import Tokenizer as HFTokenizer
         from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+        _check_vocab_size(vocab_size)
         hf = HFTokenizer(models.WordPiece(unk_token=WORDPIECE_SPECIALS["unk"]))
         hf.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
         hf.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
@@ -298,6 +325,7 @@ class WordPieceTokenizer:
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=list(WORDPIECE_SPECIALS.values()), show_progress=False)
         hf.train_from_iterator(texts, trainer=trainer)
+        _check_learnt_size(hf, vocab_size, len(WORDPIECE_SPECIALS), "characters, word-initial or ##-continued")
         return cls(hf)
 
     @property
@@ -337,6 +365,23 @@ class WordPieceTokenizer:
         return {"kind": self.kind, "hf": json.loads(self.hf.to_str()), "specials": self.specials}
 
 
+def _check_vocab_size(vocab_size: int) -> None:
+    # Checked before training: the tokenizers library takes 0 as "no limit" and overflows on a negative size.
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+
+
+def _check_learnt_size(hf_tokenizer, vocab_size: int, n_specials: int, alphabet: str) -> None:
+    """The trainers keep every special token and every symbol of the alphabet, whatever ``vocab_size`` says, so
+    a vocabulary larger than asked for means those alone did not fit."""
+    learnt = hf_tokenizer.get_vocab_size(with_added_tokens=True)
+    if learnt > vocab_size:
+        raise ValueError(
+            f"vocab_size={vocab_size} is smaller than the {learnt} tokens this text needs ({n_specials} special "
+            f"tokens and {learnt - n_specials} {alphabet}); choose vocab_size >= {learnt}"
+        )
+
+
 def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     """Encode many texts, in parallel where the tokenizer can."""
     if isinstance(tokenizer, BPETokenizer | PretrainedTokenizer | WordPieceTokenizer):
@@ -345,7 +390,20 @@ def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def train_tokenizer(kind: str, texts: Sequence[str], *, vocab_size: int = 8000, byte_level: bool = False) -> Tokenizer:
-    """``kind`` is ``"bpe"`` (``byte_level`` as for :meth:`BPETokenizer.train`) or ``"char"``."""
+    """Train a tokenizer of ``kind`` on ``texts``.
+
+    Args:
+        kind: ``"bpe"`` or ``"char"``.
+        texts: the training text.
+        vocab_size: the most tokens BPE may learn, as for :meth:`BPETokenizer.train`; a character tokenizer
+            takes every character seen, whatever the size.
+        byte_level: for BPE, as for :meth:`BPETokenizer.train`.
+
+    Raises:
+        ValueError: for another kind, a ``vocab_size`` < 1, or a BPE ``vocab_size`` too small for the special
+            tokens and the alphabet.
+    """
+    _check_vocab_size(vocab_size)
     if kind == "bpe":
         return BPETokenizer.train(texts, vocab_size=vocab_size, byte_level=byte_level)
     if kind == "char":
