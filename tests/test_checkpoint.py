@@ -108,3 +108,65 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path, translator):
     (tmp_path / "d" / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not a qkv model config"):
         load_checkpoint(tmp_path / "d")
+
+
+def test_a_save_that_fails_midway_leaves_no_temporary_folder(tmp_path, translator, monkeypatch):
+    """A full disk while writing the weights: one clear OSError, the previous checkpoint intact, nothing left over."""
+    from safetensors import SafetensorError
+
+    model, toks = translator
+    save_checkpoint(tmp_path / "last", model, tokenizers=toks)
+    before = (tmp_path / "last" / "model.safetensors").read_bytes()
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr("safetensors.torch.save_model", full_disk)
+    with pytest.raises(OSError, match=r"cannot write the checkpoint .*last: .*No space left on device.*previous "
+                                      r"checkpoint is kept"):
+        save_checkpoint(tmp_path / "last", model, tokenizers=toks)
+    assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+
+
+def test_weights_are_written_with_the_mode_of_their_siblings(tmp_path, translator):
+    model, toks = translator
+    save_checkpoint(tmp_path / "c", model, tokenizers=toks)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "c").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes
+
+
+def test_weights_that_are_not_finite_are_refused(tmp_path, translator):
+    model, toks = translator
+    with torch.no_grad():
+        model.out_proj.weight[3, 5] = float("nan")  # tied: the embedding shares it
+    save_checkpoint(tmp_path / "c", model, tokenizers=toks)
+    with pytest.raises(CheckpointError, match=r"not finite .*src_emb.weight|not finite .*tgt_emb.weight"):
+        load_checkpoint(tmp_path / "c")
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c.pop("model"), r"config.json is not a qkv model config \(KeyError: 'model'\)"),
+    (lambda c: c.update(model=[1, 2]), r"\"model\" must be an object"),
+    (lambda c: c["model"].update(d_ff="big"), r"config.json: d_ff must be an int"),
+    (lambda c: c["model"].update(d_ff=10**12), r"has 130,000,000,[\d,]+ parameters and needs .* TiB .* more than the"),
+])
+def test_a_bad_config_is_refused_before_anything_is_allocated(tmp_path, translator, edit, message):
+    model, toks = translator
+    save_checkpoint(tmp_path / "c", model, tokenizers=toks)
+    config = json.loads((tmp_path / "c" / "config.json").read_text())
+    edit(config)
+    (tmp_path / "c" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(tmp_path / "c")
+
+
+def test_unreadable_weights_are_not_called_missing(tmp_path, translator):
+    model, toks = translator
+    save_checkpoint(tmp_path / "c", model, tokenizers=toks)
+    (tmp_path / "c" / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: missing"):
+        load_checkpoint(tmp_path / "c")
+    (tmp_path / "c" / "model.safetensors").mkdir()  # there, but not a readable file
+    with pytest.raises(CheckpointError, match=r"model\.safetensors cannot be read: Is a directory"):
+        load_checkpoint(tmp_path / "c")

@@ -43,14 +43,16 @@ class SinusoidalPositionalEncoding(nn.Module):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"sinusoidal encodings need an even d_model, got d_model={d_model}")
-        pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
-        two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d/2,)
+        # Computed on the CPU, then moved to the default device: on the meta device (used to size a model
+        # before building it) these ops would pull in PyTorch's compiler stack, a second of imports.
+        pos = torch.arange(max_len, dtype=torch.float64, device="cpu")[:, None]  # (max_len, 1)
+        two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")  # (d/2,)
         angle = pos / base ** (two_i / d_model)  # (max_len, d/2)
-        pe = torch.empty(max_len, d_model, dtype=torch.float64)
+        pe = torch.empty(max_len, d_model, dtype=torch.float64, device="cpu")
         pe[:, 0::2] = torch.sin(angle)
         pe[:, 1::2] = torch.cos(angle)
         # Not persistent: it is a function of the config, so checkpoints need not carry it.
-        self.register_buffer("pe", pe.float(), persistent=False)
+        self.register_buffer("pe", pe.float().to(torch.get_default_device()), persistent=False)
         self.max_len = max_len
 
     def forward(self, positions: Tensor) -> Tensor:
@@ -100,8 +102,9 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={head_dim}")
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)  # (Dh/2,)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        two_i = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")  # CPU: see SinusoidalPositionalEncoding
+        inv_freq = 1.0 / base ** (two_i / head_dim)  # (Dh/2,)
+        self.register_buffer("inv_freq", inv_freq.to(torch.get_default_device()), persistent=False)
         self.head_dim = head_dim
         self.interleaved = interleaved
 

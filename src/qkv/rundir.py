@@ -1,0 +1,127 @@
+"""A run directory: what one training run owns on disk, and the rules that keep everything else safe.
+
+    RUN/
+      .qkv-run            the mark of a qkv run, and its lock: held while a process trains into RUN
+      best/  last/        checkpoints (see checkpoint.py), each replaced atomically
+      log.csv  loss.png   the run's log and its curve
+      test.src.txt ...    what a command writes beside them (translation's held-out test set)
+
+The rules, all applied by :func:`claim` before anything is written:
+
+* One process at a time. ``claim`` takes an exclusive lock on ``.qkv-run`` (``flock``). The kernel releases
+  it when the process ends, however it ends (kill -9 included), so a crashed run never leaves it stuck.
+* A new run goes only into a new or empty directory, or into one that an earlier qkv run left without a model
+  (it stopped before its first checkpoint). A directory that holds a model needs ``resume``; a directory
+  holding anything else is never touched.
+* Leftovers of a save interrupted by a kill are cleaned up: ``.NAME.tmp-PID`` folders are deleted, and a
+  ``.NAME.old`` whose ``NAME`` is missing (killed between the two renames of a save) is put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MARK = ".qkv-run"
+CHECKPOINTS = ("best", "last")
+
+_held: dict[Path, int] = {}  # run directories this process holds -> the lock's file descriptor
+
+
+@contextlib.contextmanager
+def claim(out: str | Path, *, resume: bool) -> Iterator[Path]:
+    """Own ``out`` for a training run, for the duration of the ``with`` block.
+
+    Re-entrant within one process: the command line claims the directory before it reads data, and the
+    trainer claims it again. A directory this call created is removed again if the block fails before
+    anything but the mark was written.
+
+    Raises:
+        ValueError: if ``out`` is a file, holds files that are not a qkv run's, holds a model and ``resume``
+            is false, has nothing to resume and ``resume`` is true, or another process is training into it.
+    """
+    out = Path(out)
+    key = out.resolve()
+    if key in _held:
+        yield out
+        return
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory for the run")
+    created = not out.exists()
+    _refuse_foreign(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _held[key] = _lock(out)
+    try:
+        _clean_leftovers(out)
+        _check_model(out, resume)
+        yield out
+    except BaseException:
+        if created and {p.name for p in out.iterdir()} <= {MARK}:
+            shutil.rmtree(out, ignore_errors=True)  # a run that failed to start leaves nothing behind
+        raise
+    finally:
+        os.close(_held.pop(key))  # closing the descriptor releases the lock
+
+
+def is_run(out: Path) -> bool:
+    """True for a directory that a qkv run wrote (its mark, or a checkpoint from before runs were marked)."""
+    return (out / MARK).is_file() or any((out / name / "config.json").is_file() for name in CHECKPOINTS)
+
+
+def _refuse_foreign(out: Path) -> None:
+    if not out.is_dir() or is_run(out):
+        return
+    names = sorted(p.name for p in out.iterdir())
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ValueError(f"--out {out} is not empty and is not a qkv run (it holds {shown}); choose a new or "
+                         "empty directory, so that nothing in it is overwritten")
+
+
+def _lock(out: Path) -> int:
+    """An exclusive, non-blocking lock on the run's mark; returns the open descriptor that holds it."""
+    fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no advisory locks, the other rules still hold
+        return fd
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise ValueError(f"another qkv process (pid {holder}) is training into {out}; wait for it to finish or "
+                         "choose another --out") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Undo what a kill in the middle of a save left (see checkpoint.save_checkpoint)."""
+    for path in out.glob(".*.tmp-*"):
+        shutil.rmtree(path, ignore_errors=True)
+    for name in CHECKPOINTS:
+        old = out / f".{name}.old"
+        if old.is_dir():
+            if (out / name).exists():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, out / name)
+                log.info("%s: restored %s/ from an interrupted save", out, name)
+    (out / "log.tmp").unlink(missing_ok=True)
+
+
+def _check_model(out: Path, resume: bool) -> None:
+    has_model = any((out / name).exists() for name in CHECKPOINTS)
+    if has_model and not resume:
+        raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another "
+                         "--out")
+    if resume and not (out / "last" / "config.json").is_file():
+        raise ValueError(f"{out} has no checkpoint to resume; drop --resume to start a new run")

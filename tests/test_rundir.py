@@ -1,0 +1,111 @@
+"""A run directory is owned by one process at a time, a user's files are never touched, and what a killed save
+leaves behind is cleaned up."""
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from qkv.rundir import MARK, claim
+
+
+def start(out, *, resume):
+    """Claim ``out`` and let it go at once."""
+    with claim(out, resume=resume):
+        pass
+
+
+def test_a_new_run_may_go_into_a_new_or_empty_directory(tmp_path):
+    with claim(tmp_path / "new", resume=False) as out:
+        assert (out / MARK).is_file()
+    (tmp_path / "empty").mkdir()
+    with claim(tmp_path / "empty", resume=False):
+        pass
+
+
+def test_a_directory_of_someone_elses_files_is_never_touched(tmp_path):
+    for name in ("log.csv", "loss.png", "test.src.txt"):
+        (tmp_path / name).write_text("the user's own")
+    with pytest.raises(ValueError, match=r"is not empty and is not a qkv run \(it holds log.csv, loss.png, "
+                                         r"test.src.txt\); choose a new or empty directory"):
+        start(tmp_path, resume=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "loss.png", "test.src.txt"]
+    assert all(p.read_text() == "the user's own" for p in tmp_path.iterdir())
+
+
+def test_a_model_needs_resume_and_resume_needs_a_model(tmp_path):
+    with pytest.raises(ValueError, match="has no checkpoint to resume"):
+        start(tmp_path / "run", resume=True)
+    assert not (tmp_path / "run").exists()  # a start that failed leaves nothing behind
+    with claim(tmp_path / "run", resume=False) as out:
+        (out / "last").mkdir()
+        (out / "last" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="already holds a trained model; pass --resume"):
+        start(tmp_path / "run", resume=False)
+    with claim(tmp_path / "run", resume=True):
+        pass
+
+
+def test_a_run_that_stopped_before_its_first_checkpoint_can_start_again(tmp_path):
+    with claim(tmp_path / "run", resume=False) as out:
+        (out / "log.csv").write_text("step\n1\n")
+    with claim(tmp_path / "run", resume=False):
+        pass
+
+
+HOLD = """
+import sys, time
+from qkv.rundir import claim
+with claim(sys.argv[1], resume=False):
+    print("claimed", flush=True)
+    time.sleep(60)
+"""
+
+
+def _holder(out):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "claimed"
+    return proc
+
+
+def test_one_process_at_a_time_and_a_killed_one_leaves_no_stale_lock(tmp_path):
+    holder = _holder(tmp_path / "run")
+    try:
+        with pytest.raises(ValueError, match=rf"another qkv process \(pid {holder.pid}\) is training into"):
+            start(tmp_path / "run", resume=False)
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with claim(tmp_path / "run", resume=False):  # the kernel released the dead process's lock
+        pass
+
+
+def test_claims_nest_within_one_process(tmp_path):
+    with claim(tmp_path / "run", resume=False), claim(tmp_path / "run", resume=False):
+        pass
+
+
+def test_leftovers_of_a_killed_save_are_cleaned_or_restored(tmp_path):
+    run = tmp_path / "run"
+    with claim(run, resume=False):
+        pass
+    for name in (".best.tmp-123", ".last.old", "best"):
+        (run / name).mkdir()
+        (run / name / "config.json").write_text("{}")
+    (run / ".last.old" / "weights").write_text("the last good checkpoint")
+    (run / "log.tmp").write_text("half a log")
+    with claim(run, resume=True):
+        pass
+    assert sorted(p.name for p in run.iterdir()) == [MARK, "best", "last"]
+    assert (run / "last" / "weights").read_text() == "the last good checkpoint"
+    (run / ".best.old").mkdir()  # best/ is there too: the .old copy is the stale one
+    with claim(run, resume=True):
+        pass
+    assert not (run / ".best.old").exists()
+
+
+def test_out_must_be_a_directory(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file; give a directory"):
+        start(tmp_path / "file", resume=False)
