@@ -59,31 +59,70 @@ def test_schedules():
     assert learning_rate(500, timed, None) == pytest.approx(1.0)  # no step or time budget: constant
 
 
+class FakeClock:
+    """The trainer's clock, moved only by the work: a training batch takes ``step_s``, an evaluation ``eval_s``."""
+
+    def __init__(self, monkeypatch, *, step_s: float, eval_s: float) -> None:
+        import qkv.training as training
+
+        self.now, self.step_s, self.eval_s = 0.0, step_s, eval_s
+        monkeypatch.setattr(training.time, "monotonic", lambda: self.now)
+
+    def task(self, **kwargs):
+        task = make_task(dropout=0.0, **kwargs)
+        loss, evaluate = task.loss, task.evaluate
+
+        def timed_loss(batch, **kw):
+            self.now += self.step_s
+            return loss(batch, **kw)
+
+        def timed_evaluate():  # its own validation losses do not count as training steps
+            start = self.now
+            metrics = evaluate()
+            self.now = start + self.eval_s
+            return metrics
+
+        task.loss, task.evaluate = timed_loss, timed_evaluate
+        return task
+
+
+def timed(out, minutes, resume=False, **kw):
+    return TrainOptions(out=str(out), lr=1e-2, warmup=1, schedule="cosine", min_lr_ratio=0.1, max_minutes=minutes,
+                        eval_every=1000, log_every=1, progress=False, resume=resume, **kw)
+
+
+def test_a_time_budget_includes_the_final_evaluation(tmp_path, monkeypatch):
+    """Steps of 5 s and evaluations of 20 s under a 2-minute budget: the first evaluation comes by a quarter of
+    the budget, and from then on the run stops early enough for its last evaluation and save to fit."""
+    clock = FakeClock(monkeypatch, step_s=5, eval_s=20)
+    result = Trainer(clock.task(), timed(tmp_path, 2.0)).run()
+    assert result.stopped_because == "time budget reached"
+    assert 120 - 5 <= result.elapsed_s <= 120  # within one step of the budget, never over it
+    evals = log_rows(tmp_path, "val_loss")
+    assert float(evals[0]["elapsed_s"]) <= 0.25 * 120 + 5 + 20  # the first, timed evaluation
+    assert float(evals[-1]["elapsed_s"]) == result.elapsed_s  # the log and the result agree
+    state = load_checkpoint(tmp_path / "last", with_trainer_state=True).trainer_state
+    assert state["elapsed_s"] == result.elapsed_s and state["step"] == result.step
+
+
 def test_a_resumed_time_budget_counts_the_whole_run(tmp_path, monkeypatch):
     """--max-minutes, like --max-steps, is the run's budget: a resumed run keeps its place on the time cosine
     and stops when the minutes of all its invocations add up; an already spent budget is a clear error."""
-    import qkv.training as training
-
-    clock = iter(range(0, 100_000, 5))  # every look at the clock moves it 5 s on
-    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))
-
-    def timed(minutes, resume=False):
-        return TrainOptions(out=str(tmp_path), lr=1e-2, warmup=1, schedule="cosine", min_lr_ratio=0.1,
-                            max_minutes=minutes, eval_every=1000, log_every=1, progress=False, resume=resume)
-
-    first = Trainer(make_task(dropout=0.0), timed(1.0)).run()
-    assert first.stopped_because == "time budget reached"
+    clock = FakeClock(monkeypatch, step_s=5, eval_s=10)
+    first = Trainer(clock.task(), timed(tmp_path, 1.0)).run()
+    assert first.stopped_because == "time budget reached" and first.elapsed_s == 60
     before = log_rows(tmp_path, "lr")
-    resumed = Trainer(make_task(dropout=0.0), timed(2.0, resume=True)).run()
+    resumed = Trainer(clock.task(), timed(tmp_path, 2.0, resume=True)).run()
     assert resumed.stopped_because == "time budget reached"
     after = log_rows(tmp_path, "lr")[len(before):]
     assert after, "the resumed run took no step"
-    # the schedule goes on from about half of the 2-minute budget, not from its peak again
-    assert float(after[0]["lr"]) < 0.6 * 1e-2
+    # the schedule goes on from half of the 2-minute budget, not from its peak again
+    assert float(after[0]["lr"]) == pytest.approx(1e-3 + 9e-3 * 0.5 * (1 + math.cos(math.pi * 60 / 120)), rel=1e-4)
     assert all(float(a["lr"]) >= float(b["lr"]) for a, b in itertools.pairwise(after))
-    assert 120 <= float(after[-1]["elapsed_s"]) < 120 + 60  # both invocations together, not 2 more minutes
+    assert resumed.elapsed_s == 120  # both invocations together, not 2 more minutes
+    assert float(log_rows(tmp_path, "val_loss")[-1]["elapsed_s"]) == 120
     with pytest.raises(ValueError, match=r"already ran .* minutes.*raise --max-minutes"):
-        Trainer(make_task(dropout=0.0), timed(2.0, resume=True)).run()
+        Trainer(clock.task(), timed(tmp_path, 2.0, resume=True)).run()
 
 
 def test_resumed_run_ends_with_the_same_weights(tmp_path):
@@ -141,9 +180,13 @@ def test_batches_depend_only_on_seed_and_epoch():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({}, "give a budget"),
-    ({"max_steps": 0}, "max_steps must be positive"),
+    ({"max_steps": 0}, "max_steps must be a positive finite number"),
+    ({"max_minutes": float("nan")}, "max_minutes must be a positive finite number, got nan"),
+    ({"epochs": float("inf")}, "epochs must be a positive finite number, got inf"),
+    ({"max_steps": 5, "clip": float("nan")}, "clip must be a finite number >= 0"),
+    ({"max_steps": 5, "eval_at_minutes": (1.0, -3.0)}, "eval_at_minutes must be a positive"),
     ({"max_steps": 5, "schedule": "linear"}, "schedule must be one of"),
-    ({"max_steps": 5, "lr": -1.0}, "lr must be positive"),
+    ({"max_steps": 5, "lr": -1.0}, "lr must be a positive finite number"),
 ])
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -151,17 +194,75 @@ def test_bad_options(kwargs, message):
 
 
 def test_evaluations_at_wall_clock_marks(tmp_path, monkeypatch):
-    """With a fake clock that advances 20 s per reading, marks at 1 and 2 minutes fall between steps and each
-    gets exactly one evaluation, besides those every --eval-every steps."""
-    import qkv.training as training
-
-    clock = iter(range(0, 10_000, 20))
-    monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))
-    task = make_task(dropout=0.0)
+    """Steps of 20 s: marks at 1 and 2 minutes fall between steps and each gets exactly one evaluation,
+    besides the one at the end of the run."""
+    task = FakeClock(monkeypatch, step_s=20, eval_s=0).task()
     opts = TrainOptions(out=str(tmp_path), lr=3e-3, warmup=3, eval_every=100, progress=False, max_steps=8,
                         eval_at_minutes=(1.0, 2.0))
     Trainer(task, opts).run()
     evals = log_rows(tmp_path, "val_loss")
-    assert len(evals) == 3  # the two marks and the end of the run
-    times = [float(r["elapsed_s"]) for r in evals]
-    assert 60 <= times[0] < 120 <= times[1] < times[2]
+    assert [int(r["step"]) for r in evals] == [3, 6, 8]  # the two marks and the end of the run
+    assert [float(r["elapsed_s"]) for r in evals] == [60, 120, 160]
+
+
+def _poisoned(task, *, loss_at: int | None = None, eval_at: int | None = None):
+    """The task, with its training loss made NaN from batch ``loss_at`` on, or its ``eval_at``-th validation."""
+    loss, evaluate, counts = task.loss, task.evaluate, {"loss": 0, "eval": 0}
+
+    def bad_loss(batch, **kw):
+        value, n = loss(batch, **kw)
+        if task.model.training:
+            counts["loss"] += 1
+            if loss_at is not None and counts["loss"] >= loss_at:
+                value = value * float("nan")
+        return value, n
+
+    def bad_evaluate():
+        counts["eval"] += 1
+        metrics = evaluate()
+        return {**metrics, "val_loss": float("nan")} if counts["eval"] == eval_at else metrics
+
+    task.loss, task.evaluate = bad_loss, bad_evaluate
+    return task
+
+
+@pytest.mark.parametrize("poison, message", [
+    ({"loss_at": 7}, r"diverged at step 7 \(loss nan\)"),
+    ({"eval_at": 2}, r"diverged at step 8 \(val_loss nan\)"),
+])
+def test_a_run_that_goes_to_nan_keeps_its_last_good_checkpoint(tmp_path, poison, message):
+    """Nothing that is not finite is ever applied to the weights or saved: last/ and best/ stay at step 4."""
+    task = _poisoned(make_task(dropout=0.0), **poison)
+    with pytest.raises(FloatingPointError, match=message + r".*last is kept"):
+        Trainer(task, options(tmp_path, max_steps=20)).run()
+    for name in ("last", "best"):
+        ckpt = load_checkpoint(tmp_path / name)  # refuses weights that are not finite
+        assert ckpt.meta["step"] == 4, name
+    assert all(int(r["step"]) <= 8 for r in log_rows(tmp_path, "val_loss"))
+
+
+def test_a_fresh_run_that_diverges_before_its_first_checkpoint_saves_nothing(tmp_path):
+    task = _poisoned(make_task(dropout=0.0), loss_at=2)
+    with pytest.raises(FloatingPointError, match="nothing was saved"):
+        Trainer(task, options(tmp_path, max_steps=20)).run()
+    assert not (tmp_path / "last").exists() and not (tmp_path / "best").exists()
+
+
+def test_throughput_counts_training_time_only(tmp_path, monkeypatch):
+    """Steps of 2 s and evaluations of 100 s: the log's throughput stays the same after every evaluation."""
+    clock = FakeClock(monkeypatch, step_s=2, eval_s=100)
+    task = clock.task()
+    opts = TrainOptions(out=str(tmp_path), lr=3e-3, warmup=3, eval_every=3, log_every=1, progress=False, max_steps=9)
+    result = Trainer(task, opts).run()
+    rows = log_rows(tmp_path, "lr")
+    rates = [float(r["target_tokens_per_s"]) for r in rows]
+    tokens = [b.n_tokens for b in [*task.batches(0), *task.batches(1)][:9]]  # the 9 steps, across epochs
+    assert rates == [pytest.approx(n / 2, abs=0.5) for n in tokens]
+    assert result.rate == pytest.approx(sum(tokens) / 18) and result.unit == "target_tokens"
+
+
+def test_metrics_print_with_their_decimals():
+    from qkv.training import format_metrics
+
+    assert format_metrics({"val_loss": 1.00044, "val_bleu": 36.351, "val_ppl": 1234.5}) == \
+        "val_loss 1.0004  val_bleu 36.3510  val_ppl 1234.5"

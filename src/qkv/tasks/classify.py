@@ -81,6 +81,7 @@ class ClassifyTask:
 
     selection_metric = "val_accuracy"
     higher_is_better = True
+    unit = "examples"  # what a batch's n_tokens counts
 
     def __init__(
         self,

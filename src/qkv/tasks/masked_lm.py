@@ -102,6 +102,7 @@ class MaskedLMTask:
 
     selection_metric = "val_loss"
     higher_is_better = False
+    unit = "masked_tokens"  # what a batch's n_tokens counts
 
     def __init__(
         self,
