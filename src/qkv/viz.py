@@ -7,7 +7,9 @@ missing glyphs show as boxes.
 
 from __future__ import annotations
 
+import functools
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -41,9 +43,15 @@ def _font_family(labels: Sequence[str]) -> list[str] | None:
     for name in CJK_FONTS:
         if name in installed:
             return [name, "DejaVu Sans"]
+    _warn_no_cjk_font()
+    return None
+
+
+@functools.cache
+def _warn_no_cjk_font() -> None:
+    """Once per process (matplotlib itself would warn once per missing glyph, see attention_heatmap)."""
     log.warning("no CJK font found (tried %s); Chinese labels will show as boxes. "
                 "On Debian: apt-get install fonts-wqy-microhei", ", ".join(CJK_FONTS[:3]))
-    return None
 
 
 def attention_heatmap(
@@ -78,17 +86,30 @@ def attention_heatmap(
     if title:
         ax.set_title(title, **font)
     fig.colorbar(image, ax=ax, fraction=0.04)
-    fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    with warnings.catch_warnings():  # without a CJK font: the one notice above, not a warning per glyph
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
 
 
 def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: str = "") -> Path:
     """Plot ``train_loss`` and ``val_loss`` (and a validation metric on a second axis) against ``step`` from
-    the rows of a training log (CSV rows as dicts; empty cells are skipped)."""
+    the rows of a training log (CSV rows as dicts; empty cells are skipped). The legend sits below the axes, so
+    it never hides a curve, and every point has a marker, so a short run's one evaluation is still visible."""
+    plt = _pyplot()
+    fig = loss_figure(rows, title=title)
+    path = Path(path)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def loss_figure(rows: Sequence[Mapping[str, str]], *, title: str = ""):
+    """The figure :func:`loss_curves` saves (a matplotlib ``Figure``)."""
     plt = _pyplot()
 
     def series(key: str) -> tuple[list[float], list[float]]:
@@ -96,10 +117,11 @@ def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: s
         return [p[0] for p in pts], [p[1] for p in pts]
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for key, style in (("train_loss", "-"), ("val_loss", "o-")):
+    for key in ("train_loss", "val_loss"):
         xs, ys = series(key)
         if xs:
-            ax.plot(xs, ys, style, label=key.replace("_", " "), markersize=3)
+            marker = "o" if key == "val_loss" or len(xs) <= 30 else ""
+            ax.plot(xs, ys, marker=marker, label=key.replace("_", " "), markersize=4)
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats/token)")
     ax.grid(alpha=0.3)
@@ -108,15 +130,13 @@ def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: s
     if metric:
         twin = ax.twinx()
         xs, ys = series(metric)
-        (line,) = twin.plot(xs, ys, "s--", color="tab:green", markersize=3, label=metric.replace("_", " "))
+        (line,) = twin.plot(xs, ys, "s--", color="tab:green", markersize=4, label=metric.replace("_", " "))
         twin.set_ylabel(metric.replace("_", " "))
         handles.append(line)
         labels.append(line.get_label())
-    ax.legend(handles, labels, loc="upper right")
+    if handles:
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=len(handles), frameon=False)
     if title:
         ax.set_title(title)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

@@ -1,0 +1,44 @@
+"""Pictures: the loss curve's legend never hides a curve, a short run's points are visible, and a missing CJK
+font is said once, not once per glyph."""
+
+import logging
+import warnings
+
+import torch
+
+from qkv.viz import attention_heatmap, loss_curves, loss_figure
+
+ROWS = [{"step": "50", "train_loss": "3.1"}, {"step": "100", "train_loss": "2.5"},
+        {"step": "100", "val_loss": "2.6", "val_bleu": "12.5"}]
+
+
+def test_the_legend_sits_outside_the_axes():
+    fig = loss_figure(ROWS, title="run")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent()
+    plot_area = ax.get_window_extent()
+    assert legend.y1 <= plot_area.y0  # below the axes: it cannot cross the BLEU line or a loss curve
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train loss", "val loss", "val bleu"]
+
+
+def test_a_single_evaluation_has_a_visible_marker():
+    fig = loss_figure([{"step": "3", "val_loss": "2.0", "val_exact": "0.5"}])
+    lines = [line for ax in fig.axes for line in ax.get_lines()]
+    assert lines and all(line.get_marker() not in ("", "None", None) for line in lines)
+
+
+def test_short_training_curves_show_their_points():
+    fig = loss_figure(ROWS[:2])
+    assert fig.axes[0].get_lines()[0].get_marker() == "o"
+
+
+def test_a_missing_cjk_font_is_said_once(tmp_path, caplog):
+    labels = ["年", "月", "日"]
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="qkv.viz"):
+        warnings.simplefilter("always")
+        for i in range(2):
+            attention_heatmap(torch.full((3, 3), 1 / 3), labels, labels, tmp_path / f"a{i}.png")
+        loss_curves(ROWS, tmp_path / "loss.png")
+    assert not [w for w in caught if "Glyph" in str(w.message)]
+    assert len([r for r in caplog.records if "CJK" in r.getMessage()]) <= 1
