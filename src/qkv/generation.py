@@ -225,6 +225,13 @@ def _stop_set(eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
     return set(stop_ids or ()) | ({eos_id} if eos_id is not None else set())
 
 
+def _suppress(logits: Tensor, ids: Collection[int] | None) -> Tensor:
+    """Logits with ``ids`` made impossible: tokens that are never text (padding, a start marker, <unk>)."""
+    if not ids:
+        return logits
+    return logits.index_fill(-1, torch.tensor(sorted(ids), dtype=torch.long, device=logits.device), float("-inf"))
+
+
 @torch.no_grad()
 def generate(
     decoder: IncrementalDecoder,
@@ -238,6 +245,7 @@ def generate(
     context: Sequence[Sequence[int]] | None = None,
     generator: torch.Generator | None = None,
     on_token: Callable[[int, int], None] | None = None,
+    suppress_ids: Collection[int] | None = None,
 ) -> list[list[int]]:
     """Greedy decoding or sampling, until a stop token or the row's ``max_new_tokens``.
 
@@ -253,6 +261,7 @@ def generate(
         generator: the random source of sampling, for reproducible draws.
         on_token: called as ``on_token(row, token)`` for every produced token that is not a stop token, as it
             is produced: for streaming.
+        suppress_ids: tokens never to produce (special tokens that have no text, such as padding or ``<unk>``).
 
     Returns:
         per input row, the generated ids (without the start and the stop token).
@@ -266,7 +275,7 @@ def generate(
     active = torch.arange(n)  # which original rows are still decoding
     seen: Tensor | None = None  # (B_active, V), only with a repetition penalty
     for step in range(1, int(limits.max()) + 1 if n else 0):
-        logits = decoder.step(last)  # (B_active, V)
+        logits = _suppress(decoder.step(last), suppress_ids)  # (B_active, V)
         if sampling.repetition_penalty != 1.0 and seen is None:
             seen = torch.zeros(logits.shape, dtype=torch.bool)
             for row, tokens in enumerate(context if context is not None else last.tolist()):
@@ -311,13 +320,14 @@ def beam_search(
     bos_id: int | None = None,
     eos_id: int | None = None,
     stop_ids: Collection[int] | None = None,
+    suppress_ids: Collection[int] | None = None,
 ) -> list[list[int]]:
     """Batched beam search: every input row keeps ``beam_size`` hypotheses, all decoded in one batch.
 
     A finished hypothesis stays in its beam with a frozen score (it can only be extended by ``</s>`` at no
     cost), so it competes with the unfinished ones by length-normalised score until something better appears.
     A hypothesis that reaches its row's ``max_new_tokens`` is frozen the same way (truncated, as greedy is).
-    ``start``, ``bos_id``, ``eos_id`` and ``stop_ids`` as for :func:`generate`.
+    ``start``, ``bos_id``, ``eos_id``, ``stop_ids`` and ``suppress_ids`` as for :func:`generate`.
 
     Returns:
         per input row, the best hypothesis (without ``<s>`` and ``</s>``).
@@ -340,7 +350,8 @@ def beam_search(
     lengths = torch.zeros(b * k)
     row_base = (torch.arange(b) * k)[:, None]  # (B, 1)
     for _ in range(int(limits.max()) if b else 0):
-        logp = F.log_softmax(decoder.step(ys[:, -1:] if ys.size(1) else first).float(), dim=-1)  # (B*K, V)
+        logits = _suppress(decoder.step(ys[:, -1:] if ys.size(1) else first).float(), suppress_ids)
+        logp = F.log_softmax(logits, dim=-1)  # (B*K, V)
         vocab = logp.size(-1)
         logp[finished] = float("-inf")
         logp[finished, filler] = 0.0  # a finished hypothesis carries on unchanged

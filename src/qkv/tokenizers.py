@@ -65,6 +65,7 @@ class CharTokenizer:
     """One token per character seen in training; unseen characters become ``<unk>``."""
 
     kind = "char"
+    special_ids = frozenset((PAD_ID, BOS_ID, EOS_ID, UNK_ID))  # tokens that are never text
 
     def __init__(self, chars: Sequence[str]) -> None:
         self.itos = list(SPECIALS) + [c for c in chars if c not in SPECIALS]
@@ -96,6 +97,7 @@ class BPETokenizer:
     """Subword BPE (Sennrich et al. 2016) backed by a Hugging Face ``tokenizers.Tokenizer``."""
 
     kind = "bpe"
+    special_ids = frozenset((PAD_ID, BOS_ID, EOS_ID, UNK_ID))  # tokens that are never text
 
     def __init__(self, hf_tokenizer) -> None:
         self.hf = hf_tokenizer

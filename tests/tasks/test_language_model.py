@@ -128,3 +128,23 @@ def test_too_little_text_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than one window"):
         LanguageModelTask(tiny_gpt(tok.vocab_size), tok, torch.tensor([4, 5, 6]), torch.tensor([4, 5]),
                           context=16, batch_size=2)
+
+
+def test_special_tokens_without_text_are_never_sampled():
+    """A model that puts almost all its probability on <pad>, <s>, </s> and <unk> still writes only text: those
+    ids decode to nothing (or to a literal "<unk>"), so sampling skips them."""
+    tok = CharTokenizer.train(["abc"])
+    model = tiny_gpt(tok.vocab_size)
+    with torch.no_grad():
+        model.lm_head.weight.zero_()  # tied: the embeddings too; only the bias-free head's rows matter here
+        model.lm_head.weight[:4] = 5.0  # the four specials: every hidden state scores them highest
+    for sampling in (Sampling(temperature=1.0), Sampling(temperature=1.0, top_p=0.9), None):
+        out = complete(model, tok, ["ab"] * 4, max_new_tokens=20, sampling=sampling, seed=1)
+        assert all(len(text) == 20 and set(text) <= set("abc") for text in out), out
+
+
+def test_eval_windows_must_count_something():
+    tok = CharTokenizer.train([TEXT])
+    ids = encode_text(tok, TEXT)
+    with pytest.raises(ValueError, match="eval_windows must be >= 1"):
+        LanguageModelTask(tiny_gpt(tok.vocab_size), tok, ids, ids, context=16, batch_size=2, eval_windows=0)

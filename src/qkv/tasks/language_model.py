@@ -71,6 +71,7 @@ class LanguageModelTask:
 
     selection_metric = "val_loss"
     higher_is_better = False
+    unit = "tokens"  # what a batch's n_tokens counts
 
     def __init__(
         self,
@@ -90,6 +91,8 @@ class LanguageModelTask:
                              "give more text or a smaller --context")
         if len(valid) < 2:
             raise ValueError("the validation text is empty; give more text or a larger --valid-fraction")
+        if eval_windows is not None and eval_windows < 1:
+            raise ValueError(f"eval_windows must be >= 1 (None: every window), got {eval_windows}")
         self.model, self.tokenizers = model, {"text": tokenizer}
         self.train, self.valid = train, valid
         self.context, self.batch_size, self.seed, self.eval_windows = context, batch_size, seed, eval_windows
@@ -157,13 +160,15 @@ def complete(
         raise ValueError("a prompt is empty (or has no known tokens); give some text to continue")
     decoder = LMDecoder(model, ids, use_cache=use_cache)
     stops = set(stop_ids or ())
+    # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled
+    suppress = set(getattr(tokenizer, "special_ids", ())) - stops
     if beam_size > 1:
         if not stops:
             raise ValueError("beam search needs a stop token; this model has none (use sampling or greedy)")
         out = beam_search(decoder, start=decoder.start, max_new_tokens=max_new_tokens, beam_size=beam_size,
-                          stop_ids=stops)
+                          stop_ids=stops, suppress_ids=suppress)
     else:
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
         out = generate(decoder, start=decoder.start, max_new_tokens=max_new_tokens, sampling=sampling or GREEDY,
-                       stop_ids=stops, context=ids, generator=generator, on_token=on_token)
+                       stop_ids=stops, context=ids, generator=generator, on_token=on_token, suppress_ids=suppress)
     return [tokenizer.decode(o) for o in out]

@@ -22,9 +22,11 @@ from ..data import TranslationBatch, clean_pairs, token_budget_batches, translat
 from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
 from ..models import Seq2Seq  # TODO(remove): TranslationTask's teacher-forcing check still names it
-from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, Tokenizer, encode_all
+from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
+
+NOT_TEXT = (PAD_ID, BOS_ID, UNK_ID)  # never a word of a translation: decoding does not produce them
 
 
 def position_limit(model: nn.Module) -> int | None:
@@ -65,19 +67,24 @@ def translate_ids(
         limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         if beam_size > 1:
             hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
-                               alpha=alpha)
+                               alpha=alpha, suppress_ids=NOT_TEXT)
         else:
-            hyps = greedy(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit)
+            hyps = greedy(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, suppress_ids=NOT_TEXT)
         for i, hyp in zip(indices, hyps, strict=True):
             outputs[i] = hyp
     return outputs
 
 
 def translate(model: nn.Module, tokenizers: dict[str, Tokenizer], texts: Sequence[str], **kwargs: Any) -> list[str]:
-    """Translate sentences; keyword arguments as for :func:`translate_ids`."""
+    """Translate sentences; keyword arguments as for :func:`translate_ids`. An empty sentence (or one with no
+    tokens) translates to an empty line: there is nothing to translate, so nothing is decoded."""
     limit = position_limit(model)
     sources = [ids[: limit - 2] if limit else ids for ids in encode_all(tokenizers["src"], texts)]
-    return [tokenizers["tgt"].decode(ids) for ids in translate_ids(model, sources, **kwargs)]
+    outputs = [""] * len(texts)
+    todo = [i for i, ids in enumerate(sources) if ids]
+    for i, ids in zip(todo, translate_ids(model, [sources[i] for i in todo], **kwargs), strict=True):
+        outputs[i] = tokenizers["tgt"].decode(ids)
+    return outputs
 
 
 @torch.no_grad()
@@ -155,6 +162,7 @@ class TranslationTask:
 
     selection_metric = "val_bleu"
     higher_is_better = True
+    unit = "target_tokens"  # what a batch's n_tokens counts
 
     def __init__(
         self,
@@ -180,6 +188,8 @@ class TranslationTask:
         self.teacher_forcing = teacher_forcing
         self.batch_tokens, self.seed, self.label_smoothing = batch_tokens, seed, label_smoothing
         self.bleu_samples, self.target_language = bleu_samples, target_language
+        if not bleu_samples:  # nothing is translated in validation: the loss picks the best checkpoint
+            self.selection_metric, self.higher_is_better = "val_loss", False
         self.meta = {"task": "translation", **(meta or {})}
         self._lengths = [max(len(s), len(t)) + 1 for s, t in zip(train.src, train.tgt, strict=True)]
         self._epoch_batches: tuple[int, list[TranslationBatch]] | None = None
