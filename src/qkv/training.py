@@ -437,6 +437,7 @@ class Trainer:
         previous_s, stopped = self.elapsed_before, ""
         self.model.train()
         with _StopFlag() as stop:
+            log.info("training from step %d; Ctrl-C stops after the current step and saves", self.step)
             while not stopped:
                 batches = self.task.batches(self.epoch)
                 while self.batch_index < len(batches) and not stopped:

@@ -157,7 +157,7 @@ def load_lm(args: argparse.Namespace):
     if args.pretrained:
         from ..interop import load_pretrained
 
-        pre = load_pretrained(args.pretrained)
+        pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()))
         return pre.model, pre.tokenizer, _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids)), \
             pre.chat_template
     from ..checkpoint import load_checkpoint, resolve

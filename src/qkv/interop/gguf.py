@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,11 +90,13 @@ def _import_gguf():
     return gguf
 
 
-def read_gguf(path: str | Path) -> GGUFContents:
+def read_gguf(path: str | Path, *, check_metadata: Callable[[dict[str, Any]], None] | None = None) -> GGUFContents:
     """Read a GGUF file and dequantize every tensor to float32.
 
     Args:
         path: the ``.gguf`` file.
+        check_metadata: called with the metadata before any tensor is dequantized, so that what depends on it
+            alone (the tokenizer, options checked against it) fails before the slow part.
 
     Returns:
         Its metadata and tensors (see :class:`GGUFContents`).
@@ -114,6 +116,8 @@ def read_gguf(path: str | Path) -> GGUFContents:
         metadata = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("GGUF.")}
     except Exception as err:  # a bad magic number, a truncated table, ...: either way not a usable file
         raise ValueError(f"{path} is not a readable GGUF file: {err}") from None
+    if check_metadata is not None:
+        check_metadata(metadata)
 
     tensors: dict[str, Tensor] = {}
     tensor_types: dict[str, str] = {}

