@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clitools import DATA, PNG_MAGIC, gz_lines, ok, one_line_error, qkv
+from clitools import PNG_MAGIC, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow  # about 20 subprocesses, each importing torch
 
@@ -25,18 +25,10 @@ ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
 SENTENCES = ["Ein Mann fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    """300 training, 30 validation and 10 test pairs of Multi30k de-en."""
-    multi30k = DATA / "multi30k"
-    if not (multi30k / "train.de.gz").is_file():
-        pytest.skip(f"Multi30k not found under {DATA}; set QKV_DATA to the shared data folder")
-    work = tmp_path_factory.mktemp("cli-rnn")
-    for split, n, name in [("train", 300, "train"), ("val", 30, "val"), ("test_2016_flickr", 10, "test")]:
-        for lang in ("de", "en"):
-            (work / f"{name}.{lang}").write_text("\n".join(gz_lines(multi30k / f"{split}.{lang}.gz", n)) + "\n",
-                                                 encoding="utf-8")
-    return work
+@pytest.fixture
+def work(cli_work) -> Path:
+    """The shared slices of Multi30k (conftest.py)."""
+    return cli_work
 
 
 def _trained(work: Path, arch: str) -> Path:
@@ -48,7 +40,7 @@ def _trained(work: Path, arch: str) -> Path:
     return work / arch
 
 
-@pytest.fixture(scope="module", params=list(SIZES))
+@pytest.fixture(params=list(SIZES))
 def run(request, work) -> tuple[str, Path]:
     return request.param, _trained(work, request.param)
 

@@ -9,8 +9,18 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import Parser, add_training_arguments, command, read_inputs, report, train_options, training_run
-from .numbers import COUNT, FRACTION, PROBABILITY, integer
+from .common import (
+    Parser,
+    add_input_arguments,
+    add_size_arguments,
+    add_training_arguments,
+    command,
+    read_inputs,
+    report,
+    train_options,
+    training_run,
+)
+from .numbers import COUNT, FRACTION, integer
 
 log = logging.getLogger("qkv")
 
@@ -152,11 +162,7 @@ def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
     model.add_argument("--preset", choices=["tiny", "mini", "minilm-l6", "bert-base"],
                        help="from scratch: tiny (2x128, the default), mini (4x256), minilm-l6 (6x384), "
                             "bert-base (12x768)")
-    model.add_argument("--d-model", type=COUNT)
-    model.add_argument("--n-heads", type=COUNT)
-    model.add_argument("--n-layers", type=COUNT)
-    model.add_argument("--d-ff", type=COUNT)
-    model.add_argument("--dropout", type=PROBABILITY)
+    add_size_arguments(model)
     model.add_argument("--vocab-size", type=COUNT, help="from scratch: WordPiece vocabulary size (8000)")
     model.add_argument("--max-length", type=integer(3), help="tokens per input, [CLS] and [SEP] included (128)")
 
@@ -375,8 +381,7 @@ def classify_cmd(args: argparse.Namespace) -> None:
 
 def add_commands(sub) -> None:
     emb = command(sub, "embed", "sentence embeddings (all-MiniLM-L6-v2 or another BERT)")
-    emb.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
-    emb.add_argument("--input", help="file of sentences, one per line (blank lines skipped)")
+    add_input_arguments(emb, blank=" (blank lines skipped)")
     emb.add_argument("--output", metavar="FILE", help="FILE.npy (a float32 matrix, row i = sentence i) or FILE.jsonl "
                                                       "(default: JSON lines on stdout)")
     _add_encoder_arguments(emb)
@@ -395,8 +400,7 @@ def add_commands(sub) -> None:
     sim.set_defaults(run=similarity_cmd)
 
     cls = command(sub, "classify", "label sentences with a classifier from qkv train classify")
-    cls.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
-    cls.add_argument("--input", help="file of sentences, one per line")
+    add_input_arguments(cls)
     cls.add_argument("--model", required=True, help="a classifier checkpoint or run directory (uses best/)")
     cls.set_defaults(run=classify_cmd)
 

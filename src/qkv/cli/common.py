@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .numbers import COUNT, NON_NEGATIVE, POSITIVE, SEED, integer, real
+from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, real
 
 
 class Parser(argparse.ArgumentParser):
@@ -104,6 +104,21 @@ def training_run(args: argparse.Namespace, defaults: dict, *, command: str, path
         torch.manual_seed(s["seed"])
         random.seed(s["seed"])
         yield s
+
+
+def add_size_arguments(group: argparse._ArgumentGroup) -> None:
+    """The fields of a Transformer's size every trainer lets the command line override (the preset's otherwise)."""
+    group.add_argument("--d-model", type=COUNT, help="width of every token vector")
+    group.add_argument("--n-heads", type=COUNT, help="attention heads (they divide --d-model)")
+    group.add_argument("--n-layers", type=COUNT)
+    group.add_argument("--d-ff", type=COUNT, help="hidden width of the feed-forward network")
+    group.add_argument("--dropout", type=PROBABILITY)
+
+
+def add_input_arguments(p: argparse.ArgumentParser, *, blank: str = "") -> None:
+    """Sentences as arguments, else --input FILE, else stdin (see :func:`read_inputs`)."""
+    p.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    p.add_argument("--input", help=f"file of sentences, one per line{blank}")
 
 
 def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch: tuple[str, str],

@@ -7,8 +7,8 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import Parser, add_training_arguments, command, report, train_options, training_run
-from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, real
+from .common import Parser, add_size_arguments, add_training_arguments, command, report, train_options, training_run
+from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, real
 
 log = logging.getLogger("qkv")
 
@@ -39,11 +39,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                             "shakespeare-char: 6x384, context 256; gpt2: 12x768, context 1024")
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
-    model.add_argument("--d-model", type=COUNT)
-    model.add_argument("--n-heads", type=COUNT)
-    model.add_argument("--n-layers", type=COUNT)
-    model.add_argument("--d-ff", type=COUNT)
-    model.add_argument("--dropout", type=PROBABILITY)
+    add_size_arguments(model)
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
     train = add_training_arguments(p, LM_DEFAULTS, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=COUNT, help="validate on this many windows only (default: all)")

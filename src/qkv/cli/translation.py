@@ -8,7 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from .common import add_training_arguments, command, read_inputs, report, train_options, training_run
+from .common import (
+    add_input_arguments,
+    add_size_arguments,
+    add_training_arguments,
+    command,
+    read_inputs,
+    report,
+    train_options,
+    training_run,
+)
 from .numbers import COUNT, NON_NEGATIVE, PROBABILITY, integer, real
 
 log = logging.getLogger("qkv")
@@ -67,13 +76,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--preset", choices=["small", "base", "big"],
                        help="small (default): Transformer 3+3 layers d=256; LSTM 1 layer, embeddings 256, state 512. "
                             "base: Transformer 6+6 d=512; LSTM 2 layers. big: Transformer d=1024; LSTM 4x1000")
-    model.add_argument("--d-model", type=COUNT)
-    model.add_argument("--n-heads", type=COUNT)
-    model.add_argument("--n-layers", type=COUNT)
+    add_size_arguments(model)
     model.add_argument("--n-encoder-layers", type=COUNT)
     model.add_argument("--n-decoder-layers", type=COUNT)
-    model.add_argument("--d-ff", type=COUNT)
-    model.add_argument("--dropout", type=PROBABILITY)
     model.add_argument("--attention-dropout", type=PROBABILITY)
     model.add_argument("--activation-dropout", type=PROBABILITY)
     model.add_argument("--post-norm", action="store_true", default=None, help="Post-Norm as in the paper")
@@ -298,9 +303,8 @@ def add_commands(sub) -> None:
     train_parser.set_defaults(run=train)
 
     tr = command(sub, "translate", "translate sentences with a trained model")
-    tr.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
+    add_input_arguments(tr, blank=" (a blank line translates to a blank line)")
     tr.add_argument("--model", required=True, help="a checkpoint directory, or a run directory (uses best/)")
-    tr.add_argument("--input", help="file of sentences, one per line")
     tr.add_argument("--output", help="write translations here instead of stdout")
     _add_decoding_arguments(tr)
     tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
