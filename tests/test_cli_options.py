@@ -98,3 +98,24 @@ def test_an_internal_error_is_one_line_and_debug_shows_its_traceback(capsys, mon
     assert err == ["qkv tour: error: KeyError: 'a bug' (an internal error; --debug shows its traceback)"]
     with pytest.raises(KeyError, match="a bug"):
         cli.main(["tour", "--debug"])
+
+
+def test_stdin_is_translated_in_one_batch_like_a_file(tmp_path, monkeypatch, capsys):
+    """1,000 lines piped in are read at once and handed to the batched translator together, not line by line."""
+    import io
+
+    from qkv import Transformer, TransformerConfig, cli
+    from qkv.checkpoint import save_checkpoint
+    from qkv.tasks import translation
+    from qkv.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.train(["abc"])
+    model = Transformer(TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=16,
+                                          n_heads=2, n_layers=1, d_ff=32, max_seq_len=16))
+    save_checkpoint(tmp_path / "m", model, tokenizers={"src": tok, "tgt": tok}, meta={"task": "translation"})
+    calls, real = [], translation.translate_ids
+    monkeypatch.setattr(translation, "translate_ids", lambda m, sources, **kw: calls.append(len(sources)) or
+                        real(m, sources, **kw))
+    monkeypatch.setattr("sys.stdin", io.StringIO("abc\n" * 1000))
+    assert cli.main(["translate", "--model", str(tmp_path / "m")]) == 0
+    assert calls == [1000] and len(capsys.readouterr().out.splitlines()) == 1000
