@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from decoding_reference import reference_greedy
 
 from qkv import LSTMSeq2Seq, RNNConfig, Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint, save_checkpoint
@@ -14,7 +15,7 @@ from qkv.data import translation_batch
 from qkv.generation import beam_search, greedy
 from qkv.models.common import WithAttention
 from qkv.models.rnn import AdditiveAttention, DotProductAttention, lstm_step
-from qkv.tasks.translation import ParallelData, TranslationTask, cross_attention, translate, translate_ids
+from qkv.tasks.translation import NOT_TEXT, ParallelData, TranslationTask, cross_attention, translate, translate_ids
 from qkv.tokenizers import CharTokenizer
 from qkv.training import Trainer, TrainOptions
 
@@ -217,18 +218,6 @@ def test_teacher_forcing_ratio_is_checked():
 
 # --- decoding ---------------------------------------------------------------------------------------------------
 
-def reference_greedy(model, src, steps):
-    """Greedy decoding the slow, obvious way: rerun the whole model on the whole prefix at every step."""
-    ys = [BOS]
-    for _ in range(steps):
-        nxt = model(torch.tensor([src]), torch.tensor([ys]))[0, -1].argmax().item()
-        ys.append(nxt)
-        if nxt == EOS:
-            break
-    out = ys[1:]
-    return out[: out.index(EOS)] if EOS in out else out
-
-
 @pytest.fixture(scope="module", params=ATTENTIONS)
 def decoding_model(request):
     model = make(request.param, scale=6.0, seed=2)
@@ -242,7 +231,7 @@ def test_carried_state_greedy_equals_recomputing_from_scratch(decoding_model):
     cached = greedy(decoding_model.start_decoding(batch(srcs)), bos_id=BOS, eos_id=EOS, max_new_tokens=12)
     uncached = greedy(decoding_model.start_decoding(batch(srcs), use_cache=False), bos_id=BOS, eos_id=EOS,
                       max_new_tokens=12)
-    assert cached == uncached == [reference_greedy(decoding_model, s, 12) for s in srcs]
+    assert cached == uncached == [reference_greedy(decoding_model, s, 12, bos_id=BOS, eos_id=EOS) for s in srcs]
     assert any(len(g) < 12 for g in cached) and any(len(set(g)) > 1 for g in cached)  # stopping, varied tokens
 
 
@@ -266,7 +255,8 @@ def test_beam_size_one_is_greedy_and_batches_change_nothing(decoding_model):
 def test_translate_ids_decodes_the_lstm_through_its_own_adapter(decoding_model):
     srcs = sources(n=7, seed=11)
     together = translate_ids(decoding_model, srcs, batch_tokens=20)  # several length-sorted batches
-    assert together == [reference_greedy(decoding_model, s, 2 * len(s) + 10) for s in srcs]
+    assert together == [reference_greedy(decoding_model, s, 2 * len(s) + 10, bos_id=BOS, eos_id=EOS,
+                                         suppress_ids=NOT_TEXT) for s in srcs]
     assert translate_ids(decoding_model, srcs, beam_size=3, use_cache=False) == translate_ids(decoding_model, srcs,
                                                                                               beam_size=3)
 
