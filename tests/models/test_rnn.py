@@ -264,23 +264,34 @@ def test_translate_ids_decodes_the_lstm_through_its_own_adapter(decoding_model):
 # --- learning -----------------------------------------------------------------------------------------------------
 
 def reversal_data(n, g, vocab=13):
+    """Sequences of 2 to 7 words (ids 4 and up: 0-3 are <pad>, <s>, </s>, <unk>, which translation never
+    writes) and their reversals."""
     lengths = torch.randint(2, 8, (n,), generator=g).tolist()
-    srcs = [torch.randint(3, vocab, (k,), generator=g).tolist() for k in lengths]
+    srcs = [torch.randint(4, vocab, (k,), generator=g).tolist() for k in lengths]
     return srcs, [s[::-1] for s in srcs]
 
 
 def test_a_tiny_attention_model_learns_to_reverse_sequences():
+    """All 100 unseen sequences reversed exactly after 200 Adam steps (a few seconds).
+
+    The learning rate decays to zero (cosine): at a constant rate the outcome was left to the last few noisy steps
+    and swung between 76 and 100 with the seed and the CPU's floating-point path. With the decay, seeds 0-17 (for
+    the weights and the data) all reach 100 of 100, most by step 100, the slowest by step 150; 90 leaves a margin.
+    """
     torch.manual_seed(0)
     model = LSTMSeq2Seq(RNNConfig(src_vocab_size=13, tgt_vocab_size=13, embedding_dim=32, hidden_size=64, n_layers=1,
-                              attention="additive", dropout=0.0, share_embeddings=True))
-    opt = torch.optim.Adam(model.parameters(), lr=2e-2)
+                                  attention="additive", dropout=0.0, share_embeddings=True))
+    steps = 200
+    opt = torch.optim.Adam(model.parameters(), lr=3e-2)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     g = torch.Generator().manual_seed(1)
-    for _ in range(150):
-        b = translation_batch(*reversal_data(64, g), pad_id=PAD, bos_id=BOS, eos_id=EOS)
+    for _ in range(steps):
+        b = translation_batch(*reversal_data(128, g), pad_id=PAD, bos_id=BOS, eos_id=EOS)
         loss = F.cross_entropy(model(b.src, b.tgt_in).flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        schedule.step()
     srcs, refs = reversal_data(100, torch.Generator().manual_seed(99))  # sequences it has not seen
     hyps = translate_ids(model, srcs)
     assert sum(h == r for h, r in zip(hyps, refs, strict=True)) >= 90
