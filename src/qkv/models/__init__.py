@@ -4,7 +4,6 @@ encoder-decoder that came before them."""
 from .bert import BERT, BERTClassifier, BERTForMaskedLM, mean_pool
 from .gpt import GPT
 from .rnn import LSTMSeq2Seq
-from .rnn import Seq2Seq as Seq2Seq  # TODO(remove): until TranslationTask (tasks/translation.py) names LSTMSeq2Seq
 from .transformer import Transformer
 
 __all__ = ["BERT", "GPT", "BERTClassifier", "BERTForMaskedLM", "LSTMSeq2Seq", "Transformer", "mean_pool"]

@@ -473,6 +473,3 @@ class LSTMDecoding:
 
 __all__ = ["AdditiveAttention", "Bridge", "DotProductAttention", "LSTMDecoder", "LSTMDecoding", "LSTMEncoder",
            "LSTMSeq2Seq", "LSTMState", "lstm_step", "masked_softmax"]
-
-# TODO(remove): until TranslationTask (tasks/translation.py) names LSTMSeq2Seq
-Seq2Seq = LSTMSeq2Seq

@@ -2,7 +2,7 @@
 
 A batch is (source, target-in, target-out) with teacher forcing; the loss is label-smoothed cross-entropy over
 the target tokens; validation is the plain cross-entropy and sacreBLEU of greedy translations. The model is a
-:class:`~qkv.models.Transformer` or an LSTM :class:`~qkv.models.Seq2Seq`; both decode through the same
+:class:`~qkv.models.Transformer` or an LSTM :class:`~qkv.models.LSTMSeq2Seq`; both decode through the same
 greedy and beam search.
 """
 
@@ -21,7 +21,7 @@ from torch import nn
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
 from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
-from ..models import Seq2Seq  # TODO(remove): TranslationTask's teacher-forcing check still names it
+from ..models import LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class TranslationTask:
     """Teacher-forced training of an encoder-decoder on parallel data, validated by loss and BLEU.
 
     With ``teacher_forcing`` < 1 (LSTM only) training feeds the model's own previous prediction instead of
-    the true token with probability 1 - teacher_forcing (see :meth:`qkv.models.rnn.Decoder.forward`).
+    the true token with probability 1 - teacher_forcing (see :meth:`qkv.models.rnn.LSTMDecoder.forward`).
     """
 
     selection_metric = "val_bleu"
@@ -181,7 +181,7 @@ class TranslationTask:
     ) -> None:
         if not 0.0 <= teacher_forcing <= 1.0:
             raise ValueError(f"teacher_forcing must be in [0, 1], got {teacher_forcing}")
-        if teacher_forcing < 1.0 and not isinstance(model, Seq2Seq):
+        if teacher_forcing < 1.0 and not isinstance(model, LSTMSeq2Seq):
             raise ValueError(f"teacher_forcing={teacher_forcing} needs an LSTM Seq2Seq; the {type(model).__name__} "
                              "is trained with full teacher forcing (1.0)")
         self.model, self.tokenizers, self.train, self.valid = model, tokenizers, train, valid
