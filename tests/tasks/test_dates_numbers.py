@@ -1,17 +1,25 @@
-"""The date/number corpus: hand-picked spellings, round trips through independent parsers, and the
-properties a train/test split relies on (determinism, distinct English sides, exclusion, valid dates)."""
+"""The date/number corpus: hand-picked spellings, round trips through independent parsers, the kinds of pair
+(told apart here by rules of the test's own), and the properties a train/test split relies on (determinism,
+every kind in its share, held-out English sides never trained on, small pools not used up by the test set,
+valid dates)."""
 
 import datetime
 import re
+from collections import Counter
 
 import pytest
 
 from qkv.tasks.dates_numbers import (
     DATE_STYLES,
+    HELD_OUT_SHARE,
+    KIND_SIZES,
+    KIND_WEIGHTS,
+    KINDS,
     MAX_PAIRS,
     date_to_chinese,
     date_to_english,
     generate_pairs,
+    kind_of,
     number_to_chinese,
     number_to_english,
     train_test_split,
@@ -216,28 +224,111 @@ def test_unknown_style_raises():
 _CHINESE_DATE = re.compile(r"(\d{4})年(\d{1,2})月(\d{1,2})日")
 
 
-def test_generated_pairs_are_consistent_valid_and_mixed():
-    pairs = generate_pairs(20_000, seed=3)
-    assert len(pairs) == 20_000
-    assert len({english for english, _ in pairs}) == len(pairs)
-    dates = large = leap_days = 0
-    for english, chinese in pairs:
-        match = _CHINESE_DATE.fullmatch(chinese)
-        if match:
-            year, month, day = map(int, match.groups())
-            date = datetime.date(year, month, day)  # raises if the generator made an invalid date
-            assert 1900 <= year <= 2099
-            assert english in {date_to_english(year, month, day, style) for style in DATE_STYLES}
-            dates += 1
-            leap_days += (month, day) == (2, 29)
-            assert (month, day) != (2, 29) or date.year % 4 == 0  # 1900 and 2100 are outside the range
-        else:
-            n = parse_english(english)
-            assert (english, chinese) == (number_to_english(n), number_to_chinese(n))
-            large += n >= 10_000
-    assert 0.45 < dates / len(pairs) < 0.55
-    assert 0 < large < 0.2 * (len(pairs) - dates)
-    assert leap_days > 0  # the check above saw some 29 Februaries
+def number_kind(n: int) -> str:
+    """The kinds as NUMBER_KINDS defines them: 0-99, then round (one or two significant digits), then by size."""
+    if n < 100:
+        return "small"
+    if len(str(n).rstrip("0")) <= 2:
+        return "round"
+    return "hundreds" if n < 1_000 else "thousands" if n < 10_000 else "large"
+
+
+def date_kind(english: str) -> str:
+    """The date style read off the English words; "May 3, 2021" counts as the full month name it is."""
+    if english.startswith("the "):
+        return "ordinal"
+    if english[0].isdigit():
+        return "day_month_year"
+    if re.fullmatch(r"[A-Z][a-z]+ \d+(st|nd|rd|th), \d{4}", english):
+        return "month_ordinal"
+    return "short_month" if re.match(r"[A-Z][a-z]{2} ", english) and not english.startswith("May") else "month_day_year"
+
+
+def check_pair(english: str, chinese: str) -> str:
+    """Assert that a generated pair is a correct translation of a valid date or number; return its kind."""
+    match = _CHINESE_DATE.fullmatch(chinese)
+    if match:
+        year, month, day = map(int, match.groups())
+        datetime.date(year, month, day)  # raises if the generator made an invalid date
+        assert 1900 <= year <= 2099
+        assert english == date_to_english(year, month, day, date_kind(english))
+        return date_kind(english)
+    n = parse_english(english)
+    assert (english, chinese) == (number_to_english(n), number_to_chinese(n))
+    return number_kind(n)
+
+
+@pytest.mark.parametrize(
+    ("english", "kind"),
+    [("zero", "small"), ("eleven", "small"), ("twenty", "small"), ("ninety-nine", "small"), ("one hundred", "round"),
+     ("one hundred and ten", "round"), ("one hundred and eleven", "hundreds"), ("five thousand", "round"),
+     ("one thousand five hundred", "round"), ("one thousand and five", "thousands"), ("twelve thousand", "round"),
+     ("six hundred thousand", "round"), ("twelve thousand and one", "large"),
+     ("nine hundred and ninety-nine thousand nine hundred and ninety-nine", "large"),
+     ("March 3, 2021", "month_day_year"), ("May 3, 2021", "month_day_year"), ("3 March 2021", "day_month_year"),
+     ("Mar 3, 2021", "short_month"), ("Sep 30, 1999", "short_month"), ("the 3rd of May, 2021", "ordinal"),
+     ("March 3rd, 2021", "month_ordinal")],
+)  # fmt: skip
+def test_kind_of_known_cases(english, kind):
+    assert kind_of(english) == kind
+    assert kind in KINDS
+
+
+@pytest.mark.parametrize(
+    "english",
+    ["", "hello", "eleven ", "Eleven", "two and two", "one thousand thousand", "March 3, 1776", "February 29, 2021",
+     "Sept 30, 1999", "3rd March 2021", "2021-03-03"],
+)  # fmt: skip
+def test_kind_of_rejects_what_the_corpus_never_writes(english):
+    with pytest.raises(ValueError, match="no number or date"):
+        kind_of(english)
+
+
+def test_kind_of_agrees_with_the_tests_rules_on_numbers():
+    round_numbers = [n for n in range(100, 1_000_000, 10) if number_kind(n) == "round"]
+    for n in [*range(0, 1_000_000, 31), *range(100), *round_numbers]:
+        assert kind_of(number_to_english(n)) == number_kind(n), n
+
+
+def test_kind_sizes_count_the_distinct_english_sides():
+    numbers = Counter(number_kind(n) for n in range(1_000_000))
+    days = (datetime.date(2099, 12, 31) - datetime.date(1900, 1, 1)).days + 1
+    mays = 31 * 200
+    expected = {**numbers, **dict.fromkeys(DATE_STYLES, days), "short_month": days - mays}
+    assert expected == KIND_SIZES
+    assert (KIND_SIZES["small"], KIND_SIZES["round"]) == (100, 360)
+    # A held-out set of any allowed size fits below the caps, so train_test_split never runs out of kinds.
+    assert sum(int(HELD_OUT_SHARE * size) for size in KIND_SIZES.values()) >= MAX_PAIRS
+
+
+def shares(n: int) -> dict[str, float]:
+    return {kind: n * weight / sum(KIND_WEIGHTS.values()) for kind, weight in KIND_WEIGHTS.items()}
+
+
+def test_generated_pairs_are_consistent_valid_and_every_kind_in_its_share():
+    pairs = generate_pairs(20_003, seed=3)
+    assert len(pairs) == 20_003
+    kinds = Counter(check_pair(english, chinese) for english, chinese in pairs)
+    assert set(kinds) == set(KINDS) == set(KIND_WEIGHTS)
+    for kind, share in shares(20_003).items():
+        assert int(share) <= kinds[kind] <= int(share) + 1, (kind, kinds[kind], share)
+    assert Counter(kind_of(english) for english, _ in pairs) == kinds
+    assert any(chinese.endswith("2月29日") for _, chinese in pairs)  # check_pair saw some 29 Februaries
+    # Shuffled, not in blocks: the first tenth already holds every kind in about its share.
+    head = Counter(kind_of(english) for english, _ in pairs[:2_000])
+    for kind, share in shares(2_000).items():
+        assert 0.7 * share < head[kind] < 1.3 * share, (kind, head[kind], share)
+
+
+def test_no_kind_is_starved_of_the_loss():
+    # The loss averages over target tokens (characters and </s>): equal shares of pairs gave the small numbers
+    # 0.4 of an equal share of it. The weights give every kind at least two thirds, the large numbers most.
+    tokens = Counter()
+    for english, chinese in generate_pairs(20_000, seed=4):
+        tokens[kind_of(english)] += len(chinese) + 1
+    mean = sum(tokens.values()) / len(KINDS)
+    assert all(tokens[kind] > 2 / 3 * mean for kind in KINDS), tokens
+    assert tokens["small"] > 0.9 * tokens["month_day_year"] and max(tokens, key=tokens.get) == "large", tokens
 
 
 def test_generate_pairs_is_deterministic():
@@ -246,13 +337,22 @@ def test_generate_pairs_is_deterministic():
     assert generate_pairs(0) == []
 
 
-def test_generate_pairs_exhausts_small_numbers_without_repeating():
-    pairs = generate_pairs(30_000, seed=1)  # more numbers than the 10,000 below 10,000
-    assert len({english for english, _ in pairs}) == 30_000
+def test_generate_pairs_oversamples_small_pools_evenly_and_never_repeats_big_ones():
+    pairs = generate_pairs(30_000, seed=1)
+    by_kind: dict[str, Counter] = {kind: Counter() for kind in KINDS}
+    for english, _ in pairs:
+        by_kind[kind_of(english)][english] += 1
+    # Dealt like a deck: a side comes again only once its kind dealt them all, so counts differ by one at most.
+    for kind in ("small", "round", "hundreds"):
+        counts = by_kind[kind]
+        assert len(counts) == KIND_SIZES[kind] and max(counts.values()) - min(counts.values()) <= 1, kind
+        assert min(counts.values()) >= 3, kind  # oversampled: each side several times
+    for kind in ("thousands", "large", *DATE_STYLES):
+        assert set(by_kind[kind].values()) == {1}, kind
 
 
 def test_generate_pairs_respects_exclude():
-    held_out = {english for english, _ in generate_pairs(2_000, seed=0)}
+    held_out = {english for english, _ in train_test_split(0, 2_000, seed=0)[1]} | {"not a number", "March 3, 1776"}
     frozen = set(held_out)
     pairs = generate_pairs(5_000, seed=0, exclude=held_out)
     assert len(pairs) == 5_000
@@ -260,16 +360,60 @@ def test_generate_pairs_respects_exclude():
     assert held_out == frozen  # the caller's set is left alone
 
 
+def test_generate_pairs_deals_what_exclude_leaves_of_a_small_pool():
+    exclude = [number_to_english(n) for n in range(1, 100)]  # all small numbers but zero
+    pairs = generate_pairs(1_000, seed=0, exclude=iter(exclude))
+    assert {english for english, _ in pairs if kind_of(english) == "small"} == {"zero"}
+
+
+def test_generate_pairs_refuses_to_draw_a_kind_exclude_used_up():
+    with pytest.raises(ValueError, match="small"):
+        generate_pairs(100, exclude=[number_to_english(n) for n in range(100)])
+
+
 def test_train_test_split_is_disjoint_and_deterministic():
     train, test = train_test_split(5_000, 1_000, seed=2)
     assert (len(train), len(test)) == (5_000, 1_000)
     train_english = {english for english, _ in train}
     test_english = {english for english, _ in test}
-    assert len(train_english) == 5_000 and len(test_english) == 1_000
+    assert len(test_english) == 1_000  # the test set never counts a pair twice
     assert not train_english & test_english
+    for english, chinese in train + test:
+        check_pair(english, chinese)
     assert train_test_split(5_000, 1_000, seed=2) == (train, test)
-    assert test == generate_pairs(1_000, seed=2)  # the test split does not depend on n_train
-    assert train_test_split(100, 1_000, seed=2)[1] == test
+    assert train_test_split(5_000, 1_000, seed=3) != (train, test)
+    assert train_test_split(100, 1_000, seed=2)[1] == test  # the test split does not depend on n_train
+
+
+def test_train_test_split_gives_every_kind_its_share_and_leaves_small_pools_to_training():
+    train, test = train_test_split(30_000, 1_500, seed=0)  # the demo's split
+    test_kinds = Counter(kind_of(english) for english, _ in test)
+    caps = {kind: int(HELD_OUT_SHARE * KIND_SIZES[kind]) for kind in KINDS}
+    assert (caps["small"], caps["round"], caps["hundreds"]) == (20, 72, 162)
+    # Equal shares of 150, except the capped small pools, whose 208 pairs go to the other 7 kinds.
+    assert test_kinds == {**dict.fromkeys(KINDS, 178), "small": 20, "round": 72, "hundreds": 162}
+    train_kinds = Counter(kind_of(english) for english, _ in train)
+    for kind, share in shares(30_000).items():
+        assert int(share) <= train_kinds[kind] <= int(share) + 1, (kind, train_kinds[kind], share)
+    # Training sees every small and round number the test set left, so 80% of each small pool.
+    train_english = {english for english, _ in train}
+    assert {number_to_english(n) for n in range(100)} - train_english == {
+        english for english, _ in test if kind_of(english) == "small"
+    }
+    assert len({english for english in train_english if kind_of(english) == "round"}) == 360 - 72
+    # Every one-word number (zero to twenty, the tens) is a word no rule derives: training has them all.
+    one_word = {english for english in map(number_to_english, range(100)) if "-" not in english}
+    assert len(one_word) == 28 and one_word <= train_english
+    # The demo validates on the first 500 held-out pairs: every kind is there too.
+    assert set(Counter(kind_of(english) for english, _ in test[:500])) == set(KINDS)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_held_out_set_takes_no_one_word_side(seed):
+    _, test = train_test_split(0, 1_500, seed=seed)
+    small = [english for english, _ in test if kind_of(english) == "small"]
+    assert len(small) == 20 and all("-" in english for english in small), small
+    assert all(re.search("[ -]", english) for english, _ in test)
 
 
 @pytest.mark.parametrize("n", [-1, MAX_PAIRS + 1])
