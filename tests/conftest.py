@@ -1,7 +1,9 @@
 """Fixtures for the whole suite: a fixed random state for every test, and the small trained runs the command-line
 tests share (trained once per session, in subprocesses, as a user would)."""
 
+import io
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,33 @@ def lm_run(cli_work) -> Path:
 def copy_of(tmp_path):
     """``copy_of(run)``: a copy of a shared run that a test may damage."""
     return lambda run: Path(shutil.copytree(run, tmp_path / run.name))
+
+
+@pytest.fixture
+def here(capsys, monkeypatch):
+    """``here(*args, cwd=DIR, input=None)``: the ``qkv`` command run in this process, as a CompletedProcess. For
+    the checks that end before any real work, where starting an interpreter and importing torch would be most of
+    the time (the subprocess tests cover the command as a user starts it). Without ``input``, stdin is a
+    terminal."""
+    import logging
+
+    root = logging.getLogger()  # main() configures logging; leave it as it was for the tests that follow
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "level", root.level)
+
+    def run(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
+        from qkv.cli import main
+
+        monkeypatch.chdir(cwd)
+        stdin = io.StringIO(input or "")
+        stdin.isatty = lambda: input is None
+        monkeypatch.setattr("sys.stdin", stdin)
+        capsys.readouterr()
+        try:
+            status = main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse's own errors
+            status = exit_.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["qkv", *map(str, args)], status, out, err)
+
+    return run

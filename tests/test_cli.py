@@ -144,45 +144,45 @@ def test_error_unequal_line_counts(work, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_error_missing_training_file(work, tmp_path):
-    proc = qkv("train", "--src", "missing.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
+def test_error_missing_training_file(work, tmp_path, here):
+    proc = here("train", "--src", "missing.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
                cwd=tmp_path)
     one_line_error(proc, "missing.de", "no such file")
 
 
-def test_error_tsv_without_tabs(tmp_path):
+def test_error_tsv_without_tabs(tmp_path, here):
     (tmp_path / "pairs.tsv").write_text("Hi.\t你好。\nno tab here\n", encoding="utf-8")
-    proc = qkv("train", "--tsv", "pairs.tsv", "--out", "out", "--max-steps", "1", cwd=tmp_path)
+    proc = here("train", "--tsv", "pairs.tsv", "--out", "out", "--max-steps", "1", cwd=tmp_path)
     one_line_error(proc, "pairs.tsv", "line 2", "no tab")
 
 
-def test_error_corrupt_gzip(work, tmp_path):
+def test_error_corrupt_gzip(work, tmp_path, here):
     packed = gzip.compress((work / "train.de").read_bytes())
     (tmp_path / "train.de.gz").write_bytes(packed[:10] + b"\xff" * 20 + packed[30:])
-    proc = qkv("train", "--src", "train.de.gz", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
+    proc = here("train", "--src", "train.de.gz", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
                cwd=tmp_path)
     one_line_error(proc, "train.de.gz")
 
 
-def test_error_model_dir_missing(tmp_path):
-    proc = qkv("translate", "--model", "no-such-run", "Ein Hund.", cwd=tmp_path)
+def test_error_model_dir_missing(tmp_path, here):
+    proc = here("translate", "--model", "no-such-run", "Ein Hund.", cwd=tmp_path)
     one_line_error(proc, "no-such-run", "no such model directory")
 
 
-def test_error_corrupted_weights(run_copy):
+def test_error_corrupted_weights(run_copy, here):
     (run_copy / "best" / "model.safetensors").write_bytes(b"\x00garbage, not safetensors" * 10)
-    proc = qkv("translate", "--model", run_copy, "Ein Hund.", cwd=run_copy.parent)
+    proc = here("translate", "--model", run_copy, "Ein Hund.", cwd=run_copy.parent)
     one_line_error(proc, "model.safetensors", "corrupted")
 
 
-def test_error_corrupted_tokenizer(run_copy):
+def test_error_corrupted_tokenizer(run_copy, here):
     (run_copy / "best" / "tokenizer.src.json").write_text("[]")
-    proc = qkv("translate", "--model", run_copy, "Ein Hund.", cwd=run_copy.parent)
+    proc = here("translate", "--model", run_copy, "Ein Hund.", cwd=run_copy.parent)
     one_line_error(proc, "tokenizer.src.json")
 
 
-def test_error_beam_zero(trained, tmp_path):
-    proc = qkv("translate", "--model", trained[0], "--beam", "0", "Ein Hund.", cwd=tmp_path)
+def test_error_beam_zero(trained, tmp_path, here):
+    proc = here("translate", "--model", trained[0], "--beam", "0", "Ein Hund.", cwd=tmp_path)
     one_line_error(proc, "argument --beam: must be an integer >= 1, got '0'")
 
 
@@ -191,30 +191,30 @@ def test_error_unknown_option(trained, tmp_path):
     one_line_error(proc, "unrecognized arguments: --bogus", "--help")
 
 
-def test_error_train_into_existing_run(trained, work):
+def test_error_train_into_existing_run(trained, work, here):
     run, _ = trained
     before = (run / "best" / "model.safetensors").read_bytes()
-    proc = qkv("train", "--src", "train.de", "--tgt", "train.en", "--out", "run", "--max-steps", "1", cwd=work)
+    proc = here("train", "--src", "train.de", "--tgt", "train.en", "--out", "run", "--max-steps", "1", cwd=work)
     one_line_error(proc, "already holds a trained model", "--resume")
     assert (run / "best" / "model.safetensors").read_bytes() == before
 
 
-def test_error_resume_a_finished_run(work, run_copy):
+def test_error_resume_a_finished_run(work, run_copy, here):
     # trained to its whole --max-steps 6; the budget counts the run, so nothing is left to do
     before = (run_copy / "last" / "model.safetensors").read_bytes()
-    proc = qkv("train", "--out", run_copy, "--resume", "--no-progress", cwd=work)
+    proc = here("train", "--out", run_copy, "--resume", "--no-progress", cwd=work)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     last = proc.stderr.splitlines()[-1]  # after the data and model lines, the error
     assert last.startswith("qkv train: error:") and "already ran 6 steps" in last and "raise --max-steps" in last
     assert (run_copy / "last" / "model.safetensors").read_bytes() == before
 
 
-def test_error_resume_without_checkpoint(work, tmp_path):
-    proc = qkv("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "fresh", "--resume",
+def test_error_resume_without_checkpoint(work, tmp_path, here):
+    proc = here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "fresh", "--resume",
                "--max-steps", "1", cwd=tmp_path)
     one_line_error(proc, "fresh", "no checkpoint to resume")
 
 
-def test_error_nothing_on_stdin(trained, tmp_path):
-    proc = qkv("translate", "--model", trained[0], cwd=tmp_path, input="")
+def test_error_nothing_on_stdin(trained, tmp_path, here):
+    proc = here("translate", "--model", trained[0], cwd=tmp_path, input="")
     one_line_error(proc, "nothing to translate")

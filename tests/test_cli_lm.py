@@ -53,15 +53,15 @@ def test_generate_samples_batches_and_seeds(trained, work):
     assert first.startswith("KING:") and "\n" + "-" * 40 + "\nA" in first
 
 
-def test_errors_are_one_line(trained, work, tmp_path):
-    one_line_error(qkv("train", "lm", "--text", "missing.txt", "--out", tmp_path / "r", "--max-steps", "1",
+def test_errors_are_one_line(trained, work, tmp_path, here):
+    one_line_error(here("train", "lm", "--text", "missing.txt", "--out", tmp_path / "r", "--max-steps", "1",
                        cwd=work), "missing.txt", "no such file")
-    one_line_error(qkv("train", "lm", "--text", "shakespeare.txt", "--out", trained, "--max-steps", "1", cwd=work),
+    one_line_error(here("train", "lm", "--text", "shakespeare.txt", "--out", trained, "--max-steps", "1", cwd=work),
                    "already holds a trained model")
-    one_line_error(qkv("generate", "--model", trained, "--prompt", "A", "--beam", "2", cwd=work), "stop token")
-    one_line_error(qkv("generate", "--model", tmp_path / "nothing", "--prompt", "A", cwd=work), "nothing")
-    one_line_error(qkv("generate", "--model", trained, cwd=work), "--prompt")
-    one_line_error(qkv("generate", "--model", trained, "--pretrained", "smollm2", "--prompt", "A", cwd=work),
+    one_line_error(here("generate", "--model", trained, "--prompt", "A", "--beam", "2", cwd=work), "stop token")
+    one_line_error(here("generate", "--model", tmp_path / "nothing", "--prompt", "A", cwd=work), "nothing")
+    one_line_error(here("generate", "--model", trained, cwd=work), "--prompt")
+    one_line_error(here("generate", "--model", trained, "--pretrained", "smollm2", "--prompt", "A", cwd=work),
                    "one model")
 
 

@@ -90,8 +90,8 @@ def test_resume_an_lstm_run(work, tmp_path):
     assert config["args"]["teacher_forcing"] == 0.5 and config["model"]["attention_dim"] == 8
 
 
-def test_error_attention_map_of_the_bottleneck_model(work, tmp_path):
-    proc = qkv("translate", "--model", _trained(work, "lstm"), "--attention", "a.png", "Ein Hund.", cwd=tmp_path)
+def test_error_attention_map_of_the_bottleneck_model(work, tmp_path, here):
+    proc = here("translate", "--model", _trained(work, "lstm"), "--attention", "a.png", "Ein Hund.", cwd=tmp_path)
     one_line_error(proc, "no attention", "lstm-dot or lstm-additive")
     assert not (tmp_path / "a.png").exists()
 
@@ -104,7 +104,7 @@ def test_error_attention_map_of_the_bottleneck_model(work, tmp_path):
     (["--arch", "lstm", "--teacher-forcing", "1.5"], ["argument --teacher-forcing: must be a finite number in [0, 1]"]),
     (["--arch", "lstm", "--hidden-size", "33"], ["odd hidden_size=33"]),
 ])
-def test_error_options_of_the_other_architecture(work, tmp_path, args, phrases):
-    proc = qkv("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
+def test_error_options_of_the_other_architecture(work, tmp_path, args, phrases, here):
+    proc = here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
                "--valid-size", "20", *args, cwd=tmp_path)
     one_line_error(proc, *phrases)
