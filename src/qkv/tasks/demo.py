@@ -20,6 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from ..config import TransformerConfig
 from ..metrics import bleu
 from ..models import Transformer
@@ -90,6 +92,7 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
     if not (math.isfinite(minutes) and minutes > 0):
         raise ValueError(f"minutes must be a finite number > 0, got {minutes!r}")
     out = _free_directory(Path(out))
+    torch.manual_seed(seed)  # before the model is built: the same seed, the same run
     start = time.monotonic()
     train_pairs, held_out = train_test_split(30_000, 1_500, seed=seed)
     valid_pairs, test_pairs = held_out[:500], held_out[500:]
@@ -108,8 +111,8 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
              model.num_parameters() / 1e6)
     task = DemoTask(model, tokenizers, train, valid, batch_tokens=2500, seed=seed, label_smoothing=0.0,
                     bleu_samples=len(valid), target_language="zh", meta={"title": "demo en→zh"})
-    opts = TrainOptions(out=str(out), max_minutes=minutes, lr=1.5e-3, warmup=150, schedule="inverse_sqrt",
-                        eval_every=100, stop_at=0.995, seed=seed, progress=progress)
+    opts = TrainOptions(out=str(out), max_minutes=minutes, lr=1.5e-3, warmup=150, schedule="cosine",
+                        min_lr_ratio=0.05, eval_every=100, seed=seed, progress=progress)
     result = Trainer(task, opts).run()
     train_minutes = (time.monotonic() - start) / 60
 
