@@ -48,23 +48,6 @@ def test_every_family_round_trips(tmp_path, model):
     torch.testing.assert_close(loaded(ids), model.eval()(ids))
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path, translator, monkeypatch):
-    model, toks = translator
-    save_checkpoint(tmp_path / "best", model, tokenizers=toks)
-    before = (tmp_path / "best" / "model.safetensors").read_bytes()
-
-    def broken(*args, **kwargs):
-        raise OSError("disk full")
-
-    monkeypatch.setattr("qkv.checkpoint.save_tokenizer", broken)
-    with torch.no_grad():
-        model.src_emb.weight.add_(1.0)
-    with pytest.raises(OSError, match="disk full"):
-        save_checkpoint(tmp_path / "best", model, tokenizers=toks)
-    assert (tmp_path / "best" / "model.safetensors").read_bytes() == before
-    load_checkpoint(tmp_path / "best")
-
-
 def test_an_interrupted_swap_is_recovered(tmp_path, translator):
     model, toks = translator
     save_checkpoint(tmp_path / "last", model, tokenizers=toks)
@@ -110,8 +93,13 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path, translator):
         load_checkpoint(tmp_path / "d")
 
 
-def test_a_save_that_fails_midway_leaves_no_temporary_folder(tmp_path, translator, monkeypatch):
-    """A full disk while writing the weights: one clear OSError, the previous checkpoint intact, nothing left over."""
+@pytest.mark.parametrize("where, error", [
+    ("safetensors.torch.save_model", "SafetensorError"),  # a full disk while the weights are written
+    ("qkv.checkpoint.save_tokenizer", "OSError"),  # ... or a tokenizer
+])
+def test_a_failed_save_keeps_the_previous_checkpoint_and_leaves_nothing(tmp_path, translator, monkeypatch, where,
+                                                                         error):
+    """One clear OSError, the previous checkpoint intact (and loadable), no temporary folder left over."""
     from safetensors import SafetensorError
 
     model, toks = translator
@@ -119,14 +107,18 @@ def test_a_save_that_fails_midway_leaves_no_temporary_folder(tmp_path, translato
     before = (tmp_path / "last" / "model.safetensors").read_bytes()
 
     def full_disk(*args, **kwargs):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        message = "I/O error: No space left on device (os error 28)"
+        raise SafetensorError(message) if error == "SafetensorError" else OSError(message)
 
-    monkeypatch.setattr("safetensors.torch.save_model", full_disk)
+    monkeypatch.setattr(where, full_disk)
+    with torch.no_grad():
+        model.src_emb.weight.add_(1.0)
     with pytest.raises(OSError, match=r"cannot write the checkpoint .*last: .*No space left on device.*previous "
                                       r"checkpoint is kept"):
         save_checkpoint(tmp_path / "last", model, tokenizers=toks)
     assert (tmp_path / "last" / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
+    load_checkpoint(tmp_path / "last")
 
 
 def test_weights_are_written_with_the_mode_of_their_siblings(tmp_path, translator):
