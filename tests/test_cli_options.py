@@ -119,3 +119,31 @@ def test_stdin_is_translated_in_one_batch_like_a_file(tmp_path, monkeypatch, cap
     monkeypatch.setattr("sys.stdin", io.StringIO("abc\n" * 1000))
     assert cli.main(["translate", "--model", str(tmp_path / "m")]) == 0
     assert calls == [1000] and len(capsys.readouterr().out.splitlines()) == 1000
+
+
+no_cuda = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+
+
+@pytest.mark.parametrize("argv, message", [
+    pytest.param(["translate", "--model", "m", "--device", "cuda", "x"], "--device cuda: CUDA is not available",
+                 marks=no_cuda),
+    pytest.param(["train", "--out", "r", "--src", "s", "--tgt", "t", "--device", "cuda:1"], "CUDA is not available",
+                 marks=no_cuda),
+    (["generate", "--model", "m", "--prompt", "A", "--device", "tpu"], "--device 'tpu' is not a device"),
+    (["embed", "x", "--device", "meta"], "--device 'meta' is not supported"),
+    (["train", "lm", "--out", "r", "--text", "t", "--device", "cpu", "--precision", "fp16"],
+     "--precision fp16 needs a CUDA GPU"),
+])
+def test_a_device_this_machine_lacks_fails_before_any_work(argv, message, here, tmp_path):
+    proc = here(*argv, cwd=tmp_path)
+    assert proc.returncode == 2 and message in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert not list(tmp_path.iterdir())  # no run directory started, nothing read
+
+
+def test_every_command_that_runs_a_model_takes_a_device():
+    runs_a_model = {"demo", "train", "translate", "evaluate", "generate", "chat", "embed", "search", "similarity",
+                    "classify", "train lm", "train mlm", "train classify"}
+    parsers = {name.removeprefix("qkv "): p for name, p in _parsers().items()}
+    for name in runs_a_model:
+        flags = {flag for action in parsers[name]._actions for flag in action.option_strings}
+        assert {"--device", "--precision"} <= flags, name

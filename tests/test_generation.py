@@ -96,7 +96,7 @@ class PrefixDecoder:
     def __init__(self, n_inputs: int, vocab: int) -> None:
         self.vocab = vocab
         self.rows: list[tuple[int, tuple[int, ...]]] = [(i, ()) for i in range(n_inputs)]  # (input, tokens)
-        self.batch_size = n_inputs
+        self.batch_size, self.device = n_inputs, torch.device("cpu")
 
     def logits(self, row: int, tokens: tuple[int, ...]) -> torch.Tensor:
         digest = hashlib.sha256(repr((row, tokens)).encode()).digest()  # a seed that depends on the whole prefix

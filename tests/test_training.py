@@ -157,7 +157,7 @@ def test_accumulating_two_batches_equals_one_batch_twice_as_large(tmp_path):
     trainer = Trainer(task, options(tmp_path, max_steps=1, accum=2, clip=0.0))
     trainer.optimizer.step = lambda: None  # look at the gradients, not the update
     trainer.optimizer.zero_grad = lambda set_to_none=True: None
-    trainer._train_step([b1, b2], lr=1e-3)
+    trainer._step([b1, b2], total=1)
     for p, g in zip(params, expected, strict=True):
         torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-5)
 
@@ -262,7 +262,7 @@ def test_throughput_counts_training_time_only(tmp_path, monkeypatch):
 
 
 def test_metrics_print_with_their_decimals():
-    from qkv.training import format_metrics
+    from qkv.progress import format_metrics
 
     assert format_metrics({"val_loss": 1.00044, "val_bleu": 36.351, "val_ppl": 1234.5}) == \
         "val_loss 1.0004  val_bleu 36.3510  val_ppl 1234.5"

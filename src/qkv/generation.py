@@ -38,6 +38,7 @@ class IncrementalDecoder(Protocol):
     """
 
     batch_size: int
+    device: torch.device  # where its tensors live; the search makes its own there
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens ``(B, t)``: the newest tokens -> logits ``(B, vocab)`` of the next one."""
@@ -73,11 +74,13 @@ class LMDecoder:
         longest = max(len(p) for p in prompts)
         if longest > self.max_len:
             raise ValueError(f"a prompt has {longest} tokens; this model reads at most {self.max_len}")
-        self.start = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
-        self.mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
+        start = torch.full((len(prompts), longest), pad_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
         for row, prompt in enumerate(prompts):
-            self.start[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
-            self.mask[row, longest - len(prompt) :] = True
+            start[row, longest - len(prompt) :] = torch.as_tensor(list(prompt), dtype=torch.long)
+            mask[row, longest - len(prompt) :] = True
+        self.device = next(model.parameters()).device
+        self.start, self.mask = start.to(self.device), mask.to(self.device)
         self.use_cache = use_cache
         self.cache = model.new_cache() if use_cache else None
         self.tokens = self.start[:, :0]  # everything read so far, (B, T); the mask covers it
@@ -204,13 +207,13 @@ def _strip(tokens: list[int], stop_ids: Collection[int]) -> list[int]:
     return tokens
 
 
-def _limits(max_new_tokens: int | Sequence[int], n: int) -> torch.Tensor:
+def _limits(max_new_tokens: int | Sequence[int], n: int, device: torch.device) -> torch.Tensor:
     """One token budget per row, so a row's output never depends on which rows share its batch."""
     if isinstance(max_new_tokens, int):
-        return torch.full((n,), max_new_tokens)
+        return torch.full((n,), max_new_tokens, device=device)
     if len(max_new_tokens) != n:
         raise ValueError(f"{len(max_new_tokens)} token budgets for {n} rows")
-    return torch.as_tensor(list(max_new_tokens))
+    return torch.as_tensor(list(max_new_tokens), device=device)
 
 
 def _start(decoder: IncrementalDecoder, start: Tensor | None, bos_id: int | None) -> Tensor:
@@ -218,7 +221,7 @@ def _start(decoder: IncrementalDecoder, start: Tensor | None, bos_id: int | None
         return start
     if bos_id is None:
         raise ValueError("give the first tokens: start=... or bos_id=...")
-    return torch.full((decoder.batch_size, 1), bos_id, dtype=torch.long)
+    return torch.full((decoder.batch_size, 1), bos_id, dtype=torch.long, device=decoder.device)
 
 
 def _stop_set(eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
@@ -266,23 +269,23 @@ def generate(
     Returns:
         per input row, the generated ids (without the start and the stop token).
     """
-    n = decoder.batch_size
-    limits = _limits(max_new_tokens, n)
+    n, device = decoder.batch_size, decoder.device
+    limits = _limits(max_new_tokens, n, device)
     stops = _stop_set(eos_id, stop_ids)
-    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=device)
     last = _start(decoder, start, bos_id)
     outputs: list[list[int]] = [[] for _ in range(n)]
-    active = torch.arange(n)  # which original rows are still decoding
+    active = torch.arange(n, device=device)  # which original rows are still decoding
     seen: Tensor | None = None  # (B_active, V), only with a repetition penalty
     for step in range(1, int(limits.max()) + 1 if n else 0):
         logits = _suppress(decoder.step(last), suppress_ids)  # (B_active, V)
         if sampling.repetition_penalty != 1.0 and seen is None:
-            seen = torch.zeros(logits.shape, dtype=torch.bool)
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
             for row, tokens in enumerate(context if context is not None else last.tolist()):
                 seen[row, list(tokens)] = True
         next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
         if seen is not None:
-            seen[torch.arange(len(next_tokens)), next_tokens] = True
+            seen[torch.arange(len(next_tokens), device=device), next_tokens] = True
         for row, token in zip(active.tolist(), next_tokens.tolist(), strict=True):
             outputs[row].append(token)
             if on_token is not None and token not in stops:
@@ -334,21 +337,21 @@ def beam_search(
     """
     if beam_size < 1:
         raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-    b, k = decoder.batch_size, beam_size
+    b, k, device = decoder.batch_size, beam_size, decoder.device
     stops = _stop_set(eos_id, stop_ids)
     if not stops:
         raise ValueError("beam search needs an end token: give eos_id or stop_ids")
     filler = min(stops)  # what a finished hypothesis is extended with
-    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=device)
     first = _start(decoder, start, bos_id).repeat_interleave(k, dim=0)
-    limits = _limits(max_new_tokens, b).repeat_interleave(k)  # (B*K,)
-    decoder.reorder(torch.arange(b).repeat_interleave(k))  # (B*K) rows: row r belongs to input r // K
-    ys = torch.zeros((b * k, 0), dtype=torch.long)  # generated tokens
-    scores = torch.full((b, k), float("-inf"))
+    limits = _limits(max_new_tokens, b, device).repeat_interleave(k)  # (B*K,)
+    decoder.reorder(torch.arange(b, device=device).repeat_interleave(k))  # (B*K) rows: row r belongs to input r // K
+    ys = torch.zeros((b * k, 0), dtype=torch.long, device=device)  # generated tokens
+    scores = torch.full((b, k), float("-inf"), device=device)
     scores[:, 0] = 0.0  # all beams start identical: expand only the first
-    finished = torch.zeros(b * k, dtype=torch.bool)
-    lengths = torch.zeros(b * k)
-    row_base = (torch.arange(b) * k)[:, None]  # (B, 1)
+    finished = torch.zeros(b * k, dtype=torch.bool, device=device)
+    lengths = torch.zeros(b * k, device=device)
+    row_base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
     for _ in range(int(limits.max()) if b else 0):
         logits = _suppress(decoder.step(ys[:, -1:] if ys.size(1) else first).float(), suppress_ids)
         logp = F.log_softmax(logits, dim=-1)  # (B*K, V)
@@ -369,5 +372,5 @@ def beam_search(
         if finished.all():
             break
     best = (scores / length_penalty(lengths, alpha).view(b, k)).argmax(dim=-1)  # (B,)
-    chosen = ys.view(b, k, -1)[torch.arange(b), best]
+    chosen = ys.view(b, k, -1)[torch.arange(b, device=device), best]
     return [_strip(row, stops) for row in chosen.tolist()]

@@ -4,7 +4,8 @@ A task (see :mod:`qkv.tasks`) says only what differs: its model, how an epoch's 
 batch's loss is, and how to evaluate. The loop does the rest, the same way for all:
 
 * AdamW; learning rate warmup then inverse square root (the paper's schedule) or cosine decay;
-* gradient accumulation, gradient clipping, optional bf16 autocast;
+* on any device (``--device``), in fp32, bf16 or fp16 autocast (fp16 with a gradient scaler); gradient
+  accumulation, gradient clipping;
 * evaluation every N steps, ``best/`` and ``last/`` checkpoints written atomically, never from a model whose
   loss or validation numbers are not finite;
 * exact resume: the data order is a function of (seed, epoch) and the trainer state stores the step, the
@@ -19,13 +20,12 @@ The run directory is claimed for the whole run (:func:`qkv.rundir.claim`): one p
 from __future__ import annotations
 
 import contextlib
-import csv
 import logging
 import math
 import signal
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import load_checkpoint, save_checkpoint
+from .device import autocast, prepare, resolve_device, resolve_precision
+from .progress import Progress, RunLog
 from .rundir import claim
 from .tokenizers import Tokenizer
 
@@ -89,7 +91,8 @@ class TrainOptions:
     betas: tuple[float, float] = (0.9, 0.98)
     clip: float = 1.0
     accum: int = 1
-    bf16: bool = False
+    device: str = "cpu"  # see qkv.device: auto, cpu, cuda, cuda:N
+    precision: str = "fp32"  # auto, fp32, bf16, fp16 (fp16 on CUDA only, with a gradient scaler)
     eval_every: int = 500
     eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
     stop_at: float | None = None  # stop once the task's selection metric reaches this value
@@ -196,224 +199,125 @@ class TrainResult:
     signal: int | None = None
 
 
-def format_metrics(metrics: dict[str, float]) -> str:
-    """``val_loss 1.0004  val_bleu 36.35``: four decimals below 100, so 1.00044 does not print as 1."""
-    return "  ".join(f"{k} {v:.4f}" if abs(v) < 100 else f"{k} {v:.1f}" for k, v in metrics.items())
-
-
-@dataclass
-class _Log:
-    """``log.csv``, kept in memory and rewritten whole (atomically) at every row: the run owns the file."""
-
-    path: Path
-    rows: list[dict[str, str]] = field(default_factory=list)
-    fields: list[str] = field(default_factory=list)
-
-    def read(self, *, up_to_step: int) -> None:
-        """Load an existing log, dropping rows after ``up_to_step`` (logged after the checkpoint resumed from)."""
-        if not self.path.exists():
-            return
-        try:
-            with open(self.path, newline="", encoding="utf-8") as f:
-                reader = csv.DictReader(f)
-                rows, fields = list(reader), list(reader.fieldnames or [])
-            steps = [int(r["step"]) for r in rows]
-        except (OSError, UnicodeDecodeError, csv.Error, KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{self.path} is not a readable qkv training log ({type(err).__name__}: {err}); move "
-                             "it away (a new log is started) and resume again") from None
-        self.fields = fields
-        self.rows = [r for r, step in zip(rows, steps, strict=True) if step <= up_to_step]
-
-    def add(self, row: dict[str, Any], first: Sequence[str]) -> None:
-        for key in [*first, *row]:
-            if key not in self.fields:
-                self.fields.append(key)
-        self.rows.append({k: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
-                          for k, v in row.items()})
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(self.rows)
-        tmp.replace(self.path)
-
-
-class _Progress:
-    """The progress bar and the training rows of the log. Throughput counts training time only, so an
-    evaluation does not make the next figures drop."""
-
-    def __init__(self, trainer: Trainer, total: int | None) -> None:
-        from tqdm import tqdm
-
-        self.trainer, self.label = trainer, trainer.unit.replace("_", " ")
-        self.bar = tqdm(total=total, initial=trainer.step, unit="step", disable=not trainer.opts.progress,
-                        dynamic_ncols=True, desc=trainer.task.meta.get("title", "train"), leave=True)
-        self.items = 0  # this invocation's, and its seconds of training
-        self.seconds = 0.0
-        self._reset_window()
-
-    def _reset_window(self) -> None:
-        self.window_loss, self.window_items, self.window_steps, self.window_s = 0.0, 0, 0, 0.0
-
-    def rate(self) -> float:
-        return self.items / max(self.seconds, 1e-9)
-
-    def step(self, loss: float, items: int, seconds: float, lr: float, run_s: float) -> None:
-        t, opts = self.trainer, self.trainer.opts
-        self.items, self.seconds = self.items + items, self.seconds + seconds
-        self.window_loss, self.window_items = self.window_loss + loss, self.window_items + items
-        self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
-        rate = self.window_items / max(self.window_s, 1e-9)
-        self.bar.update(1)
-        postfix = {"loss": f"{loss:.3f}", "lr": f"{lr:.2e}", f"{self.label}/s": f"{rate:,.0f}"}
-        if opts.max_minutes:
-            postfix["left"] = f"{max(0.0, opts.max_minutes - run_s / 60):.1f}m"
-        self.bar.set_postfix(postfix, refresh=False)
-        if t.step % opts.log_every == 0:
-            t._log_row({"step": t.step, "epoch": t.epoch, "lr": lr, "train_loss": self.window_loss / self.window_steps,
-                        f"{t.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1)})
-            self._reset_window()
-
-    def evaluate(self) -> dict[str, float]:
-        self.bar.set_postfix_str("evaluating and saving", refresh=True)
-        metrics = self.trainer._evaluate_and_save()
-        self.bar.write(f"step {self.trainer.step}: {format_metrics(metrics)}")
-        return metrics
-
-    def close(self) -> None:
-        self.bar.close()
-
-
 class Trainer:
-    """Runs a task under a set of options. ``Trainer(task, opts).run()``."""
+    """Runs a task under a set of options: ``Trainer(task, opts).run()``.
+
+    The loop of the notes, at a glance (:meth:`_run`)::
+
+        for chunk in batches, epoch after epoch:       # _chunks: accumulation groups, from where a run stopped
+            step: forward, loss, backward, clip, update  # _step
+            after the step: log, evaluate and save, or stop  # _after_step
+
+    Everything else is a small piece of its own: the device and precision (:mod:`qkv.device`), what the run
+    shows and records (:mod:`qkv.progress`), its directory (:mod:`qkv.rundir`), its checkpoints.
+    """
 
     def __init__(self, task: Task, opts: TrainOptions) -> None:
         self.task, self.opts = task, opts
         self.out = Path(opts.out)
-        self.model = task.model
+        self.device = resolve_device(opts.device)
+        self.precision = resolve_precision(opts.precision, self.device)
+        prepare(self.device)
+        self.model = task.model.to(self.device)
         self.unit = getattr(task, "unit", "tokens")
         self.optimizer = _optimizer(self.model, opts)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_scaler)
         self.step = self.epoch = self.batch_index = 0
         self.best: dict[str, float] | None = None
         self.tokens_seen = 0
         self.elapsed_before, self.started = 0.0, time.monotonic()  # wall-clock of earlier runs, start of this one
         self.eval_s: float | None = None  # how long the last evaluation and save took: reserved at the end
-        self.log = _Log(self.out / "log.csv")
+        self.log = RunLog(self.out / "log.csv")
 
-    # --- state ----------------------------------------------------------------------------------------
-    def _run_s(self) -> float:
-        """The whole run's seconds so far: earlier invocations count."""
-        return self.elapsed_before + time.monotonic() - self.started
-
-    def _trainer_state(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch_index": self.batch_index,
-            "tokens_seen": self.tokens_seen,
-            "elapsed_s": self._run_s(),
-            "eval_s": self.eval_s,
-            "best": self.best or {},
-            "optimizer": self.optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "options": asdict(self.opts),
-        }
-
-    def _restore(self) -> None:
-        ckpt = load_checkpoint(self.out / "last", with_trainer_state=True)
-        state = ckpt.trainer_state
-        try:
-            self.model.load_state_dict(ckpt.model.state_dict())
-            self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as err:
-            raise ValueError(f"{ckpt.path} does not fit the model being resumed ({str(err).splitlines()[0]}); "
-                             "resume a run with the command that started it") from None
-        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
-        self.tokens_seen = state["tokens_seen"]
-        self.elapsed_before = state.get("elapsed_s", 0.0)
-        self.eval_s = state.get("eval_s")
-        self.best = state["best"] or None
-        torch.set_rng_state(state["torch_rng"])
-        self.log.read(up_to_step=self.step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d)", ckpt.path, self.step, self.epoch,
-                 self.batch_index)
-
-    def _save(self, name: str, *, with_state: bool) -> None:
-        meta = {**self.task.meta, "step": self.step, "best": self.best}
-        save_checkpoint(self.out / name, self.model, tokenizers=self.task.tokenizers, meta=meta,
-                        trainer_state=self._trainer_state() if with_state else None)
-
-    def _log_row(self, row: dict[str, Any]) -> None:
-        self.log.add(row, first=("step", "epoch", "lr", "train_loss", f"{self.unit}_per_s", "elapsed_s"))
-        if "val_loss" in row:
-            from .viz import loss_curves
-
-            loss_curves(self.log.rows, self.out / "loss.png", title=self.task.meta.get("title", ""))
-
-    # --- evaluation and checkpoints ---------------------------------------------------------------------
-    def _is_better(self, metrics: dict[str, float]) -> bool:
-        key = self.task.selection_metric
-        if key not in metrics:
-            return False
-        if self.best is None or key not in self.best:
-            return True
-        return metrics[key] > self.best[key] if self.task.higher_is_better else metrics[key] < self.best[key]
-
-    def _check_finite(self, metrics: dict[str, float]) -> None:
-        """A model gone to NaN or Inf must never become a checkpoint: stop, keeping the last good one."""
-        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
-        if not bad and all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            return
-        what = ", ".join(f"{k} {v}" for k, v in bad.items()) or "weights that are not finite"
-        kept = f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
-        raise FloatingPointError(f"training diverged at step {self.step} ({what}); {kept}. Lower --lr or raise "
-                                 "--warmup, then --resume")
-
-    def _evaluate_and_save(self) -> dict[str, float]:
-        start = time.monotonic()
-        self.model.eval()
-        with torch.no_grad():
-            metrics = self.task.evaluate()
-        self.model.train()
-        self._check_finite(metrics)
-        if self._is_better(metrics):
-            self.best = {**metrics, "step": self.step}
-            self._save("best", with_state=False)
-        self._save("last", with_state=True)
-        self._log_row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(self._run_s(), 1), **metrics})
-        self.eval_s = time.monotonic() - start
-        return metrics
-
-    # --- one step -------------------------------------------------------------------------------------
-    def _train_step(self, batches: Sequence[Any], lr: float) -> tuple[float, int]:
-        """One optimizer step over ``batches`` (gradient accumulation): the loss is the mean over every item
-        of all of them, so accumulating k batches equals one batch k times as large. A loss or gradient that
-        is not finite is never applied to the weights."""
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        n_tokens = sum(batch.n_tokens for batch in batches)
-        total = 0.0
-        for batch in batches:  # backward per batch: only one batch's activations are alive at a time
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.opts.bf16):
-                loss_sum, _ = self.task.loss(batch)
-            (loss_sum.float() / max(n_tokens, 1)).backward()
-            total += loss_sum.item()
-        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip > 0 else math.inf)
-        if not (math.isfinite(total) and bool(torch.isfinite(norm))):
-            self.optimizer.zero_grad(set_to_none=True)
-            what = f"loss {total / max(n_tokens, 1)}" if not math.isfinite(total) else f"gradient norm {float(norm)}"
-            kept = f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
-            raise FloatingPointError(f"training diverged at step {self.step + 1} ({what}); {kept}. Lower --lr or "
-                                     "raise --warmup, then --resume")
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return total / max(n_tokens, 1), n_tokens
-
-    # --- the loop -------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
         with claim(self.out, resume=self.opts.resume):
             return self._run()
 
+    # --- the loop -------------------------------------------------------------------------------------
+    def _run(self) -> TrainResult:
+        self._start()
+        total = self._total_steps()
+        progress = Progress(self.log, unit=self.unit, title=self.task.meta.get("title", "train"), total=total,
+                            initial=self.step, show=self.opts.progress, log_every=self.opts.log_every,
+                            max_minutes=self.opts.max_minutes, plot_title=self.task.meta.get("title", ""))
+        self.started = time.monotonic()
+        self.last_eval: dict[str, float] | None = None
+        self.model.train()
+        reason = ""
+        with _StopFlag() as stop:
+            log.info("training from step %d; Ctrl-C stops after the current step and saves", self.step)
+            for chunk in self._chunks():
+                previous_s = self._run_s()
+                start = time.monotonic()
+                loss, items, lr = self._step(chunk, total)
+                progress.step(step=self.step, epoch=self.epoch, loss=loss, items=items, lr=lr,
+                              seconds=time.monotonic() - start, run_s=self._run_s())
+                reason = self._after_step(total, previous_s, stop.signal, progress)
+                if reason:
+                    break
+        progress.close()
+        return TrainResult(self.step, self.epoch, reason, self.best, self.last_eval, self._run_s(), progress.rate(),
+                           self.unit, stop.signal)
+
+    def _chunks(self) -> Iterator[Sequence[Any]]:
+        """The groups of ``accum`` batches, epoch after epoch, from the position a resumed run stopped at. The
+        position moves past a group when it is handed out, so a checkpoint after its step resumes after it."""
+        while True:
+            batches = self.task.batches(self.epoch)
+            while self.batch_index < len(batches):
+                chunk = batches[self.batch_index : self.batch_index + self.opts.accum]
+                self.batch_index += len(chunk)
+                yield chunk
+            self.epoch, self.batch_index = self.epoch + 1, 0
+
+    def _step(self, batches: Sequence[Any], total: int | None) -> tuple[float, int, float]:
+        """One optimizer step over ``batches`` (gradient accumulation): the loss is the mean over every item
+        of all of them, so accumulating k batches equals one batch k times as large. A loss or gradient that
+        is not finite is never applied to the weights. Returns (mean loss, items, learning rate)."""
+        fraction = None
+        if total is None and self.opts.max_minutes:  # the whole run's share of its time budget
+            fraction = self._run_s() / (60 * self.opts.max_minutes)
+        lr = learning_rate(self.step + 1, self.opts, total, fraction)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n_items = sum(batch.n_tokens for batch in batches)  # counted on the host, before the batches move
+        total_loss = torch.zeros((), device=self.device)
+        for batch in batches:  # backward per batch: only one batch's activations are alive at a time
+            with autocast(self.device, self.precision):
+                loss_sum, _ = self.task.loss(batch)
+            self.scaler.scale(loss_sum.float() / max(n_items, 1)).backward()
+            total_loss += loss_sum.detach().float()
+        self.scaler.unscale_(self.optimizer)
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip > 0 else math.inf)
+        loss = total_loss.item() / max(n_items, 1)  # the step's one wait for the device
+        # With fp16 an infinite gradient is routine: the scaler skips that step and lowers its scale.
+        if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {float(norm)}"
+            raise FloatingPointError(f"training diverged at step {self.step + 1} ({what}); {self._kept()}. Lower "
+                                     "--lr or raise --warmup, then --resume")
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += n_items
+        return loss, n_items, lr
+
+    def _after_step(self, total: int | None, previous_s: float, interrupted_by: int | None,
+                    progress: Progress) -> str:
+        """Evaluate and save when it is time; the reason to stop, or ""."""
+        run_s = self._run_s()
+        reason = self._should_stop(total, run_s, interrupted_by)
+        if self.step % self.opts.eval_every == 0 or reason or self._evaluation_due(previous_s, run_s):
+            progress.evaluating()
+            self.last_eval = self._evaluate_and_save(progress)
+            progress.evaluated(self.step, self.last_eval)
+            if not reason and self._reached_target(self.last_eval):
+                reason = f"{self.task.selection_metric} reached {self.opts.stop_at}"
+            reason = reason or self._should_stop(total, self._run_s(), interrupted_by)
+        return reason
+
+    # --- when to evaluate, when to stop --------------------------------------------------------------
     def _total_steps(self) -> int | None:
         total = self.opts.max_steps
         if self.opts.epochs is not None:
@@ -422,51 +326,6 @@ class Trainer:
             total = by_epochs if total is None else min(total, by_epochs)
         return total
 
-    def _run(self) -> TrainResult:
-        opts = self.opts
-        if opts.resume:
-            self._restore()
-            self._check_budget_left()
-        else:
-            torch.manual_seed(opts.seed)
-            self.log.path.unlink(missing_ok=True)  # what an earlier start left before its first checkpoint
-        total = self._total_steps()
-        progress = _Progress(self, total)
-        self.started = time.monotonic()
-        last_eval: dict[str, float] | None = None
-        previous_s, stopped = self.elapsed_before, ""
-        self.model.train()
-        with _StopFlag() as stop:
-            log.info("training from step %d; Ctrl-C stops after the current step and saves", self.step)
-            while not stopped:
-                batches = self.task.batches(self.epoch)
-                while self.batch_index < len(batches) and not stopped:
-                    chunk = batches[self.batch_index : self.batch_index + opts.accum]
-                    fraction = None
-                    if total is None and opts.max_minutes:  # the whole run's share of its time budget
-                        fraction = self._run_s() / (60 * opts.max_minutes)
-                    lr = learning_rate(self.step + 1, opts, total, fraction)
-                    start = time.monotonic()
-                    loss, n_tokens = self._train_step(chunk, lr)
-                    self.batch_index += len(chunk)
-                    self.step += 1
-                    self.tokens_seen += n_tokens
-                    run_s = self._run_s()
-                    progress.step(loss, n_tokens, time.monotonic() - start, lr, run_s)
-                    reason = self._should_stop(total, run_s, stop.signal)
-                    if self.step % opts.eval_every == 0 or reason or self._evaluation_due(previous_s, run_s):
-                        last_eval = progress.evaluate()
-                        if not reason and self._reached_target(last_eval):
-                            reason = f"{self.task.selection_metric} reached {opts.stop_at}"
-                        reason = reason or self._should_stop(total, self._run_s(), stop.signal)
-                    previous_s, stopped = run_s, reason
-                if not stopped:
-                    self.epoch += 1
-                    self.batch_index = 0
-        progress.close()
-        return TrainResult(self.step, self.epoch, stopped, self.best, last_eval, self._run_s(), progress.rate(),
-                           self.unit, stop.signal)
-
     def _evaluation_due(self, previous_s: float, run_s: float) -> bool:
         """A wall-clock mark was passed; or, under a time budget, no evaluation has been timed yet and a
         quarter of the budget is used: its duration is what the end of the run reserves for the last one."""
@@ -474,22 +333,6 @@ class Trainer:
             return True
         return self.opts.max_minutes is not None and self.eval_s is None and \
             run_s >= FIRST_EVAL_SHARE * 60 * self.opts.max_minutes
-
-    def _check_budget_left(self) -> None:
-        """A resumed run's budgets count the whole run, so one already spent would stop at once: say so."""
-        opts, done = self.opts, self.elapsed_before / 60
-        if opts.max_steps is not None and self.step >= opts.max_steps:
-            raise ValueError(f"{self.out} already ran {self.step} steps, its whole max_steps={opts.max_steps}; "
-                             "raise --max-steps to train on")
-        if opts.max_minutes is not None and done >= opts.max_minutes:
-            raise ValueError(f"{self.out} already ran {done:.1f} minutes, its whole max_minutes={opts.max_minutes:g}; "
-                             "raise --max-minutes to train on (the budget counts the run, not this invocation)")
-
-    def _reached_target(self, metrics: dict[str, float]) -> bool:
-        value = metrics.get(self.task.selection_metric)
-        if self.opts.stop_at is None or value is None:
-            return False
-        return value >= self.opts.stop_at if self.task.higher_is_better else value <= self.opts.stop_at
 
     def _should_stop(self, total: int | None, run_s: float, interrupted_by: int | None) -> str:
         """Why to stop now, or "". A time budget stops early enough for the final evaluation and save to fit
@@ -501,3 +344,113 @@ class Trainer:
         if self.opts.max_minutes is not None and run_s + (self.eval_s or 0.0) >= 60 * self.opts.max_minutes:
             return "time budget reached"
         return ""
+
+    def _reached_target(self, metrics: dict[str, float]) -> bool:
+        value = metrics.get(self.task.selection_metric)
+        if self.opts.stop_at is None or value is None:
+            return False
+        return value >= self.opts.stop_at if self.task.higher_is_better else value <= self.opts.stop_at
+
+    def _check_budget_left(self) -> None:
+        """A resumed run's budgets count the whole run, so one already spent would stop at once: say so."""
+        opts, done = self.opts, self.elapsed_before / 60
+        if opts.max_steps is not None and self.step >= opts.max_steps:
+            raise ValueError(f"{self.out} already ran {self.step} steps, its whole max_steps={opts.max_steps}; "
+                             "raise --max-steps to train on")
+        if opts.max_minutes is not None and done >= opts.max_minutes:
+            raise ValueError(f"{self.out} already ran {done:.1f} minutes, its whole max_minutes={opts.max_minutes:g}; "
+                             "raise --max-minutes to train on (the budget counts the run, not this invocation)")
+
+    # --- evaluation and checkpoints ---------------------------------------------------------------------
+    def _evaluate_and_save(self, progress: Progress) -> dict[str, float]:
+        start = time.monotonic()
+        self.model.eval()
+        with torch.no_grad(), autocast(self.device, self.precision):
+            metrics = self.task.evaluate()
+        self.model.train()
+        self._check_finite(metrics)
+        if self._is_better(metrics):
+            self.best = {**metrics, "step": self.step}
+            self._save("best", with_state=False)
+        self._save("last", with_state=True)
+        progress.row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(self._run_s(), 1), **metrics})
+        self.eval_s = time.monotonic() - start
+        return metrics
+
+    def _is_better(self, metrics: dict[str, float]) -> bool:
+        key = self.task.selection_metric
+        if key not in metrics:
+            return False
+        if self.best is None or key not in self.best:
+            return True
+        return metrics[key] > self.best[key] if self.task.higher_is_better else metrics[key] < self.best[key]
+
+    def _check_finite(self, metrics: dict[str, float]) -> None:
+        """A model gone to NaN or Inf must never become a checkpoint: stop, keeping the last good one."""
+        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
+        if not bad and bool(finite):
+            return
+        what = ", ".join(f"{k} {v}" for k, v in bad.items()) or "weights that are not finite"
+        raise FloatingPointError(f"training diverged at step {self.step} ({what}); {self._kept()}. Lower --lr or "
+                                 "raise --warmup, then --resume")
+
+    def _kept(self) -> str:
+        return f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
+
+    def _save(self, name: str, *, with_state: bool) -> None:
+        meta = {**self.task.meta, "step": self.step, "best": self.best}
+        save_checkpoint(self.out / name, self.model, tokenizers=self.task.tokenizers, meta=meta,
+                        trainer_state=self._trainer_state() if with_state else None)
+
+    # --- the state a resumed run continues from -----------------------------------------------------------
+    def _run_s(self) -> float:
+        """The whole run's seconds so far: earlier invocations count."""
+        return self.elapsed_before + time.monotonic() - self.started
+
+    def _start(self) -> None:
+        if self.opts.resume:
+            self._restore()
+            self._check_budget_left()
+        else:
+            torch.manual_seed(self.opts.seed)
+            self.log.path.unlink(missing_ok=True)  # what an earlier start left before its first checkpoint
+
+    def _trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batch_index": self.batch_index,
+            "tokens_seen": self.tokens_seen,
+            "elapsed_s": self._run_s(),
+            "eval_s": self.eval_s,
+            "best": self.best or {},
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+            "options": asdict(self.opts),
+        }
+
+    def _restore(self) -> None:
+        ckpt = load_checkpoint(self.out / "last", with_trainer_state=True)
+        state = ckpt.trainer_state
+        try:
+            self.model.load_state_dict(ckpt.model.state_dict())  # copied onto this run's device
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as err:
+            raise ValueError(f"{ckpt.path} does not fit the model being resumed ({str(err).splitlines()[0]}); "
+                             "resume a run with the command that started it") from None
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
+        self.tokens_seen = state["tokens_seen"]
+        self.elapsed_before = state.get("elapsed_s", 0.0)
+        self.eval_s = state.get("eval_s")
+        self.best = state["best"] or None
+        torch.set_rng_state(state["torch_rng"])
+        if self.device.type == "cuda" and len(state.get("cuda_rng", [])) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])  # dropout on the GPU continues as it would have
+        self.log.read(up_to_step=self.step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", ckpt.path, self.step, self.epoch,
+                 self.batch_index, self.device)

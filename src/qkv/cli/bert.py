@@ -11,12 +11,14 @@ from pathlib import Path
 
 from .common import (
     Parser,
+    add_device_arguments,
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
     read_inputs,
     report,
+    runtime,
     train_options,
     training_run,
 )
@@ -42,14 +44,16 @@ def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
                      help="layer of the map (default: the last; negative from the end)")
     att.add_argument("--head", type=integer(0), help="head of the map (default: the mean over heads)")
     att.add_argument("--sentence", type=integer(0), default=0, help="which input to map (0-based, default 0)")
+    add_device_arguments(p)
 
 
-def _encoder(args: argparse.Namespace, texts: list[str]):
-    """The encoder of --model, with the attention-map options checked against it and ``texts`` before any
-    sentence is embedded."""
+def _encoder(args: argparse.Namespace, texts: list[str], device):
+    """The encoder of --model on ``device``, with the attention-map options checked against it and ``texts``
+    before any sentence is embedded."""
     from ..interop.sentence import load_sentence_encoder
 
     encoder = load_sentence_encoder(args.model)
+    encoder.model.to(device)
     if args.max_length is not None:
         encoder.max_length = args.max_length
     if args.attention:
@@ -93,8 +97,10 @@ def embed_cmd(args: argparse.Namespace) -> None:
     output = Path(args.output) if args.output else None
     if output is not None and output.suffix not in (".npy", ".jsonl", ".json"):
         raise ValueError(f"--output must end in .npy (a matrix) or .jsonl (JSON lines), got {output.name!r}")
-    encoder = _encoder(args, sentences)
-    vectors = _embed(encoder, sentences, args.batch_size)
+    device, _, amp = runtime(args)
+    encoder = _encoder(args, sentences, device)
+    with amp:
+        vectors = _embed(encoder, sentences, args.batch_size)
     if output is not None and output.suffix == ".npy":
         import numpy as np
 
@@ -128,10 +134,12 @@ def search_cmd(args: argparse.Namespace) -> None:
     if not first_line:
         raise ValueError(f"{args.corpus}: no text to search; expected one passage per line")
     documents = list(first_line)
-    encoder = _encoder(args, queries)
+    device, _, amp = runtime(args)
+    encoder = _encoder(args, queries, device)
     log.info("embedding %d distinct lines of %s with %s", len(documents), args.corpus, encoder.name)
-    corpus = _embed(encoder, documents, args.batch_size)
-    scores, indices = search(_embed(encoder, queries, args.batch_size), corpus, args.top_k)
+    with amp:
+        corpus = _embed(encoder, documents, args.batch_size)
+        scores, indices = search(_embed(encoder, queries, args.batch_size), corpus, args.top_k)
     for q, (query, row_scores, row_indices) in enumerate(zip(queries, scores.tolist(), indices.tolist(),
                                                               strict=True)):
         if q:
@@ -148,8 +156,10 @@ def similarity_cmd(args: argparse.Namespace) -> None:
     texts = [t.strip() for t in args.texts]
     if not all(texts):
         raise ValueError("both sentences must have some text")
-    encoder = _encoder(args, texts)
-    vectors = _embed(encoder, texts, args.batch_size)
+    device, _, amp = runtime(args)
+    encoder = _encoder(args, texts, device)
+    with amp:
+        vectors = _embed(encoder, texts, args.batch_size)
     print(f"{cosine_similarity(vectors[:1], vectors[1:]).item():.4f}")
     _attention_map(args, encoder, texts)
 
@@ -170,7 +180,7 @@ def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
 TRAIN_DEFAULTS = dict(
     init=None, preset="tiny", d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, vocab_size=8000,
     max_length=128, max_steps=None, epochs=None, max_minutes=None, batch_size=32, accum=1, lr=None, warmup=100,
-    schedule="cosine", min_lr_ratio=0.0, clip=1.0, weight_decay=0.01, bf16=False, eval_every=200,
+    schedule="cosine", min_lr_ratio=0.0, clip=1.0, weight_decay=0.01, eval_every=200,
     eval_at_minutes=None, seed=0,
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
@@ -367,11 +377,13 @@ def classify_cmd(args: argparse.Namespace) -> None:
     from ..tasks.classify import predict
 
     sentences = read_inputs(args.text, args.input, "classify")
+    device, _, amp = runtime(args)
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "bert-classifier":
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a classifier (see qkv train classify)")
     labels = ckpt.meta["labels"]
-    probs = predict(ckpt.model, ckpt.tokenizers["text"], sentences, max_length=ckpt.meta["max_length"])
+    with amp:
+        probs = predict(ckpt.model.to(device), ckpt.tokenizers["text"], sentences, max_length=ckpt.meta["max_length"])
     for sentence, row in zip(sentences, probs, strict=True):
         best = int(row.argmax())
         print(f"{labels[best]}\t{row[best]:.3f}\t{sentence}")
@@ -402,6 +414,7 @@ def add_commands(sub) -> None:
     cls = command(sub, "classify", "label sentences with a classifier from qkv train classify")
     add_input_arguments(cls)
     cls.add_argument("--model", required=True, help="a classifier checkpoint or run directory (uses best/)")
+    add_device_arguments(cls)
     cls.set_defaults(run=classify_cmd)
 
 

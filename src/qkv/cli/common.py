@@ -34,8 +34,8 @@ TASK_COMMANDS = {"translation": "train", "language_model": "train lm", "masked_l
 # What a resumed run may change: its budget, the optimizer's settings and when it evaluates. Everything else
 # (data, tokenizer, model, batching, seed, what validation measures) is the run's and stays as it was.
 RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "warmup",
-                       "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "bf16", "label_smoothing",
-                       "teacher_forcing"})
+                       "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "label_smoothing",
+                       "teacher_forcing"})  # and --device, --precision: how this invocation runs, never stored
 
 
 def _flag(key: str) -> str:
@@ -92,13 +92,15 @@ def _shown(value) -> str:
 @contextlib.contextmanager
 def training_run(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()
                  ) -> Iterator[dict]:
-    """What every ``qkv train`` command does first: own ``--out`` for the whole run (see
-    :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source, before
-    anything random (tokenizer training, the model's initialisation) happens. Yields the settings."""
+    """What every ``qkv train`` command does first: check ``--device`` and ``--precision``, own ``--out`` for the
+    whole run (see :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source,
+    before anything random (tokenizer training, the model's initialisation) happens. Yields the settings."""
     import torch
 
+    from ..device import resolve_device, resolve_precision
     from ..rundir import claim
 
+    resolve_precision(args.precision, resolve_device(args.device))  # a device this machine lacks: say so first
     with claim(args.out, resume=args.resume):
         s = settings(args, defaults, command=command, paths=paths)
         torch.manual_seed(s["seed"])
@@ -119,6 +121,27 @@ def add_input_arguments(p: argparse.ArgumentParser, *, blank: str = "") -> None:
     """Sentences as arguments, else --input FILE, else stdin (see :func:`read_inputs`)."""
     p.add_argument("text", nargs="*", help="sentences (else --input FILE, else stdin)")
     p.add_argument("--input", help=f"file of sentences, one per line{blank}")
+
+
+def add_device_arguments(p: argparse.ArgumentParser) -> None:
+    """``--device`` and ``--precision`` (see :mod:`qkv.device`), for every command that runs a model."""
+    from ..device import DEVICES, PRECISIONS
+
+    group = p.add_argument_group("device")
+    group.add_argument("--device", default="auto", help=f"{DEVICES} (default auto: a CUDA GPU when there is one)")
+    group.add_argument("--precision", default="auto", choices=PRECISIONS,
+                       help="matrix products in fp32, bf16 or fp16 autocast (default auto: bf16 on a GPU that has "
+                            "it, fp32 on a CPU; fp16 on CUDA only)")
+
+
+def runtime(args: argparse.Namespace):
+    """(device, precision, autocast context) of --device and --precision, checked before any model is loaded."""
+    from ..device import autocast, prepare, resolve_device, resolve_precision
+
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    prepare(device)
+    return device, precision, autocast(device, precision)
 
 
 def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch: tuple[str, str],
@@ -148,13 +171,13 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch:
                        help=f"cosine floor as a fraction of --lr ({defaults['min_lr_ratio']:g})")
     train.add_argument("--clip", type=NON_NEGATIVE, help=f"gradient-norm clipping ({defaults['clip']}; 0 disables)")
     train.add_argument("--weight-decay", type=NON_NEGATIVE, help=f"AdamW weight decay ({defaults['weight_decay']:g})")
-    train.add_argument("--bf16", action="store_true", default=None, help="bf16 autocast (slower without AMX)")
     train.add_argument("--eval-every", type=COUNT,
                        help=f"steps between validations and checkpoints ({defaults['eval_every']})")
     train.add_argument("--eval-at-minutes", type=POSITIVE, nargs="+", metavar="M",
                        help="also validate (and checkpoint) when the run has trained this many minutes")
     train.add_argument("--seed", type=SEED, help="seeds the model's initialisation, the data order and dropout (0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_arguments(p)
     return train
 
 
@@ -164,17 +187,18 @@ def train_options(s: dict, args: argparse.Namespace, **fixed):
     from ..training import TrainOptions
 
     chosen = {k: s[k] for k in ("max_steps", "epochs", "max_minutes", "lr", "schedule", "warmup", "weight_decay",
-                                "clip", "accum", "bf16", "eval_every", "seed")}
+                                "clip", "accum", "eval_every", "seed")}
     if s.get("min_lr_ratio") is not None:
         chosen["min_lr_ratio"] = s["min_lr_ratio"]
     chosen["eval_at_minutes"] = tuple(s.get("eval_at_minutes") or ())
-    return TrainOptions(**{**chosen, **fixed}, out=str(args.out), resume=args.resume, progress=not args.no_progress)
+    return TrainOptions(**{**chosen, **fixed}, out=str(args.out), resume=args.resume, progress=not args.no_progress,
+                        device=args.device, precision=args.precision)
 
 
 def report(result, out: Path) -> int:
     """Print how the run ended; the exit status: 0, or 128 + the signal that stopped it (130 for Ctrl-C, 143
     for SIGTERM), so that ``qkv train ... && qkv evaluate ...`` does not go on after an interrupted run."""
-    from ..training import format_metrics
+    from ..progress import format_metrics
 
     print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), {result.elapsed_s / 60:.1f} "
           f"min in all, {result.rate:,.0f} {result.unit.replace('_', ' ')}/s while training")

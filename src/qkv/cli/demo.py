@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 
-from .common import command
+from .common import add_device_arguments, command
 from .numbers import POSITIVE, SEED
 
 
 def demo(args: argparse.Namespace) -> None:
     from ..tasks.demo import run_demo
 
-    run_demo(out=args.out, minutes=args.minutes, seed=args.seed, progress=not args.no_progress)
+    run_demo(out=args.out, minutes=args.minutes, seed=args.seed, progress=not args.no_progress, device=args.device,
+             precision=args.precision)
 
 
 def add_commands(sub) -> None:
@@ -22,4 +23,5 @@ def add_commands(sub) -> None:
     p.add_argument("--minutes", type=POSITIVE, default=2.5, help="training budget in minutes (default 2.5)")
     p.add_argument("--seed", type=SEED, default=0)
     p.add_argument("--no-progress", action="store_true")
+    add_device_arguments(p)
     p.set_defaults(run=demo)

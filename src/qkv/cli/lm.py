@@ -7,7 +7,17 @@ import logging
 import sys
 from pathlib import Path
 
-from .common import Parser, add_size_arguments, add_training_arguments, command, report, train_options, training_run
+from .common import (
+    Parser,
+    add_device_arguments,
+    add_size_arguments,
+    add_training_arguments,
+    command,
+    report,
+    runtime,
+    train_options,
+    training_run,
+)
 from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, real
 
 log = logging.getLogger("qkv")
@@ -18,7 +28,7 @@ LM_DEFAULTS = dict(
     text=None, valid_text=None, valid_fraction=0.1, tokenizer="char", vocab_size=4000, preset="mini", style="gpt2",
     d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, context=None, batch_size=32, accum=1,
     lr=1e-3, warmup=200, schedule="cosine", min_lr_ratio=0.1, clip=1.0, weight_decay=0.1, max_steps=None,
-    epochs=None, max_minutes=None, eval_every=250, eval_at_minutes=None, eval_windows=None, bf16=False, seed=0,
+    epochs=None, max_minutes=None, eval_every=250, eval_at_minutes=None, eval_windows=None, seed=0,
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
 
@@ -127,6 +137,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
                      help="also stop at this token (repeatable; must be one token)")
     dec.add_argument("--seed", type=SEED, help="seed the sampler, for a reproducible sample")
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
+    add_device_arguments(p)
 
 
 def _sampling(args: argparse.Namespace):
@@ -145,16 +156,16 @@ def _sampling(args: argparse.Namespace):
         raise ValueError(f"{err} (see --temperature, --top-k, --top-p, --repetition-penalty)") from None
 
 
-def load_lm(args: argparse.Namespace):
-    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained; the --stop texts are
-    checked against the tokenizer before the weights are read."""
+def load_lm(args: argparse.Namespace, device):
+    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained, the model on ``device``;
+    the --stop texts are checked against the tokenizer before the weights are read."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|FILE.gguf|HF_DIR")
     if args.pretrained:
         from ..interop import load_pretrained
 
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()))
-        return pre.model, pre.tokenizer, _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids)), \
+        return pre.model.to(device), pre.tokenizer, _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids)), \
             pre.chat_template
     from ..checkpoint import load_checkpoint, resolve
     from ..tokenizers import load_tokenizer
@@ -164,7 +175,7 @@ def load_lm(args: argparse.Namespace):
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
-    return ckpt.model, ckpt.tokenizers["text"], stops, None
+    return ckpt.model.to(device), ckpt.tokenizers["text"], stops, None
 
 
 def _stop_texts(texts: list[str]) -> list[str]:
@@ -212,16 +223,20 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if not prompts:
         raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
     _stop_texts(args.stop)
-    model, tokenizer, stops, _ = load_lm(args)
+    device, _, amp = runtime(args)
+    model, tokenizer, stops, _ = load_lm(args, device)
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, beam_size=args.beam, stop_ids=stops,
                   seed=args.seed, use_cache=not args.no_cache)
     if stream:
         print(prompts[0], end="", flush=True)
-        complete(model, tokenizer, prompts, on_token=_Stream(tokenizer), **kwargs)
+        with amp:
+            complete(model, tokenizer, prompts, on_token=_Stream(tokenizer), **kwargs)
         print()
         return
-    for i, (prompt, text) in enumerate(zip(prompts, complete(model, tokenizer, prompts, **kwargs), strict=True)):
+    with amp:
+        texts = complete(model, tokenizer, prompts, **kwargs)
+    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
         if i:
             print("-" * 40)
         print(prompt + text)
@@ -238,9 +253,10 @@ def chat_cmd(args: argparse.Namespace) -> None:
         raise ValueError("qkv chat reads your messages from stdin, which is closed; run it in a terminal or pipe "
                          "messages into it")
     _stop_texts(args.stop)
+    device, _, amp = runtime(args)
     if not args.model and not args.pretrained:
         args.pretrained = "smollm2"
-    model, tokenizer, stops, template = load_lm(args)
+    model, tokenizer, stops, template = load_lm(args, device)
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
     if "<|im_start|>" not in template:
@@ -270,8 +286,9 @@ def chat_cmd(args: argparse.Namespace) -> None:
             prompt = chat_prompt(messages)  # forget the oldest exchange
         if interactive:
             print("bot> ", end="", flush=True)
-        reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                         stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=_Stream(tokenizer))
+        with amp:
+            reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
+                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=_Stream(tokenizer))
         print(flush=True)
         messages.append({"role": "assistant", "content": reply[0].strip()})
 

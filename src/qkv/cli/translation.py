@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 
 from .common import (
+    add_device_arguments,
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
     read_inputs,
     report,
+    runtime,
     train_options,
     training_run,
 )
@@ -33,7 +35,7 @@ TRAIN_DEFAULTS = dict(
     max_len=128, batch_tokens=4000, accum=1, lr=7e-4, warmup=1000, schedule="inverse_sqrt", min_lr_ratio=0.0,
     eval_at_minutes=None, label_smoothing=0.1,
     clip=1.0, weight_decay=0.01, max_steps=None, epochs=None, max_minutes=None, eval_every=500, bleu_samples=500,
-    bf16=False, seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None,
+    seed=0, valid_size=1000, test_size=None, target_lang=None, src=None, tgt=None, tsv=None,
     valid_src=None, valid_tgt=None, valid_tsv=None,
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
@@ -206,12 +208,13 @@ def _train(args: argparse.Namespace, s: dict) -> int:
 
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
 
-def _load_translator(path: str):
+def _load_translator(path: str, device):
     from ..checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(path)
     if ckpt.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(ckpt.tokenizers):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a translation model")
+    ckpt.model.to(device)
     return ckpt
 
 
@@ -231,14 +234,16 @@ def translate(args: argparse.Namespace) -> None:
     from ..tasks.translation import cross_attention, translate
     from ..viz import attention_heatmap
 
+    device, _, amp = runtime(args)
     sources = read_inputs(args.text, args.input, "translate", keep_blank=True)
     if args.attention and not sources[0].strip():
         raise ValueError("--attention draws the first sentence, and it is empty; put a sentence first")
-    ckpt = _load_translator(args.model)
+    ckpt = _load_translator(args.model, device)
     if args.attention:
         _check_attention_map(args, ckpt.model)
-    hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
-                     alpha=args.alpha, use_cache=not args.no_cache)
+    with amp:
+        hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
+                         alpha=args.alpha, use_cache=not args.no_cache)
     if args.output:
         Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     else:
@@ -246,8 +251,9 @@ def translate(args: argparse.Namespace) -> None:
             print(h)
     if args.attention:
         first = sources[0].strip()
-        weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
-                                                          ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
+        with amp:
+            weights, tgt_labels, src_labels = cross_attention(ckpt.model, ckpt.tokenizers, first,
+                                                              ckpt.tokenizers["tgt"].encode(hyps[0]), layer=args.layer)
         lstm_attention = getattr(ckpt.model.config, "attention", None)
         if lstm_attention:
             title = f"LSTM {lstm_attention} attention"
@@ -262,6 +268,7 @@ def evaluate(args: argparse.Namespace) -> None:
     from ..metrics import bleu, check_tokenized_bleu, chrf, tokenized_bleu
     from ..tasks.translation import looks_chinese, translate
 
+    device, _, amp = runtime(args)
     if args.tokenized_bleu:
         check_tokenized_bleu()  # spaCy is an extra: say so before translating, not after
     if not args.model and not args.hyp:
@@ -273,10 +280,11 @@ def evaluate(args: argparse.Namespace) -> None:
         sources = read_lines(args.src)
         if len(sources) != len(refs):
             raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-        ckpt = _load_translator(args.model)
+        ckpt = _load_translator(args.model, device)
         start = time.monotonic()
-        hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
-                         alpha=args.alpha)
+        with amp:
+            hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
+                             alpha=args.alpha)
         print(f"translated {len(hyps)} sentences in {time.monotonic() - start:.1f}s (beam {args.beam})")
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
@@ -310,6 +318,7 @@ def add_commands(sub) -> None:
     tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
     tr.add_argument("--layer", type=integer(), default=-1, help="decoder layer of the attention map (default: last)")
     tr.add_argument("--no-cache", action="store_true", help="decode without the KV cache (slower; same output)")
+    add_device_arguments(tr)
     tr.set_defaults(run=translate)
 
     ev = command(sub, "evaluate", "score translations with sacreBLEU and chrF")
@@ -323,4 +332,5 @@ def add_commands(sub) -> None:
     ev.add_argument("--tokenized-bleu", action="store_true",
                     help="also BLEU on lower-cased spaCy tokens, as older Multi30k results report "
                          "(needs spaCy: pip install 'qkv[bleu]')")
+    add_device_arguments(ev)
     ev.set_defaults(run=evaluate)

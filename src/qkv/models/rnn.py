@@ -449,7 +449,7 @@ class LSTMDecoding:
         self.state = model.encode(src)
         self.use_cache = use_cache
         self.prefix: Tensor | None = None
-        self.batch_size = src.size(0)
+        self.batch_size, self.device = src.size(0), src.device
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens ``(B, t)``: the newest tokens -> logits ``(B, V)`` of the next one."""

@@ -193,7 +193,7 @@ class TransformerDecoding:
         self.memory_mask = model.source_mask(src)  # (B, S)
         self.cache = model.new_cache() if use_cache else None
         self.prefix: Tensor | None = None
-        self.batch_size = src.size(0)
+        self.batch_size, self.device = src.size(0), src.device
 
     def step(self, tokens: Tensor) -> Tensor:
         """tokens ``(B, t)``: the newest tokens -> logits ``(B, V)`` of the next one."""

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data import DataError, pad, read_lines
+from ..device import device_of, move, to_device
 from ..models import BERTClassifier
 from ..tokenizers import WordPieceTokenizer
 from .embeddings import frame
@@ -133,14 +134,15 @@ class ClassifyTask:
         return self._epoch[1]
 
     def loss(self, batch: ClassifyBatch) -> tuple[Tensor, int]:
+        batch = move(batch, device_of(self.model))
         logits = self.model(batch.ids, attention_mask=batch.attention_mask)  # (B, L)
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
 
     def evaluate(self) -> dict[str, float]:
         total, correct = 0.0, 0
         for k in range(0, len(self.valid_ids), self.batch_size):
-            batch = self._batch(range(k, min(k + self.batch_size, len(self.valid_ids))), self.valid_ids,
-                                self.valid_labels)
+            batch = move(self._batch(range(k, min(k + self.batch_size, len(self.valid_ids))), self.valid_ids,
+                                     self.valid_labels), device_of(self.model))
             logits = self.model(batch.ids, attention_mask=batch.attention_mask).float()
             total += F.cross_entropy(logits, batch.labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == batch.labels).sum())
@@ -159,5 +161,6 @@ def predict(model: BERTClassifier, tokenizer: WordPieceTokenizer, texts: Sequenc
         sequences = ids[k : k + batch_size]
         batch = pad(sequences, tokenizer.pad_id)  # (B, T)
         mask = torch.arange(batch.size(1))[None, :] < torch.tensor([len(s) for s in sequences])[:, None]
-        out.append(model(batch, attention_mask=mask).float().softmax(-1))
+        device = device_of(model)
+        out.append(model(to_device(batch, device), attention_mask=to_device(mask, device)).float().softmax(-1).cpu())
     return torch.cat(out)

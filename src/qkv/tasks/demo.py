@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..config import TransformerConfig
+from ..device import device_of
 from ..metrics import bleu
 from ..models import Transformer
 from ..tokenizers import BPETokenizer, CharTokenizer
@@ -73,7 +74,8 @@ def exact_match_per_kind(sources: Sequence[str], hyps: Sequence[str], references
     return {kind: (counts[kind][0], counts[kind][1] / counts[kind][0]) for kind in KINDS if kind in counts}
 
 
-def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int = 0, progress: bool = True) -> dict:
+def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int = 0, progress: bool = True,
+             device: str = "cpu", precision: str = "fp32") -> dict:
     """Generate the corpus, train, evaluate on held-out pairs, print samples, draw the attention map.
 
     Args:
@@ -81,6 +83,7 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
         minutes: training budget in wall-clock minutes, the final evaluation included.
         seed: seeds the corpus, the initialisation and the batch order.
         progress: show a progress bar.
+        device, precision: where and how to train and translate (see :mod:`qkv.device`).
 
     Returns:
         the test numbers: ``{"exact_match", "bleu", "train_minutes", "steps", "per_kind"}``, ``per_kind``
@@ -113,13 +116,15 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
     task = DemoTask(model, tokenizers, train, valid, batch_tokens=2500, seed=seed, label_smoothing=0.0,
                     bleu_samples=len(valid), target_language="zh", meta={"title": "demo en→zh"})
     opts = TrainOptions(out=str(out), max_minutes=minutes, lr=1.5e-3, warmup=150, schedule="cosine",
-                        min_lr_ratio=0.05, eval_every=100, seed=seed, progress=progress)
+                        min_lr_ratio=0.05, eval_every=100, seed=seed, progress=progress, device=device,
+                        precision=precision)
     result = Trainer(task, opts).run()
     train_minutes = (time.monotonic() - start) / 60
 
     from ..checkpoint import load_checkpoint
 
     best = load_checkpoint(out / "best")
+    best.model.to(device_of(model))  # where training left the model
     sources, references = [p[0] for p in test_pairs], [p[1] for p in test_pairs]
     hyps = translate(best.model, best.tokenizers, sources)
     exact = sum(h == r for h, r in zip(hyps, references, strict=True)) / len(references)

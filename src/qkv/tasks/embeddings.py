@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data import pad
+from ..device import device_of, to_device
 from ..models import BERT, mean_pool
 from ..tokenizers import WordPieceTokenizer
 
@@ -100,13 +101,15 @@ def embed(
     ids = frame(tokenizer, texts, max_length)
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first, similar lengths together
     out = torch.empty(len(ids), model.config.d_model)
+    device = device_of(model)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = pad([ids[i] for i in rows], tokenizer.pad_id)  # (B, T)
         mask = torch.arange(batch.size(1))[None, :] < torch.tensor([len(ids[i]) for i in rows])[:, None]  # (B, T)
+        batch, mask = to_device(batch, device), to_device(mask, device)
         hidden = model(batch, attention_mask=mask)  # (B, T, D)
         vectors = pool(hidden, mask, pooling).float()  # (B, D)
-        out[rows] = F.normalize(vectors, p=2, dim=-1) if normalize else vectors
+        out[rows] = (F.normalize(vectors, p=2, dim=-1) if normalize else vectors).cpu()
     return out
 
 
@@ -153,7 +156,7 @@ def self_attention(
         raise ValueError(f"head must be in [0, {cfg.n_heads - 1}], got {head}")
     model.eval()
     ids = frame(tokenizer, [text], max_length or cfg.max_seq_len)[0]
-    weights = model(torch.tensor([ids]), return_attention=True).attention  # one (1, H, T, T) per layer
+    weights = model(torch.tensor([ids], device=device_of(model)), return_attention=True).attention  # (1, H, T, T)s
     att = weights[layer][0]  # (H, T, T)
     att = att.mean(0) if head is None else att[head]  # (T, T)
     return att, [tokenizer.id_to_token(i) for i in ids]

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..data import DataError, read_text
+from ..device import device_of, to_device
 from ..generation import LMDecoder, Sampling, generate
 from ..tokenizers import Tokenizer, encode_all
 
@@ -109,7 +110,7 @@ class LanguageModelTask:
         return self._epoch[1]
 
     def loss(self, batch: WindowBatch) -> tuple[Tensor, int]:
-        chunk = windows(self.train, batch.offsets, self.context + 1)  # (B, T + 1)
+        chunk = to_device(windows(self.train, batch.offsets, self.context + 1), device_of(self.model))  # (B, T + 1)
         logits = self.model(chunk[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum")
         return loss, batch.n_tokens
@@ -123,12 +124,12 @@ class LanguageModelTask:
             starts, tail = starts[: self.eval_windows], 0
         total, tokens = 0.0, 0
         for chunk_starts in starts.split(max(1, self.batch_size)):
-            chunk = windows(self.valid, chunk_starts, self.context + 1)
+            chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(self.model))
             logits = self.model(chunk[:, :-1])
             total += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").item()
             tokens += chunk[:, 1:].numel()
         if tail:  # the last, shorter window
-            chunk = self.valid[n * self.context :][None]
+            chunk = to_device(self.valid[n * self.context :][None], device_of(self.model))
             logits = self.model(chunk[:, :-1])
             total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
             tokens += tail
@@ -168,7 +169,7 @@ def complete(
         out = beam_search(decoder, start=decoder.start, max_new_tokens=max_new_tokens, beam_size=beam_size,
                           stop_ids=stops, suppress_ids=suppress)
     else:
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        generator = torch.Generator(device_of(model)).manual_seed(seed) if seed is not None else None
         out = generate(decoder, start=decoder.start, max_new_tokens=max_new_tokens, sampling=sampling or GREEDY,
                        stop_ids=stops, context=ids, generator=generator, on_token=on_token, suppress_ids=suppress)
     return [tokenizer.decode(o) for o in out]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..data import pad
+from ..device import device_of, move
 from ..models import BERTForMaskedLM
 from ..tokenizers import WordPieceTokenizer, encode_all
 
@@ -158,6 +159,7 @@ class MaskedLMTask:
         return self._epoch[1]
 
     def _logits_and_targets(self, batch: MaskedBatch) -> tuple[Tensor, Tensor]:
+        batch = move(batch, device_of(self.model))
         chosen = batch.labels != IGNORE  # (B, T)
         logits = self.model(batch.inputs, attention_mask=batch.attention_mask, select=chosen)  # (N, V)
         return logits.float(), batch.labels[chosen]  # (N, V), (N,)
@@ -187,7 +189,7 @@ def fill_mask(model: BERTForMaskedLM, tokenizer: WordPieceTokenizer, text: str, 
     """
     model.eval()
     ids = tokenizer.wrap(tokenizer.encode(text), model.config.max_seq_len)
-    batch = torch.tensor([ids])  # (1, T)
+    batch = torch.tensor([ids], device=device_of(model))  # (1, T)
     where = batch == tokenizer.mask_id
     if not where.any():
         raise ValueError(f"no {tokenizer.specials['mask']} in {text!r}; write it where a word is to be guessed")

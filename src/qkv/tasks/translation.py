@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
+from ..device import device_of, move, to_device
 from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
@@ -62,6 +63,7 @@ def translate_ids(
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
                                 eos_id=EOS_ID).src
+        src = to_device(src, device_of(model))
         # the Transformer with its KV cache, the LSTM with its carried state (h, c)
         decoder: IncrementalDecoder = model.start_decoding(src, use_cache=use_cache)
         limit = [max_new_tokens(model, len(sources[i])) for i in indices]
@@ -100,8 +102,8 @@ def cross_attention(model: nn.Module, tokenizers: dict[str, Tokenizer], source: 
     model.eval()
     limit = position_limit(model)
     src_ids = tokenizers["src"].encode(source)[:limit]
-    src = torch.tensor([src_ids])
-    tgt_in = torch.tensor([[BOS_ID, *target_ids]])
+    src = torch.tensor([src_ids], device=device_of(model))
+    tgt_in = torch.tensor([[BOS_ID, *target_ids]], device=device_of(model))
     _, att = model(src, tgt_in, return_attention=True)
     layers = att["decoder_cross"]
     if not -len(layers) <= layer < len(layers):
@@ -206,6 +208,8 @@ class TranslationTask:
                                  bos_id=BOS_ID, eos_id=EOS_ID)
 
     def loss(self, batch: TranslationBatch, *, label_smoothing: float | None = None) -> tuple[torch.Tensor, int]:
+        n_tokens = batch.n_tokens  # counted on the host, before the batch moves
+        batch = move(batch, device_of(self.model))
         if self.teacher_forcing < 1.0 and self.model.training:  # validation always feeds the true tokens
             logits = self.model(batch.src, batch.tgt_in, teacher_forcing=self.teacher_forcing)  # (B, T, V)
         else:
@@ -213,7 +217,7 @@ class TranslationTask:
         smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID,
                                label_smoothing=smoothing, reduction="sum")
-        return loss, batch.n_tokens
+        return loss, n_tokens
 
     def evaluate(self) -> dict[str, float]:
         total, tokens = 0.0, 0
