@@ -93,6 +93,7 @@ class TrainOptions:
     accum: int = 1
     device: str = "cpu"  # see qkv.device: auto, cpu, cuda, cuda:N
     precision: str = "fp32"  # auto, fp32, bf16, fp16 (fp16 on CUDA only, with a gradient scaler)
+    compile: bool = False  # torch.compile the model's forward (and backward) before training
     eval_every: int = 500
     eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
     stop_at: float | None = None  # stop once the task's selection metric reaches this value
@@ -219,6 +220,8 @@ class Trainer:
         self.precision = resolve_precision(opts.precision, self.device)
         prepare(self.device)
         self.model = task.model.to(self.device)
+        if opts.compile:
+            self.model.compile()  # in place: the module, its type and its state dict stay as they are
         self.unit = getattr(task, "unit", "tokens")
         self.optimizer = _optimizer(self.model, opts)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_scaler)

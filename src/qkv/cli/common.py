@@ -178,6 +178,8 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch:
     train.add_argument("--seed", type=SEED, help="seeds the model's initialisation, the data order and dropout (0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_device_arguments(p)
+    train.add_argument("--compile", action="store_true",
+                       help="torch.compile the model first (minutes of compiling; pays off on GPUs and long runs)")
     return train
 
 
@@ -192,7 +194,7 @@ def train_options(s: dict, args: argparse.Namespace, **fixed):
         chosen["min_lr_ratio"] = s["min_lr_ratio"]
     chosen["eval_at_minutes"] = tuple(s.get("eval_at_minutes") or ())
     return TrainOptions(**{**chosen, **fixed}, out=str(args.out), resume=args.resume, progress=not args.no_progress,
-                        device=args.device, precision=args.precision)
+                        device=args.device, precision=args.precision, compile=args.compile)
 
 
 def report(result, out: Path) -> int:

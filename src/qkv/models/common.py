@@ -108,14 +108,20 @@ def decoder_layer(cfg: ModelConfig, rope: RotaryEmbedding | None, *, cross: bool
 
 
 def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
-    """Token ids must be an integer ``(B, T)`` tensor with every id in ``[0, vocab_size)``."""
+    """Token ids must be an integer ``(B, T)`` tensor with every id in ``[0, vocab_size)``.
+
+    The range is checked only for ids on the CPU, the public boundary where a person's ids come in, and not
+    while ``torch.compile`` traces: reading a value back from a GPU makes the host wait for it on every forward
+    (and breaks a compiled graph). Ids made on a device come from qkv's own tokenizers and data, which only
+    write ids of their vocabulary.
+    """
     if not isinstance(ids, Tensor):
         raise TypeError(f"{name} must be a torch.LongTensor of shape (B, T), got {type(ids).__name__}")
     if ids.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must hold integer token ids (torch.long), got dtype {ids.dtype}")
     if ids.dim() != 2:
         raise ValueError(f"{name} must have shape (B, T), got {ids.dim()} dimensions {tuple(ids.shape)}")
-    if ids.numel():
+    if ids.numel() and ids.device.type == "cpu" and not torch.compiler.is_compiling():
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= vocab_size:
             bad = lo if lo < 0 else hi

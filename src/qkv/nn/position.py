@@ -20,7 +20,10 @@ from torch import Tensor, nn
 def _check_positions(positions: Tensor, max_len: int) -> None:
     if positions.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"positions must be an integer tensor, got dtype {positions.dtype}")
-    if positions.numel() and int(positions.max()) >= max_len:
+    # Values are read only on the CPU and outside torch.compile: on a GPU reading one back makes the host wait on
+    # every forward (qkv.models.common.check_ids follows the same rule).
+    if positions.numel() and positions.device.type == "cpu" and not torch.compiler.is_compiling() and \
+            int(positions.max()) >= max_len:
         raise ValueError(
             f"position {int(positions.max())} is beyond max_seq_len={max_len}; "
             "shorten the input or build the model with a larger max_seq_len"
