@@ -139,6 +139,16 @@ class ModelConfig(Config):
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    def table_rows(self, vocab_size: int) -> int:
+        """Rows of an embedding or output table: ``vocab_size`` rounded up to ``vocab_multiple``.
+
+        A matrix product whose sizes are multiples of 64 runs on whole tiles (GPT-2's 50,257 rows padded to
+        50,304 train about a tenth faster on a GPU). The extra rows are never a token: no id points at them,
+        and the model cuts its logits back to the vocabulary, so they are never chosen and never in a loss.
+        """
+        multiple = getattr(self, "vocab_multiple", 1)
+        return -(-vocab_size // multiple) * multiple
+
     def _check_vocab(self, name: str, size: int) -> None:
         _check_int(name, size)
         if self.pad_id is not None and self.pad_id >= size:
@@ -155,6 +165,8 @@ class TransformerConfig(ModelConfig):
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection reuses the target embedding matrix.
         scale_embeddings: multiply token embeddings by √d_model, as the paper does.
+        vocab_multiple: the embedding and output tables have a multiple of this many rows (see
+            :meth:`ModelConfig.table_rows`); logits are cut back to ``tgt_vocab_size``.
     """
 
     src_vocab_size: int
@@ -165,6 +177,7 @@ class TransformerConfig(ModelConfig):
     tie_output: bool = True
     scale_embeddings: bool = True
     init: str = "xavier"
+    vocab_multiple: int = 1
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         # Vaswani et al. 2017, Table 3 "base": Post-Norm, ReLU, sinusoidal.
@@ -178,6 +191,7 @@ class TransformerConfig(ModelConfig):
         super().__post_init__()
         self._check_vocab("src_vocab_size", self.src_vocab_size)
         self._check_vocab("tgt_vocab_size", self.tgt_vocab_size)
+        _check_int("vocab_multiple", self.vocab_multiple)
         if self.n_encoder_layers is None:
             self.n_encoder_layers = self.n_layers
         if self.n_decoder_layers is None:
@@ -198,9 +212,12 @@ class GPTConfig(ModelConfig):
     Attributes:
         vocab_size: vocabulary size.
         tie_embeddings: the output projection reuses the token embedding matrix.
+        vocab_multiple: the embedding and output tables have a multiple of this many rows (see
+            :meth:`ModelConfig.table_rows`); logits are cut back to ``vocab_size``.
     """
 
     vocab_size: int
+    vocab_multiple: int = 1
     d_model: int = 768
     n_heads: int = 12
     n_layers: int = 12
@@ -229,6 +246,7 @@ class GPTConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._check_vocab("vocab_size", self.vocab_size)
+        _check_int("vocab_multiple", self.vocab_multiple)
 
 
 @dataclass(kw_only=True)

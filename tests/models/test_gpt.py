@@ -133,3 +133,19 @@ def test_skip_init_builds_without_drawing_and_restores_init():
     assert nn.init.normal_ is normal
     GPT(GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=2))
     assert not torch.equal(torch.get_rng_state(), before)  # outside the block, models are initialised again
+
+
+def test_a_padded_vocabulary_table_changes_nothing_but_its_shape():
+    """Rows added to reach a multiple of 64 are never a token: the logits are the unpadded model's exactly."""
+    torch.manual_seed(0)
+    plain = GPT(GPTConfig(vocab_size=100, d_model=32, n_heads=2, n_layers=1))
+    padded = GPT(GPTConfig(vocab_size=100, d_model=32, n_heads=2, n_layers=1, vocab_multiple=64))
+    assert padded.tok_emb.weight.shape == (128, 32) and padded.lm_head.weight is padded.tok_emb.weight
+    state = padded.state_dict()
+    for name, value in plain.state_dict().items():
+        state[name][: value.size(0)] = value  # the padding rows keep their random values
+    padded.load_state_dict(state)
+    ids = torch.randint(0, 100, (2, 9))
+    logits = padded(ids)
+    assert logits.shape == (2, 9, 100)
+    torch.testing.assert_close(logits, plain(ids))

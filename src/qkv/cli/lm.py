@@ -63,7 +63,8 @@ def _model_config(s: dict, vocab_size: int):
         overrides["max_seq_len"] = s["context"]
     style = GPTConfig.PRESETS["llama"] if s["style"] == "llama" else {}
     preset = {k: v for k, v in GPTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
-    return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None})
+    return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None,
+                        "vocab_multiple": 64})  # tables padded to whole tiles (see ModelConfig.table_rows)
 
 
 def train_lm(args: argparse.Namespace) -> int:

@@ -40,6 +40,7 @@ TRAIN_DEFAULTS = dict(
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
                 "attention_dropout", "activation_dropout", "positional")
+VOCAB_MULTIPLE = 64  # tables of new models padded to whole tiles (see ModelConfig.table_rows)
 PATHS = ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv")  # stored absolute, for --resume
 # --arch -> the LSTM's attention; one model family (checkpoint architecture "lstm"), three ways to read the source
 LSTM_ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
@@ -157,7 +158,7 @@ def _model_config(s: dict, tokenizers: dict):
         return RNNConfig.from_preset(s["preset"], attention=LSTM_ATTENTION[s["arch"]], **vocab, **overrides)
     overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
     return TransformerConfig.from_preset(
-        s["preset"], **vocab, max_seq_len=max(s["max_len"] + 2, 64),
+        s["preset"], **vocab, max_seq_len=max(s["max_len"] + 2, 64), vocab_multiple=VOCAB_MULTIPLE,
         **({"norm_first": False} if s["post_norm"] else {"norm_first": True}), **overrides,
     )
 

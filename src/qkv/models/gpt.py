@@ -29,14 +29,14 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         cfg = self.config = config
-        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.tok_emb = nn.Embedding(cfg.table_rows(cfg.vocab_size), cfg.d_model)
         self.positions = common.absolute_positions(cfg)
         self.emb_dropout = nn.Dropout(cfg.dropout)
         rope = common.rotary(cfg)
         self.decoder = Decoder(
             [common.decoder_layer(cfg, rope, cross=False) for _ in range(cfg.n_layers)], common.final_norm(cfg)
         )
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.table_rows(cfg.vocab_size), bias=False)
         common.init_weights(self, cfg, residual_layers=cfg.n_layers)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
@@ -97,7 +97,7 @@ class GPT(nn.Module):
             self.emb_dropout(x), key_padding_mask=attention_mask, positions=positions, cache=cache,
             need_weights=return_attention,
         )
-        logits = self.lm_head(x)
+        logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
         return WithAttention(logits, weights) if return_attention else logits
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:

@@ -50,8 +50,9 @@ class Transformer(nn.Module):
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         cfg = self.config = config
-        self.src_emb = nn.Embedding(cfg.src_vocab_size, cfg.d_model)
-        self.tgt_emb = self.src_emb if cfg.share_embeddings else nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
+        self.src_emb = nn.Embedding(cfg.table_rows(cfg.src_vocab_size), cfg.d_model)
+        self.tgt_emb = self.src_emb if cfg.share_embeddings else \
+            nn.Embedding(cfg.table_rows(cfg.tgt_vocab_size), cfg.d_model)
         self.positions = common.absolute_positions(cfg)
         self.emb_dropout = nn.Dropout(cfg.dropout)
         rope = common.rotary(cfg)
@@ -61,7 +62,7 @@ class Transformer(nn.Module):
         self.decoder = Decoder(
             [common.decoder_layer(cfg, rope, cross=True) for _ in range(cfg.n_decoder_layers)], common.final_norm(cfg)
         )
-        self.out_proj = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=False)
         common.init_weights(self, cfg)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_emb.weight
@@ -146,7 +147,7 @@ class Transformer(nn.Module):
             cache=cache,
             need_weights=need_weights,
         )
-        return self.out_proj(x), self_w, cross_w
+        return self.out_proj(x)[..., : self.config.tgt_vocab_size], self_w, cross_w  # padding rows: never a token
 
     def new_cache(self) -> DecoderCache:
         return self.decoder.new_cache()
