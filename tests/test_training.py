@@ -76,9 +76,9 @@ class FakeClock:
             self.now += self.step_s
             return loss(batch, **kw)
 
-        def timed_evaluate():  # its own validation losses do not count as training steps
+        def timed_evaluate(*group):  # its own validation losses do not count as training steps
             start = self.now
-            metrics = evaluate()
+            metrics = evaluate(*group)
             self.now = start + self.eval_s
             return metrics
 
@@ -217,9 +217,9 @@ def _poisoned(task, *, loss_at: int | None = None, eval_at: int | None = None):
                 value = value * float("nan")
         return value, n
 
-    def bad_evaluate():
+    def bad_evaluate(*group):
         counts["eval"] += 1
-        metrics = evaluate()
+        metrics = evaluate(*group)
         return {**metrics, "val_loss": float("nan")} if counts["eval"] == eval_at else metrics
 
     task.loss, task.evaluate = bad_loss, bad_evaluate

@@ -31,9 +31,12 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
+from . import distributed
 from .checkpoint import load_checkpoint, save_checkpoint
 from .device import autocast, prepare, resolve_device, resolve_precision
+from .distributed import SINGLE, Group
 from .progress import Progress, RunLog
 from .rundir import claim
 from .tokenizers import Tokenizer
@@ -63,8 +66,9 @@ class Task(Protocol):
         """(summed loss over the batch's items, number of those items)."""
         ...
 
-    def evaluate(self) -> dict[str, float]:
-        """Validation numbers, e.g. {"val_loss": ..., "val_bleu": ...}."""
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Validation numbers, e.g. {"val_loss": ..., "val_bleu": ...}; in a distributed run each rank takes its
+        ``group.shard`` of the work and the numbers are combined with ``group.sum`` / ``group.gather``."""
         ...
 
 
@@ -217,11 +221,18 @@ class Trainer:
         self.task, self.opts = task, opts
         self.out = Path(opts.out)
         self.device = resolve_device(opts.device)
+        self.group = distributed.setup(self.device.type)
+        if self.device.type == "cuda" and self.group.world > 1:
+            self.device = torch.device("cuda", self.group.local_rank)  # one GPU per process
         self.precision = resolve_precision(opts.precision, self.device)
         prepare(self.device)
         self.model = task.model.to(self.device)
         if opts.compile:
             self.model.compile()  # in place: the module, its type and its state dict stay as they are
+        self.ddp = None  # several processes: the forward passes of training go through DDP (see _forwards)
+        if self.group.world > 1:
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if
+                                               self.device.type == "cuda" else None)
         self.unit = getattr(task, "unit", "tokens")
         self.optimizer = _optimizer(self.model, opts)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_scaler)
@@ -233,16 +244,17 @@ class Trainer:
         self.log = RunLog(self.out / "log.csv")
 
     def run(self) -> TrainResult:
-        with claim(self.out, resume=self.opts.resume):
+        with claim(self.out, resume=self.opts.resume) if self.group.main else contextlib.nullcontext():
             return self._run()
 
     # --- the loop -------------------------------------------------------------------------------------
     def _run(self) -> TrainResult:
         self._start()
         total = self._total_steps()
-        progress = Progress(self.log, unit=self.unit, title=self.task.meta.get("title", "train"), total=total,
-                            initial=self.step, show=self.opts.progress, log_every=self.opts.log_every,
-                            max_minutes=self.opts.max_minutes, plot_title=self.task.meta.get("title", ""))
+        title, main = self.task.meta.get("title", ""), self.group.main
+        progress = Progress(self.log if main else None, unit=self.unit, title=title or "train", total=total,
+                            initial=self.step, show=self.opts.progress and main, log_every=self.opts.log_every,
+                            max_minutes=self.opts.max_minutes, plot_title=title)
         self.started = time.monotonic()
         self.last_eval: dict[str, float] | None = None
         self.model.train()
@@ -263,12 +275,15 @@ class Trainer:
                            self.unit, stop.signal)
 
     def _chunks(self) -> Iterator[Sequence[Any]]:
-        """The groups of ``accum`` batches, epoch after epoch, from the position a resumed run stopped at. The
-        position moves past a group when it is handed out, so a checkpoint after its step resumes after it."""
+        """The batches of each step (``accum`` per process), epoch after epoch, from the position a resumed run
+        stopped at. The position moves past a step's batches when they are handed out, so a checkpoint after
+        the step resumes after them. In a distributed run an epoch's last few batches, too few to give every
+        process one, are left out."""
+        size = self.opts.accum * self.group.world
         while True:
             batches = self.task.batches(self.epoch)
-            while self.batch_index < len(batches):
-                chunk = batches[self.batch_index : self.batch_index + self.opts.accum]
+            while len(batches) - self.batch_index >= self.group.world:
+                chunk = batches[self.batch_index : self.batch_index + size]
                 self.batch_index += len(chunk)
                 yield chunk
             self.epoch, self.batch_index = self.epoch + 1, 0
@@ -283,16 +298,18 @@ class Trainer:
         lr = learning_rate(self.step + 1, self.opts, total, fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        n_items = sum(batch.n_tokens for batch in batches)  # counted on the host, before the batches move
+        n_items = sum(batch.n_tokens for batch in batches)  # all processes' items, counted on the host
+        mine = self.group.shard(batches)
         total_loss = torch.zeros((), device=self.device)
-        for batch in batches:  # backward per batch: only one batch's activations are alive at a time
-            with autocast(self.device, self.precision):
+        for i, batch in enumerate(mine):  # backward per batch: only one batch's activations are alive at a time
+            with self._forwards(synchronise=i == len(mine) - 1), autocast(self.device, self.precision):
                 loss_sum, _ = self.task.loss(batch)
-            self.scaler.scale(loss_sum.float() / max(n_items, 1)).backward()
+            # DDP averages the processes' gradients: scaled by their number, the sum is over all their items
+            self.scaler.scale(loss_sum.float() * self.group.world / max(n_items, 1)).backward()
             total_loss += loss_sum.detach().float()
         self.scaler.unscale_(self.optimizer)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip > 0 else math.inf)
-        loss = total_loss.item() / max(n_items, 1)  # the step's one wait for the device
+        loss = self.group.sum({"loss": total_loss.item()})["loss"] / max(n_items, 1)  # the step's one wait
         # With fp16 an infinite gradient is routine: the scaler skips that step and lowers its scale.
         if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
@@ -308,17 +325,34 @@ class Trainer:
 
     def _after_step(self, total: int | None, previous_s: float, interrupted_by: int | None,
                     progress: Progress) -> str:
-        """Evaluate and save when it is time; the reason to stop, or ""."""
+        """Evaluate and save when it is time; the reason to stop, or "". Rank 0's clock and signals decide, for
+        every process of a distributed run."""
         run_s = self._run_s()
         reason = self._should_stop(total, run_s, interrupted_by)
-        if self.step % self.opts.eval_every == 0 or reason or self._evaluation_due(previous_s, run_s):
+        due = self.step % self.opts.eval_every == 0 or bool(reason) or self._evaluation_due(previous_s, run_s)
+        reason, due = self.group.decide((reason, due))
+        if due:
             progress.evaluating()
             self.last_eval = self._evaluate_and_save(progress)
             progress.evaluated(self.step, self.last_eval)
             if not reason and self._reached_target(self.last_eval):
                 reason = f"{self.task.selection_metric} reached {self.opts.stop_at}"
-            reason = reason or self._should_stop(total, self._run_s(), interrupted_by)
+            reason = self.group.decide(reason or self._should_stop(total, self._run_s(), interrupted_by))
         return reason
+
+    @contextlib.contextmanager
+    def _forwards(self, *, synchronise: bool) -> Iterator[None]:
+        """The task's forward passes in a training step: through the DDP wrapper in a distributed run, which
+        averages the gradients in the backward pass (only on the step's last batch: ``synchronise``)."""
+        if self.ddp is None:
+            yield
+            return
+        self.task.model = self.ddp
+        try:
+            with contextlib.nullcontext() if synchronise else self.ddp.no_sync():
+                yield
+        finally:
+            self.task.model = self.model
 
     # --- when to evaluate, when to stop --------------------------------------------------------------
     def _total_steps(self) -> int | None:
@@ -369,13 +403,14 @@ class Trainer:
         start = time.monotonic()
         self.model.eval()
         with torch.no_grad(), autocast(self.device, self.precision):
-            metrics = self.task.evaluate()
+            metrics = self.task.evaluate(self.group)
         self.model.train()
         self._check_finite(metrics)
+        rng = self.group.gather([torch.get_rng_state()])  # every process's, for an exact resume
         if self._is_better(metrics):
             self.best = {**metrics, "step": self.step}
             self._save("best", with_state=False)
-        self._save("last", with_state=True)
+        self._save("last", with_state=True, rng=rng)
         progress.row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(self._run_s(), 1), **metrics})
         self.eval_s = time.monotonic() - start
         return metrics
@@ -401,10 +436,12 @@ class Trainer:
     def _kept(self) -> str:
         return f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
 
-    def _save(self, name: str, *, with_state: bool) -> None:
+    def _save(self, name: str, *, with_state: bool, rng: list | None = None) -> None:
+        if not self.group.main:  # rank 0 writes; every rank holds the same weights
+            return
         meta = {**self.task.meta, "step": self.step, "best": self.best}
         save_checkpoint(self.out / name, self.model, tokenizers=self.task.tokenizers, meta=meta,
-                        trainer_state=self._trainer_state() if with_state else None)
+                        trainer_state=self._trainer_state(rng) if with_state else None)
 
     # --- the state a resumed run continues from -----------------------------------------------------------
     def _run_s(self) -> float:
@@ -416,10 +453,11 @@ class Trainer:
             self._restore()
             self._check_budget_left()
         else:
-            torch.manual_seed(self.opts.seed)
-            self.log.path.unlink(missing_ok=True)  # what an earlier start left before its first checkpoint
+            torch.manual_seed(self.opts.seed + self.group.rank)  # each process its own dropout masks
+            if self.group.main:
+                self.log.path.unlink(missing_ok=True)  # what an earlier start left before its first checkpoint
 
-    def _trainer_state(self) -> dict[str, Any]:
+    def _trainer_state(self, rng: list | None = None) -> dict[str, Any]:
         return {
             "step": self.step,
             "epoch": self.epoch,
@@ -431,6 +469,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "torch_rng": torch.get_rng_state(),
+            "rank_rngs": rng or [],  # a distributed run's processes, in rank order
             "cuda_rng": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
             "options": asdict(self.opts),
         }
@@ -451,7 +490,8 @@ class Trainer:
         self.elapsed_before = state.get("elapsed_s", 0.0)
         self.eval_s = state.get("eval_s")
         self.best = state["best"] or None
-        torch.set_rng_state(state["torch_rng"])
+        rngs = state.get("rank_rngs") or []
+        torch.set_rng_state(rngs[self.group.rank] if len(rngs) == self.group.world > 1 else state["torch_rng"])
         if self.device.type == "cuda" and len(state.get("cuda_rng", [])) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state["cuda_rng"])  # dropout on the GPU continues as it would have
         self.log.read(up_to_step=self.step)

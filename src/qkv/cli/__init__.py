@@ -65,7 +65,9 @@ def _one_line(command: str, err: BaseException) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(list(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.INFO, format="qkv: %(message)s", stream=sys.stderr)
+    rank = os.environ.get("RANK", "0")  # under torchrun, rank 0 speaks for the run
+    logging.basicConfig(level=logging.INFO if rank == "0" else logging.WARNING, format="qkv: %(message)s",
+                        stream=sys.stderr)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
         return args.run(args) or 0

@@ -253,6 +253,7 @@ def train_mlm(args: argparse.Namespace) -> int:
 def _train_mlm(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..data import read_text
+    from ..distributed import current
     from ..memory import build_model
     from ..models import BERTForMaskedLM
     from ..tasks.language_model import read_corpus, split_text
@@ -294,7 +295,7 @@ def _train_mlm(args: argparse.Namespace, s: dict) -> int:
                         meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name})
     status = report(Trainer(task, opts).run(), out)
     sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
-    if sample is not None and not status:  # show what the model learnt: guess a word of a held-out line
+    if sample is not None and not status and current().main:  # what the model learnt: guess a held-out word
         mask = tokenizer.specials["mask"]
         prompt = " ".join([*sample[: len(sample) // 2], mask, *sample[len(sample) // 2 + 1 :]])
         guesses = fill_mask(load_checkpoint(out / "best").model, tokenizer, prompt)[0]

@@ -98,10 +98,13 @@ def training_run(args: argparse.Namespace, defaults: dict, *, command: str, path
     import torch
 
     from ..device import resolve_device, resolve_precision
+    from ..distributed import setup
     from ..rundir import claim
 
-    resolve_precision(args.precision, resolve_device(args.device))  # a device this machine lacks: say so first
-    with claim(args.out, resume=args.resume):
+    device = resolve_device(args.device)  # a device this machine lacks: say so first
+    resolve_precision(args.precision, device)
+    group = setup(device.type)  # under torchrun: this process's rank; rank 0 owns --out and writes
+    with claim(args.out, resume=args.resume) if group.main else contextlib.nullcontext():
         s = settings(args, defaults, command=command, paths=paths)
         torch.manual_seed(s["seed"])
         random.seed(s["seed"])
@@ -198,10 +201,14 @@ def train_options(s: dict, args: argparse.Namespace, **fixed):
 
 
 def report(result, out: Path) -> int:
-    """Print how the run ended; the exit status: 0, or 128 + the signal that stopped it (130 for Ctrl-C, 143
-    for SIGTERM), so that ``qkv train ... && qkv evaluate ...`` does not go on after an interrupted run."""
+    """Print how the run ended (rank 0 of a distributed run); the exit status: 0, or 128 + the signal that
+    stopped it (130 for Ctrl-C, 143 for SIGTERM), so that ``qkv train ... && qkv evaluate ...`` does not go on
+    after an interrupted run."""
+    from ..distributed import current
     from ..progress import format_metrics
 
+    if not current().main:
+        return 128 + result.signal if result.signal is not None else 0
     print(f"{result.stopped_because} after {result.step} steps ({result.epoch} epochs), {result.elapsed_s / 60:.1f} "
           f"min in all, {result.rate:,.0f} {result.unit.replace('_', ' ')}/s while training")
     if result.best:

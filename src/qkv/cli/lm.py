@@ -76,6 +76,7 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
     from .. import GPT
     from ..checkpoint import load_checkpoint
     from ..data import read_text
+    from ..distributed import current
     from ..generation import Sampling
     from ..memory import build_model
     from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
@@ -110,7 +111,7 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
                              batch_size=s["batch_size"], seed=s["seed"], eval_windows=s["eval_windows"],
                              meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
     status = report(Trainer(task, opts).run(), out)
-    if status:
+    if status or not current().main:
         return status
     prompt = train_text[:1] if tokenizer.kind == "char" else train_text.split()[0]
     sample = complete(model, tokenizer, [prompt], max_new_tokens=200, sampling=Sampling(temperature=0.8),

@@ -172,6 +172,7 @@ def train(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import ARCHITECTURES, load_checkpoint
+    from ..distributed import current
     from ..memory import build_model
     from ..tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
     from ..training import Trainer
@@ -191,7 +192,7 @@ def _train(args: argparse.Namespace, s: dict) -> int:
         model_cls = ARCHITECTURES["lstm" if s["arch"] in LSTM_ATTENTION else "transformer"][0]
     train = ParallelData.encode(train_pairs, tokenizers, max_len=s["max_len"], name="train")
     valid = ParallelData.encode(valid_pairs, tokenizers, max_len=s["max_len"], name="valid")
-    if test_pairs is not None:
+    if test_pairs is not None and current().main:
         (out / "test.src.txt").write_text("".join(p[0].strip() + "\n" for p in test_pairs), encoding="utf-8")
         (out / "test.ref.txt").write_text("".join(p[1].strip() + "\n" for p in test_pairs), encoding="utf-8")
     target_lang = s["target_lang"] or ("zh" if looks_chinese(valid.tgt_text) else None)

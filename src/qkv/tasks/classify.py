@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..data import DataError, pad, read_lines
 from ..device import device_of, move, to_device
+from ..distributed import SINGLE, Group
 from ..models import BERTClassifier
 from ..tokenizers import WordPieceTokenizer
 from .embeddings import frame
@@ -138,16 +139,17 @@ class ClassifyTask:
         logits = self.model(batch.ids, attention_mask=batch.attention_mask)  # (B, L)
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Loss and accuracy on the held-out examples (shared out across the ranks of a distributed run)."""
         total, correct = 0.0, 0
-        for k in range(0, len(self.valid_ids), self.batch_size):
+        for k in group.shard(range(0, len(self.valid_ids), self.batch_size)):
             batch = move(self._batch(range(k, min(k + self.batch_size, len(self.valid_ids))), self.valid_ids,
                                      self.valid_labels), device_of(self.model))
             logits = self.model(batch.ids, attention_mask=batch.attention_mask).float()
             total += F.cross_entropy(logits, batch.labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == batch.labels).sum())
-        n = len(self.valid_ids)
-        return {"val_loss": total / n, "val_accuracy": correct / n}
+        sums, n = group.sum({"loss": total, "correct": correct}), len(self.valid_ids)
+        return {"val_loss": sums["loss"] / n, "val_accuracy": sums["correct"] / n}
 
 
 @torch.no_grad()

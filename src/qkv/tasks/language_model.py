@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ..data import DataError, read_text
 from ..device import device_of, to_device
+from ..distributed import SINGLE, Group
 from ..generation import LMDecoder, Sampling, generate
 from ..tokenizers import Tokenizer, encode_all
 
@@ -115,25 +116,27 @@ class LanguageModelTask:
         loss = F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum")
         return loss, batch.n_tokens
 
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss over consecutive validation windows (each position predicted once)."""
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Mean loss over consecutive validation windows (each position predicted once); in a distributed run
+        each rank takes a share of the windows and the sums are added up."""
         n = (len(self.valid) - 1) // self.context
         tail = (len(self.valid) - 1) % self.context
         starts = torch.arange(n) * self.context
         if self.eval_windows is not None:
             starts, tail = starts[: self.eval_windows], 0
         total, tokens = 0.0, 0
-        for chunk_starts in starts.split(max(1, self.batch_size)):
+        for chunk_starts in group.shard(starts.split(max(1, self.batch_size))):
             chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(self.model))
             logits = self.model(chunk[:, :-1])
             total += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").item()
             tokens += chunk[:, 1:].numel()
-        if tail:  # the last, shorter window
+        if tail and group.rank == group.world - 1:  # the last, shorter window
             chunk = to_device(self.valid[n * self.context :][None], device_of(self.model))
             logits = self.model(chunk[:, :-1])
             total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
             tokens += tail
-        loss = total / max(tokens, 1)
+        sums = group.sum({"loss": total, "tokens": tokens})
+        loss = sums["loss"] / max(sums["tokens"], 1)
         return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
 
 

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from ..data import pad
 from ..device import device_of, move
+from ..distributed import SINGLE, Group
 from ..models import BERTForMaskedLM
 from ..tokenizers import WordPieceTokenizer, encode_all
 
@@ -168,15 +169,19 @@ class MaskedLMTask:
         logits, targets = self._logits_and_targets(batch)
         return F.cross_entropy(logits, targets, reduction="sum"), batch.n_tokens
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Loss, perplexity and accuracy on the fixed masking of the validation sequences (shared out across the
+        ranks of a distributed run, the sums added up)."""
         total, correct, count = 0.0, 0, 0
-        for batch in self._valid:
+        for batch in group.shard(self._valid):
             logits, targets = self._logits_and_targets(batch)
             total += F.cross_entropy(logits, targets, reduction="sum").item()
             correct += int((logits.argmax(-1) == targets).sum())
             count += len(targets)
-        loss = total / max(count, 1)
-        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)), "val_accuracy": correct / max(count, 1)}
+        sums = group.sum({"loss": total, "correct": correct, "count": count})
+        loss = sums["loss"] / max(sums["count"], 1)
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
+                "val_accuracy": sums["correct"] / max(sums["count"], 1)}
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ from torch import nn
 
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
 from ..device import device_of, move, to_device
+from ..distributed import SINGLE, Group
 from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
@@ -219,16 +220,20 @@ class TranslationTask:
                                label_smoothing=smoothing, reduction="sum")
         return loss, n_tokens
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Validation loss (no label smoothing) and, on ``bleu_samples`` sentences, greedy BLEU and exact match;
+        in a distributed run each rank takes a share and the sums and translations are gathered."""
         total, tokens = 0.0, 0
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(self.valid.src, self.valid.tgt, strict=True)]
-        for group in token_budget_batches(lengths, self.batch_tokens):
-            loss, n = self.loss(self._batch(self.valid, group), label_smoothing=0.0)
+        for rows in group.shard(token_budget_batches(lengths, self.batch_tokens)):
+            loss, n = self.loss(self._batch(self.valid, rows), label_smoothing=0.0)
             total, tokens = total + loss.item(), tokens + n
-        metrics = {"val_loss": total / max(tokens, 1)}
+        sums = group.sum({"loss": total, "tokens": tokens})
+        metrics = {"val_loss": sums["loss"] / max(sums["tokens"], 1)}
         if self.bleu_samples:
             n = min(self.bleu_samples, len(self.valid))
-            hyps = [self.tokenizers["tgt"].decode(h) for h in translate_ids(self.model, self.valid.src[:n])]
+            ids = translate_ids(self.model, group.shard(self.valid.src[:n]))
+            hyps = group.gather([self.tokenizers["tgt"].decode(h) for h in ids])
             refs = self.valid.tgt_text[:n]
             metrics["val_bleu"] = bleu(hyps, refs, language=self.target_language).score
             metrics["val_exact"] = sum(h == r for h, r in zip(hyps, refs, strict=True)) / n

@@ -1,0 +1,68 @@
+"""Several processes with torchrun and DistributedDataParallel, on the CPU with Gloo: two processes with the
+same global batch follow one process's run, write one set of checkpoints and logs, and resume."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, ok, qkv
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow  # each run starts two interpreters
+
+
+def torchrun(*args, cwd, processes: int = 2) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    proc = subprocess.run([*launcher, *command(*args)[1:]], cwd=cwd, env=ENV, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _log(run, column):
+    header, *rows = (run / "log.csv").read_text().splitlines()
+    i = header.split(",").index(column)
+    return [(int(r.split(",")[0]), float(r.split(",")[i])) for r in rows if r.split(",")[i]]
+
+
+LM = ["train", "lm", "--text", "shakespeare.txt", *LM_TINY, "--device", "cpu"]
+TRANSLATION = ["train", "--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de", "--valid-tgt", "val.en",
+               *TRANSLATION_TINY, "--dropout", "0", "--device", "cpu"]  # the same numbers: no dropout
+
+
+@pytest.mark.parametrize("trainer", [LM, TRANSLATION], ids=["lm", "translation"])
+def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path, trainer):
+    ok(qkv(*trainer, "--out", tmp_path / "one", "--max-steps", "4", "--accum", "2", cwd=cli_work))
+    two = torchrun(*trainer, "--out", tmp_path / "two", "--max-steps", "4", cwd=cli_work)
+    assert two.stdout.count("step budget reached after 4 steps") == 1  # rank 0 reports, once
+    one_w = load_file(tmp_path / "one" / "last" / "model.safetensors")
+    two_w = load_file(tmp_path / "two" / "last" / "model.safetensors")
+    assert one_w.keys() == two_w.keys()
+    for name in one_w:
+        # A key projection's bias adds q·b to every score of a row, which softmax ignores: its true gradient is
+        # 0, and AdamW turns the rounding noise left in its place into full-sized steps, different in each run.
+        if not name.endswith("k_proj.bias"):
+            torch.testing.assert_close(two_w[name], one_w[name], atol=1e-5, rtol=1e-4, msg=name)
+    for column in ("train_loss", "val_loss"):
+        one, two = _log(tmp_path / "one", column), _log(tmp_path / "two", column)
+        assert [s for s, _ in one] == [s for s, _ in two]  # one log, not one per process
+        assert [v for _, v in two] == pytest.approx([v for _, v in one], rel=1e-4)
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == [".qkv-run", "best", "last", "log.csv",
+                                                                     "loss.png"]
+
+
+def test_a_distributed_run_resumes(cli_work, tmp_path):
+    torchrun(*LM, "--out", tmp_path / "run", "--max-steps", "3", cwd=cli_work)
+    proc = torchrun("train", "lm", "--out", tmp_path / "run", "--resume", "--max-steps", "6", "--device", "cpu",
+                    "--no-progress", cwd=cli_work)
+    assert "at step 3" in proc.stderr and proc.stdout.count("after 6 steps") == 1
+    assert [s for s, _ in _log(tmp_path / "run", "val_loss")] == [3, 6]
+
+
+def test_an_inconsistent_launcher_environment_is_one_line(cli_work, tmp_path):
+    proc = subprocess.run(command(*LM, "--out", tmp_path / "run", "--max-steps", "1"), cwd=cli_work,
+                          env={**ENV, "RANK": "1", "WORLD_SIZE": "2"}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "torchrun's environment is incomplete (LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set)" in proc.stderr
