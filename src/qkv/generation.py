@@ -82,7 +82,8 @@ class LMDecoder:
         self.device = next(model.parameters()).device
         self.start, self.mask = start.to(self.device), mask.to(self.device)
         self.use_cache = use_cache
-        self.cache = model.new_cache() if use_cache else None
+        self.capacity = min(self.max_len, longest + 128)  # room the KV cache starts with; it grows if needed
+        self.cache = model.new_cache(self.capacity) if use_cache else None
         self.tokens = self.start[:, :0]  # everything read so far, (B, T); the mask covers it
         self.batch_size = len(prompts)
 
@@ -94,7 +95,7 @@ class LMDecoder:
             keep = self.max_len // 2
             self.tokens, self.mask = self.tokens[:, -keep:], self.mask[:, -keep:]
             if self.cache is not None:
-                self.cache = self.model.new_cache()
+                self.cache = self.model.new_cache(self.capacity)
             tokens = self.tokens
         if self.cache is None or len(self.cache) == 0:
             tokens = self.tokens  # no cache, or a fresh one: read everything

@@ -175,10 +175,29 @@ def test_cross_attention_cache_is_computed_once():
     x, memory = torch.randn(B, 2, D), torch.randn(B, S, D)
     cache = KVCache()
     first, _ = mha(x[:, :1], memory, cache=cache)
-    k_before = cache.k
+    k_before = cache.k.clone()
+    address = cache.k.data_ptr()
     second, _ = mha(x[:, 1:], memory, cache=cache)
-    assert cache.k is k_before and len(cache) == S
+    assert cache.k.data_ptr() == address and torch.equal(cache.k, k_before) and len(cache) == S
     torch.testing.assert_close(torch.cat([first, second], 1), mha(x, memory)[0])
+
+
+def test_kv_cache_writes_in_place_and_doubles_when_full():
+    """Positions are copied into preallocated buffers; only outgrowing them allocates (4 -> 8 -> 16 here),
+    and what was cached survives the move and a reordering of the batch."""
+    cache, keys, values = KVCache(capacity=4), [], []
+    addresses = set()
+    for _ in range(10):
+        k, v = torch.randn(B, H, 1, D // H), torch.randn(B, H, 1, D // H)
+        keys.append(k), values.append(v)
+        got_k, got_v = cache.append(k, v)
+        addresses.add(got_k.data_ptr())
+        assert torch.equal(got_k, torch.cat(keys, 2)) and torch.equal(got_v, torch.cat(values, 2))
+    assert len(cache) == 10 and len(addresses) == 3 and cache._k.size(2) == 16
+    cache.reorder(torch.tensor([1, 1]))
+    assert torch.equal(cache.k, torch.cat(keys, 2)[[1, 1]])
+    with pytest.raises(ValueError, match="batch size 3 does not match the cache's 2"):
+        cache.append(torch.randn(3, H, 1, D // H), torch.randn(3, H, 1, D // H))
 
 
 def test_grouped_kv_equals_full_heads_with_shared_weights():

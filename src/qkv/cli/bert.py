@@ -16,6 +16,7 @@ from .common import (
     add_size_arguments,
     add_training_arguments,
     command,
+    place,
     read_inputs,
     report,
     runtime,
@@ -53,7 +54,7 @@ def _encoder(args: argparse.Namespace, texts: list[str], device):
     from ..interop.sentence import load_sentence_encoder
 
     encoder = load_sentence_encoder(args.model)
-    encoder.model.to(device)
+    place(encoder.model, device, args)
     if args.max_length is not None:
         encoder.max_length = args.max_length
     if args.attention:
@@ -384,7 +385,8 @@ def classify_cmd(args: argparse.Namespace) -> None:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a classifier (see qkv train classify)")
     labels = ckpt.meta["labels"]
     with amp:
-        probs = predict(ckpt.model.to(device), ckpt.tokenizers["text"], sentences, max_length=ckpt.meta["max_length"])
+        model = place(ckpt.model, device, args)
+        probs = predict(model, ckpt.tokenizers["text"], sentences, max_length=ckpt.meta["max_length"])
     for sentence, row in zip(sentences, probs, strict=True):
         best = int(row.argmax())
         print(f"{labels[best]}\t{row[best]:.3f}\t{sentence}")

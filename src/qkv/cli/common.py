@@ -135,6 +135,18 @@ def add_device_arguments(p: argparse.ArgumentParser) -> None:
     group.add_argument("--precision", default="auto", choices=PRECISIONS,
                        help="matrix products in fp32, bf16 or fp16 autocast (default auto: bf16 on a GPU that has "
                             "it, fp32 on a CPU; fp16 on CUDA only)")
+    group.add_argument("--compile", action="store_true",
+                       help="torch.compile the model first: minutes of compiling, then faster steps (pays off on "
+                            "GPUs, long runs and long outputs; on a CPU decoding gains little)")
+
+
+def place(model, device, args: argparse.Namespace):
+    """``model`` on ``device``, compiled when --compile asks: with dynamic shapes, so one graph serves every
+    prompt length and every step of a growing KV cache."""
+    model.to(device)
+    if args.compile:
+        model.compile(dynamic=True)  # in place: the module and its state dict stay as they are
+    return model
 
 
 def runtime(args: argparse.Namespace):
@@ -181,8 +193,6 @@ def add_training_arguments(p: argparse.ArgumentParser, defaults: dict, *, batch:
     train.add_argument("--seed", type=SEED, help="seeds the model's initialisation, the data order and dropout (0)")
     train.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_device_arguments(p)
-    train.add_argument("--compile", action="store_true",
-                       help="torch.compile the model first (minutes of compiling; pays off on GPUs and long runs)")
     return train
 
 

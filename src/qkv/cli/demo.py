@@ -12,7 +12,7 @@ def demo(args: argparse.Namespace) -> None:
     from ..tasks.demo import run_demo
 
     run_demo(out=args.out, minutes=args.minutes, seed=args.seed, progress=not args.no_progress, device=args.device,
-             precision=args.precision)
+             precision=args.precision, compile=args.compile)
 
 
 def add_commands(sub) -> None:

@@ -13,6 +13,7 @@ from .common import (
     add_size_arguments,
     add_training_arguments,
     command,
+    place,
     report,
     runtime,
     train_options,
@@ -167,8 +168,8 @@ def load_lm(args: argparse.Namespace, device):
         from ..interop import load_pretrained
 
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()))
-        return pre.model.to(device), pre.tokenizer, _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids)), \
-            pre.chat_template
+        stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
+        return place(pre.model, device, args), pre.tokenizer, stops, pre.chat_template
     from ..checkpoint import load_checkpoint, resolve
     from ..tokenizers import load_tokenizer
 
@@ -177,7 +178,7 @@ def load_lm(args: argparse.Namespace, device):
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
-    return ckpt.model.to(device), ckpt.tokenizers["text"], stops, None
+    return place(ckpt.model, device, args), ckpt.tokenizers["text"], stops, None
 
 
 def _stop_texts(texts: list[str]) -> list[str]:

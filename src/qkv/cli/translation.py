@@ -14,6 +14,7 @@ from .common import (
     add_size_arguments,
     add_training_arguments,
     command,
+    place,
     read_inputs,
     report,
     runtime,
@@ -210,13 +211,13 @@ def _train(args: argparse.Namespace, s: dict) -> int:
 
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
 
-def _load_translator(path: str, device):
+def _load_translator(args: argparse.Namespace, device):
     from ..checkpoint import load_checkpoint
 
-    ckpt = load_checkpoint(path)
+    ckpt = load_checkpoint(args.model)
     if ckpt.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(ckpt.tokenizers):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a translation model")
-    ckpt.model.to(device)
+    place(ckpt.model, device, args)
     return ckpt
 
 
@@ -240,7 +241,7 @@ def translate(args: argparse.Namespace) -> None:
     sources = read_inputs(args.text, args.input, "translate", keep_blank=True)
     if args.attention and not sources[0].strip():
         raise ValueError("--attention draws the first sentence, and it is empty; put a sentence first")
-    ckpt = _load_translator(args.model, device)
+    ckpt = _load_translator(args, device)
     if args.attention:
         _check_attention_map(args, ckpt.model)
     with amp:
@@ -282,7 +283,7 @@ def evaluate(args: argparse.Namespace) -> None:
         sources = read_lines(args.src)
         if len(sources) != len(refs):
             raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-        ckpt = _load_translator(args.model, device)
+        ckpt = _load_translator(args, device)
         start = time.monotonic()
         with amp:
             hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,

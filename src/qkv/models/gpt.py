@@ -41,8 +41,9 @@ class GPT(nn.Module):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
-    def new_cache(self) -> DecoderCache:
-        return self.decoder.new_cache()
+    def new_cache(self, capacity: int | None = None) -> DecoderCache:
+        """An empty KV cache with room for ``capacity`` positions to start with (it grows as needed)."""
+        return self.decoder.new_cache(capacity)
 
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,

@@ -149,8 +149,9 @@ class Transformer(nn.Module):
         )
         return self.out_proj(x)[..., : self.config.tgt_vocab_size], self_w, cross_w  # padding rows: never a token
 
-    def new_cache(self) -> DecoderCache:
-        return self.decoder.new_cache()
+    def new_cache(self, capacity: int | None = None) -> DecoderCache:
+        """An empty KV cache with room for ``capacity`` positions to start with (it grows as needed)."""
+        return self.decoder.new_cache(capacity)
 
     def start_decoding(self, src: Tensor, *, use_cache: bool = True) -> TransformerDecoding:
         """The source ``(B, S)`` encoded once, ready for :mod:`qkv.generation`'s greedy and beam search: the
@@ -192,7 +193,7 @@ class TransformerDecoding:
         self.model = model
         self.memory = model.encode(src)  # (B, S, D)
         self.memory_mask = model.source_mask(src)  # (B, S)
-        self.cache = model.new_cache() if use_cache else None
+        self.cache = model.new_cache(capacity=64) if use_cache else None  # grows for longer outputs
         self.prefix: Tensor | None = None
         self.batch_size, self.device = src.size(0), src.device
 

@@ -58,32 +58,61 @@ class KVCache:
     recomputing the whole prefix. Cross-attention keys and values come from the encoder output, which does
     not change while decoding: they are stored on the first step and reused.
 
+    The keys and values are written in place into buffers allocated ahead (``capacity`` positions, or the
+    first append's length): a step copies one position in and allocates nothing. A sequence that outgrows the
+    buffers moves to buffers twice as long, so growing to *n* positions costs O(log n) allocations, not *n*
+    concatenations. ``k`` and ``v`` are views of the filled part.
+
     Shape:
         k, v ``(B, H_kv, T_cached, head_dim)``.
     """
 
-    def __init__(self) -> None:
-        self.k: Tensor | None = None
-        self.v: Tensor | None = None
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"capacity must be a positive number of positions or None, got {capacity}")
+        self.capacity = capacity
+        self._k: Tensor | None = None  # (B, H_kv, room, head_dim), filled up to `length`
+        self._v: Tensor | None = None
+        self.length = 0
 
     def __len__(self) -> int:
-        return 0 if self.k is None else self.k.size(-2)
+        return self.length
+
+    @property
+    def k(self) -> Tensor | None:
+        return None if self._k is None else self._k[:, :, : self.length]
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._v is None else self._v[:, :, : self.length]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.k is None or self.v is None:
-            self.k, self.v = k, v
-        else:
-            if k.size(0) != self.k.size(0):
-                raise ValueError(f"batch size {k.size(0)} does not match the cache's {self.k.size(0)}")
-            self.k = torch.cat((self.k, k), dim=2)
-            self.v = torch.cat((self.v, v), dim=2)
+        """Write ``k``, ``v`` ``(B, H_kv, t, head_dim)`` after the cached positions; returns every cached key
+        and value, these included."""
+        if self._k is not None and k.size(0) != self._k.size(0):
+            raise ValueError(f"batch size {k.size(0)} does not match the cache's {self._k.size(0)}")
+        end = self.length + k.size(2)
+        if self._k is None or end > self._k.size(2):
+            self._grow(k, v, end)
+        self._k[:, :, self.length : end] = k
+        self._v[:, :, self.length : end] = v
+        self.length = end
         return self.k, self.v
+
+    def _grow(self, k: Tensor, v: Tensor, needed: int) -> None:
+        room = max(needed, self.capacity or 0, 2 * (0 if self._k is None else self._k.size(2)))
+        old_k, old_v = self.k, self.v
+        self._k = k.new_empty(*k.shape[:2], room, k.size(3))
+        self._v = v.new_empty(*v.shape[:2], room, v.size(3))
+        if old_k is not None and old_v is not None:
+            self._k[:, :, : self.length] = old_k
+            self._v[:, :, : self.length] = old_v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search reorders hypotheses this way)."""
-        if self.k is not None and self.v is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._k is not None and self._v is not None:
+            self._k = self._k.index_select(0, index)
+            self._v = self._v.index_select(0, index)
 
 
 class MultiHeadAttention(nn.Module):

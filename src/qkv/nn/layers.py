@@ -83,10 +83,11 @@ class EncoderLayer(nn.Module):
 
 
 class LayerCache:
-    """The KV caches of one decoder layer: its self-attention and (if any) its cross-attention."""
+    """The KV caches of one decoder layer: its self-attention (room for ``capacity`` positions to start with)
+    and (if any) its cross-attention."""
 
-    def __init__(self) -> None:
-        self.self_attn = KVCache()
+    def __init__(self, capacity: int | None = None) -> None:
+        self.self_attn = KVCache(capacity)
         self.cross_attn = KVCache()
 
     def reorder(self, index: Tensor) -> None:
@@ -206,10 +207,13 @@ class Encoder(nn.Module):
 
 
 class DecoderCache:
-    """KV caches for every layer of a decoder, and the number of positions decoded so far."""
+    """KV caches for every layer of a decoder, and the number of positions decoded so far.
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layers)]
+    ``capacity``: how many positions to allocate room for at once (a guess is fine: the caches grow).
+    """
+
+    def __init__(self, n_layers: int, capacity: int | None = None) -> None:
+        self.layers = [LayerCache(capacity) for _ in range(n_layers)]
 
     def __len__(self) -> int:
         return len(self.layers[0].self_attn)
@@ -232,8 +236,8 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = norm
 
-    def new_cache(self) -> DecoderCache:
-        return DecoderCache(len(self.layers))
+    def new_cache(self, capacity: int | None = None) -> DecoderCache:
+        return DecoderCache(len(self.layers), capacity)
 
     def forward(
         self,

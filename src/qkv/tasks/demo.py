@@ -75,7 +75,7 @@ def exact_match_per_kind(sources: Sequence[str], hyps: Sequence[str], references
 
 
 def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int = 0, progress: bool = True,
-             device: str = "cpu", precision: str = "fp32") -> dict:
+             device: str = "cpu", precision: str = "fp32", compile: bool = False) -> dict:
     """Generate the corpus, train, evaluate on held-out pairs, print samples, draw the attention map.
 
     Args:
@@ -84,6 +84,7 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
         seed: seeds the corpus, the initialisation and the batch order.
         progress: show a progress bar.
         device, precision: where and how to train and translate (see :mod:`qkv.device`).
+        compile: torch.compile the model for training.
 
     Returns:
         the test numbers: ``{"exact_match", "bleu", "train_minutes", "steps", "per_kind"}``, ``per_kind``
@@ -117,7 +118,7 @@ def run_demo(*, out: str | Path = "runs/demo", minutes: float = 2.5, seed: int =
                     bleu_samples=len(valid), target_language="zh", meta={"title": "demo en→zh"})
     opts = TrainOptions(out=str(out), max_minutes=minutes, lr=1.5e-3, warmup=150, schedule="cosine",
                         min_lr_ratio=0.05, eval_every=100, seed=seed, progress=progress, device=device,
-                        precision=precision)
+                        precision=precision, compile=compile)
     result = Trainer(task, opts).run()
     train_minutes = (time.monotonic() - start) / 60
 
