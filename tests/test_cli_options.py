@@ -23,8 +23,7 @@ REFUSED = [
     ([*R, "--eval-at-minutes", "1", "-3"], "argument --eval-at-minutes: must be a finite number > 0"),
     ([*R, "--dropout", "1"], "argument --dropout: must be a finite number in [0, 1), got '1'"),
     ([*R, "--teacher-forcing", "1.5"], "argument --teacher-forcing: must be a finite number in [0, 1]"),
-    (["train", "lm", "--out", "r", "--eval-windows", "0"], "argument --eval-windows: must be an integer >= 1"),
-    (["train", "lm", "--out", "r", "--eval-windows", "-1"], "argument --eval-windows: must be an integer >= 1"),
+    (["train", "lm", "--out", "r", "--eval-windows", "-1"], "argument --eval-windows: must be an integer >= 0"),
     (["train", "lm", "--out", "r", "--valid-fraction", "1"], "argument --valid-fraction: must be a finite number in "
                                                              "(0, 1)"),
     (["train", "mlm", "--out", "r", "--mask-prob", "0"], "argument --mask-prob: must be a finite number in (0, 1)"),

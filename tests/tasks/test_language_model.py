@@ -148,3 +148,27 @@ def test_eval_windows_must_count_something():
     ids = encode_text(tok, TEXT)
     with pytest.raises(ValueError, match="eval_windows must be >= 1"):
         LanguageModelTask(tiny_gpt(tok.vocab_size), tok, ids, ids, context=16, batch_size=2, eval_windows=0)
+
+
+def test_eval_windows_are_spread_over_the_whole_validation_text():
+    """A subset of the validation windows samples the text from its first window to its last, so a validation
+    text that changes style half-way is seen whole; asking for every window (or more) reads every position."""
+    tok = CharTokenizer.train([TEXT])
+    ids = encode_text(tok, TEXT)
+    n = (len(ids) - 1) // 16
+    read = []
+    model = tiny_gpt(tok.vocab_size)
+    model.register_forward_pre_hook(lambda _, args: read.extend(args[0][:, 0].tolist()))
+    LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=3).evaluate()
+    assert n == 59 and read == ids[torch.tensor([0, 29, 58]) * 16].tolist()  # first, middle, last window
+    full = LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2).evaluate()
+    assert LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=n + 1).evaluate() == full
+
+
+def test_the_default_eval_windows_bound_evaluation_to_a_tenth_of_training():
+    from qkv.cli.lm import LM_DEFAULTS, eval_windows
+
+    s = {**LM_DEFAULTS, "eval_every": 250, "batch_size": 12}
+    assert eval_windows(s) == 900  # forward-only windows worth 0.1 x 250 training steps of 12 windows
+    assert eval_windows({**s, "accum": 4}) == 3600
+    assert eval_windows({**s, "eval_windows": 0}) is None and eval_windows({**s, "eval_windows": 7}) == 7

@@ -117,13 +117,14 @@ class LanguageModelTask:
         return loss, batch.n_tokens
 
     def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
-        """Mean loss over consecutive validation windows (each position predicted once); in a distributed run
-        each rank takes a share of the windows and the sums are added up."""
+        """Mean loss over consecutive validation windows (each position predicted once), or over
+        ``eval_windows`` of them spread evenly over the text; in a distributed run each rank takes a share of the
+        windows and the sums are added up."""
         n = (len(self.valid) - 1) // self.context
         tail = (len(self.valid) - 1) % self.context
         starts = torch.arange(n) * self.context
-        if self.eval_windows is not None:
-            starts, tail = starts[: self.eval_windows], 0
+        if self.eval_windows is not None and self.eval_windows < n + bool(tail):
+            starts, tail = starts[torch.linspace(0, n - 1, self.eval_windows).round().long().unique()], 0
         total, tokens = 0.0, 0
         for chunk_starts in group.shard(starts.split(max(1, self.batch_size))):
             chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(self.model))
