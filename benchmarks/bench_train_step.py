@@ -1,10 +1,19 @@
-"""Training-step throughput of the translation Transformer: fp32 vs bf16 autocast, and the cost of dropout.
+"""Training-step throughput on a CPU: qkv's GPT against a nanoGPT-shaped reference at nanoGPT's CPU recipe, and
+the translation Transformer in fp32, bf16 autocast and without dropout.
 
-    python benchmarks/bench_train_step.py [--json results.json]
+    python benchmarks/bench_train_step.py [--part nanogpt|translation|all] [--repeats 40] [--json results.json]
 
-One process, contenders alternated, medians of several repetitions; reported as tokens/s (source + target) and
-as a ratio to the fp32 baseline. The model is the Multi30k configuration of the README (3+3 layers, d=256,
-8 heads, FFN 1024, shared 8k vocabulary); the batch is 2,000 padded tokens a side.
+One process, contenders alternated step by step, medians reported as ms/step, tokens/s and a ratio.
+
+* nanogpt: the configuration of nanoGPT's CPU recipe (4 layers, 128 wide, 4 heads, context 64, batch 12, a
+  65-character vocabulary, no dropout, gradient clipping at 1). The reference is nanoGPT's model as its
+  README and paper-style description lay it out, written here: one fused Q/K/V projection, PyTorch's
+  ``scaled_dot_product_attention`` with ``is_causal``, exact GELU, no biases, tied embeddings, AdamW with the
+  for-each implementation that nanoGPT uses off CUDA. qkv runs what ``qkv train lm --preset tiny`` runs:
+  its ``GPT`` (GPT-2 style, biases, tanh GELU, the table padded to 128 rows), its language-model loss and its
+  optimizer (fused AdamW). Both eager, then both compiled (``torch.compile``; compiling is not timed).
+* translation: the Multi30k configuration of the README (3+3 layers, d=256, 8 heads, FFN 1024, shared 8k
+  vocabulary), 2,000 padded tokens a side.
 """
 
 from __future__ import annotations
@@ -13,14 +22,104 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor, nn
 
-from qkv import Transformer, TransformerConfig
+from qkv import GPT, GPTConfig, Transformer, TransformerConfig
+from qkv.tasks.language_model import LanguageModelTask, WindowBatch
+from qkv.tokenizers import CharTokenizer
+from qkv.training import TrainOptions, _optimizer
+
+VOCAB, CONTEXT, BATCH, WIDTH, HEADS, LAYERS = 65, 64, 12, 128, 4, 4
 
 
-def make_step(precision: str, dropout: float, batch: int = 100, length: int = 20, vocab: int = 8000):
+class ReferenceBlock(nn.Module):
+    """A pre-norm GPT-2 block as nanoGPT lays it out: one Linear makes Q, K and V; no biases."""
+
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(d, bias=False), nn.LayerNorm(d, bias=False)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2)
+                   for z in self.c_attn(self.ln_1(x)).split(d, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+class ReferenceGPT(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(VOCAB, WIDTH), nn.Embedding(CONTEXT, WIDTH)
+        self.blocks = nn.ModuleList(ReferenceBlock(WIDTH, HEADS) for _ in range(LAYERS))
+        self.ln_f = nn.LayerNorm(WIDTH, bias=False)
+        self.lm_head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, ids: Tensor, targets: Tensor) -> Tensor:
+        x = self.wte(ids) + self.wpe(torch.arange(ids.size(1)))
+        for block in self.blocks:
+            x = block(x)
+        return F.cross_entropy(self.lm_head(self.ln_f(x)).flatten(0, 1), targets.flatten())
+
+
+def reference_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = ReferenceGPT()
+    if compiled:
+        model.compile()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), foreach=True)
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        starts = torch.randint(0, len(stream) - CONTEXT - 1, (BATCH,), generator=g)
+        chunk = stream[starts[:, None] + torch.arange(CONTEXT + 1)]
+        loss = model(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()  # a training loop reads its loss back
+
+    return step
+
+
+def qkv_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
+    """What qkv's Trainer does per step for ``qkv train lm --preset tiny --batch-size 12 --dropout 0``."""
+    torch.manual_seed(0)
+    tokenizer = CharTokenizer.train(["".join(chr(33 + i) for i in range(VOCAB))])
+    cfg = GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0, pad_id=None, vocab_multiple=64)
+    model = GPT(cfg)
+    if compiled:
+        model.compile()
+    task = LanguageModelTask(model, tokenizer, stream, stream[:1000], context=CONTEXT, batch_size=BATCH)
+    opt = _optimizer(model, TrainOptions(out="unused", max_steps=1, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)))
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        offsets = torch.randint(0, len(stream) - CONTEXT, (BATCH,), generator=g)
+        loss, n = task.loss(WindowBatch(offsets, BATCH * CONTEXT))
+        (loss / n).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+
+    return step
+
+
+def translation_step(precision: str, dropout: float, batch: int = 100, length: int = 20, vocab: int = 8000):
     torch.manual_seed(0)
     cfg = TransformerConfig.from_preset("small", src_vocab_size=vocab, tgt_vocab_size=vocab, share_embeddings=True,
                                         d_ff=1024, dropout=dropout, attention_dropout=0.0, activation_dropout=0.0)
@@ -37,33 +136,53 @@ def make_step(precision: str, dropout: float, batch: int = 100, length: int = 20
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return step, 2 * batch * length
+    return step
+
+
+def race(steps: dict[str, Callable[[], None]], repeats: int, warmup: int = 3) -> dict[str, float]:
+    """Median seconds per step of each contender, the contenders alternated step by step."""
+    for step in steps.values():
+        for _ in range(warmup):  # compiles a compiled model
+            step()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def report(title: str, medians: dict[str, float], tokens: int, base: str, results: dict) -> None:
+    print(f"\n{title}")
+    for name, s in medians.items():
+        results[name] = {"ms_per_step": s * 1e3, "tokens_per_s": tokens / s, f"speed_vs[{base}]": medians[base] / s}
+        print(f"  {name:36s} {s * 1e3:7.1f} ms/step  {tokens / s:8,.0f} tokens/s  {medians[base] / s:5.2f}x")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=["nanogpt", "translation", "all"], default="all")
+    parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--json")
-    parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    contenders = {"fp32, dropout 0.1": ("fp32", 0.1), "fp32, no dropout": ("fp32", 0.0),
-                  "bf16 autocast, dropout 0.1": ("bf16", 0.1)}
-    steps = {name: make_step(*spec) for name, spec in contenders.items()}
-    for step, _ in steps.values():
-        step()  # warm up
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(args.repeats):
-        for name, (step, _) in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    base = statistics.median(times["fp32, dropout 0.1"])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; one training step, 2 x 2,000 tokens")
-    results = {}
-    for name, samples in times.items():
-        median = statistics.median(samples)
-        tokens = steps[name][1]
-        results[name] = {"s_per_step": median, "tokens_per_s": tokens / median, "speed_vs_fp32": base / median}
-        print(f"  {name:28s} {median * 1e3:7.0f} ms/step  {tokens / median:7.0f} tokens/s  {base / median:5.2f}x")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    results: dict[str, dict] = {}
+    if args.part in ("nanogpt", "all"):
+        stream = torch.randint(4, 4 + VOCAB, (200_000,))  # qkv's ids of 65 characters
+        chars = stream - 4  # the same text without qkv's four special ids
+        steps = {"nanoGPT-shaped reference, eager": reference_step(chars, False),
+                 "qkv GPT, eager": qkv_step(stream, False),
+                 "nanoGPT-shaped reference, compiled": reference_step(chars, True),
+                 "qkv GPT, compiled": qkv_step(stream, True)}
+        report("nanoGPT's CPU recipe: 4 x 128, context 64, batch 12 (768 tokens a step)",
+               race(steps, args.repeats), BATCH * CONTEXT, "nanoGPT-shaped reference, eager", results)
+    if args.part in ("translation", "all"):
+        steps = {"transformer fp32, dropout 0.1": translation_step("fp32", 0.1),
+                 "transformer fp32, no dropout": translation_step("fp32", 0.0),
+                 "transformer bf16 autocast, dropout 0.1": translation_step("bf16", 0.1)}
+        report("translation Transformer, 2 x 2,000 tokens a step", race(steps, max(5, args.repeats // 8)), 4000,
+               "transformer fp32, dropout 0.1", results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
