@@ -11,7 +11,8 @@ One process, contenders alternated step by step, medians reported as ms/step, to
   ``scaled_dot_product_attention`` with ``is_causal``, exact GELU, no biases, tied embeddings, AdamW with the
   for-each implementation that nanoGPT uses off CUDA. qkv runs what ``qkv train lm --preset tiny`` runs:
   its ``GPT`` (GPT-2 style, biases, tanh GELU, the table padded to 128 rows), its language-model loss and its
-  optimizer (fused AdamW). Both eager, then both compiled (``torch.compile``; compiling is not timed).
+  optimizer (fused AdamW). Both eager, then both compiled (``torch.compile``; compiling is not timed), then
+  qkv compiled in bf16 autocast (``--precision bf16``: faster only on a CPU with AVX512-BF16 or AMX).
 * translation: the Multi30k configuration of the README (3+3 layers, d=256, 8 heads, FFN 1024, shared 8k
   vocabulary), 2,000 padded tokens a side.
 """
@@ -95,8 +96,9 @@ def reference_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
     return step
 
 
-def qkv_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
-    """What qkv's Trainer does per step for ``qkv train lm --preset tiny --batch-size 12 --dropout 0``."""
+def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False) -> Callable[[], None]:
+    """What qkv's Trainer does per step for ``qkv train lm --preset tiny --batch-size 12 --dropout 0``
+    (``--compile``, ``--precision bf16``)."""
     torch.manual_seed(0)
     tokenizer = CharTokenizer.train(["".join(chr(33 + i) for i in range(VOCAB))])
     cfg = GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0, pad_id=None, vocab_multiple=64)
@@ -109,7 +111,8 @@ def qkv_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
 
     def step() -> None:
         offsets = torch.randint(0, len(stream) - CONTEXT, (BATCH,), generator=g)
-        loss, n = task.loss(WindowBatch(offsets, BATCH * CONTEXT))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss, n = task.loss(WindowBatch(offsets, BATCH * CONTEXT))
         (loss / n).backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -174,7 +177,8 @@ def main() -> None:
         steps = {"nanoGPT-shaped reference, eager": reference_step(chars, False),
                  "qkv GPT, eager": qkv_step(stream, False),
                  "nanoGPT-shaped reference, compiled": reference_step(chars, True),
-                 "qkv GPT, compiled": qkv_step(stream, True)}
+                 "qkv GPT, compiled": qkv_step(stream, True),
+                 "qkv GPT, compiled, bf16 autocast": qkv_step(stream, True, bf16=True)}
         report("nanoGPT's CPU recipe: 4 x 128, context 64, batch 12 (768 tokens a step)",
                race(steps, args.repeats), BATCH * CONTEXT, "nanoGPT-shaped reference, eager", results)
     if args.part in ("translation", "all"):

@@ -113,3 +113,22 @@ def test_a_cpu_run_resumes_on_the_gpu(tmp_path):
     result = Trainer(task, TrainOptions(out=str(tmp_path), max_steps=30, lr=3e-3, warmup=10, eval_every=10,
                                         progress=False, device="cuda", resume=True)).run()
     assert result.step == 30 and next(task.model.parameters()).is_cuda
+
+
+def test_compiled_decoding_on_the_gpu_equals_eager():
+    """The preallocated KV cache compiles on CUDA too (dynamic shapes: no recompilation per step)."""
+    from qkv.generation import LMDecoder, generate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("llama", vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
+                                      max_seq_len=64)).cuda().eval()
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
+
+    def decode():
+        decoder = LMDecoder(model, prompts)
+        return generate(decoder, start=decoder.start, max_new_tokens=24)
+
+    eager = decode()
+    torch._dynamo.reset()
+    model.compile(dynamic=True)
+    assert decode() == eager
