@@ -170,5 +170,5 @@ def test_the_default_eval_windows_bound_evaluation_to_a_tenth_of_training():
 
     s = {**LM_DEFAULTS, "eval_every": 250, "batch_size": 12}
     assert eval_windows(s) == 900  # forward-only windows worth 0.1 x 250 training steps of 12 windows
-    assert eval_windows({**s, "accum": 4}) == 3600
+    assert eval_windows({**s, "accum": 4}) == 3600 == eval_windows({**s, "accum": 2}, world=2)  # a step's windows
     assert eval_windows({**s, "eval_windows": 0}) is None and eval_windows({**s, "eval_windows": 7}) == 7

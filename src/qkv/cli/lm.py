@@ -59,13 +59,13 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                             "about a tenth of the training time since the one before)")
 
 
-def eval_windows(s: dict) -> int | None:
+def eval_windows(s: dict, world: int = 1) -> int | None:
     """--eval-windows, or the default that bounds evaluation's share of the run: a forward pass costs about a
-    third of a training step, so 0.3 x eval_every steps' windows take about 10% of the time between two
-    validations. None: every window."""
+    third of a training step, so 0.3 x eval_every steps' windows (of all ``world`` processes) take about 10% of
+    the time between two validations. None: every window."""
     if s["eval_windows"] is not None:
         return s["eval_windows"] or None
-    return max(1, 3 * s["eval_every"] * s["batch_size"] * s["accum"] // 10)
+    return max(1, 3 * s["eval_every"] * s["batch_size"] * s["accum"] * world // 10)
 
 
 def _model_config(s: dict, vocab_size: int):
@@ -121,7 +121,7 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
              model.num_parameters(exclude_embeddings=True) / 1e6, f"{len(train_ids):,}", f"{len(valid_ids):,}",
              tokenizer.kind, tokenizer.vocab_size)
     task = LanguageModelTask(model, tokenizer, train_ids, valid_ids, context=cfg.max_seq_len,
-                             batch_size=s["batch_size"], seed=s["seed"], eval_windows=eval_windows(s),
+                             batch_size=s["batch_size"], seed=s["seed"], eval_windows=eval_windows(s, current().world),
                              meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
     status = report(Trainer(task, opts).run(), out)
     if status or not current().main:
