@@ -1,0 +1,98 @@
+"""Weight-only int8 and int4: each quantized layer equals the fp32 layer of its own dequantized weights (the
+kernels against the formula), the dequantized weights are within half a step of the originals, quantized models
+keep the decoding invariants, and a quantized model survives save and load bit for bit."""
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from qkv import GPT, GPTConfig
+from qkv.generation import LMDecoder, generate
+from qkv.quantize import QuantizedLinear, pack_nibbles, quantize, unpack_nibbles
+
+MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+@pytest.mark.parametrize("out_features, in_features, bias", [(37, 192, True), (5, 64, False), (130, 128, True)])
+def test_a_quantized_layer_computes_with_its_dequantized_weights(mode, group, out_features, in_features, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, out_features, bias=bias)
+    layer = QuantizedLinear.from_linear(linear, mode, group)
+    x = torch.randn(2, 3, in_features)
+    # the kernels read bf16 inputs and write bf16 outputs (see qkv.quantize): the formula, rounded the same way
+    reference = (x.bfloat16().float() @ layer.dequantized().T).bfloat16().float() + (linear.bias if bias else 0)
+    torch.testing.assert_close(layer(x), reference, atol=1e-5, rtol=8e-3)  # one bf16 rounding step apart at most
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+def test_dequantized_weights_are_within_half_a_step(mode, group):
+    torch.manual_seed(1)
+    w = torch.randn(24, 64) * torch.linspace(0.1, 3, 24)[:, None]  # rows of very different ranges
+    linear = nn.Linear(64, 24, bias=False)
+    linear.weight.data.copy_(w)
+    layer = QuantizedLinear.from_linear(linear, mode, group)
+    error = (layer.dequantized() - w).abs()
+    if mode == "int8":
+        step = w.abs().amax(dim=1, keepdim=True) / 127
+    else:
+        g = w.view(24, -1, group)
+        step = ((g.amax(-1) - g.amin(-1)) / 15).repeat_interleave(group, dim=1)
+    assert (error <= step / 2 * 1.01 + 1e-6).all()  # half a step, and the scale rounded to bf16
+    assert error.max() > 0  # the quantization did something
+
+
+def test_nibbles_pack_two_codes_a_byte_low_first():
+    codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
+    assert pack_nibbles(codes).tolist() == [[0x21, 0x0F]]
+    assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
+
+
+def _gpt(seed=0):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig.from_preset("llama", vocab_size=96, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
+                                     d_ff=128, max_seq_len=64)).eval()
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+def test_a_quantized_model_stays_close_and_keeps_the_decoding_invariants(mode, group):
+    model = _gpt()
+    ids = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        quantize(model, mode, group_size=group)
+        quantized = model(ids)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    bound = 0.02 if mode == "int8" else 0.2  # of the logits' spread
+    assert (quantized - full).abs().max() < bound * full.std() * 6
+    prompts = [[5, 6, 7, 8, 9], [10, 11]]
+    cached = generate(LMDecoder(model, prompts), start=LMDecoder(model, prompts).start, max_new_tokens=10)
+    uncached_decoder = LMDecoder(model, prompts, use_cache=False)
+    assert cached == generate(uncached_decoder, start=uncached_decoder.start, max_new_tokens=10)
+    for prompt, row in zip(prompts, cached, strict=True):
+        alone = LMDecoder(model, [prompt])
+        assert generate(alone, start=alone.start, max_new_tokens=10)[0] == row
+
+
+def test_quantize_save_load_gives_identical_outputs(tmp_path):
+    model = quantize(_gpt(), "int4", group_size=32)
+    save_file(model.state_dict(), tmp_path / "model.safetensors")
+    fresh = quantize(_gpt(seed=1), "int4", group_size=32)  # same structure, other weights
+    fresh.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    ids = torch.randint(0, 96, (2, 9))
+    with torch.no_grad():
+        assert torch.equal(fresh(ids), model(ids))
+
+
+def test_bad_quantization_requests_are_clear_and_change_nothing():
+    model = _gpt()
+    with pytest.raises(ValueError, match="unknown quantization 'int3'; choose one of none, int8, int4"):
+        quantize(model, "int3")
+    with pytest.raises(ValueError, match=r"cannot quantize .* to int4: its 64 inputs are not divisible by the group "
+                                         r"size 128"):
+        quantize(model, "int4", group_size=128)
+    with pytest.raises(ValueError, match="the int4 group size must be one of 32, 64, 128, 256, got 48"):
+        quantize(model, "int4", group_size=48)
+    assert any(isinstance(m, nn.Linear) for m in model.modules())  # untouched
+    assert quantize(model, "none") is model
