@@ -77,3 +77,17 @@ def test_smollm2_continues_a_prompt_and_chats(tmp_path):
     assert out.startswith("The capital of France is") and "Paris" in out
     chat = ok(qkv("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
     assert "Paris" in chat and "<|im_end|>" not in chat
+
+
+def test_generate_with_quantized_weights(trained, work, here):
+    """--quantize int8 / int4 run the same command on 8- and 4-bit weights (cached = uncached there too); a
+    group size that does not divide the model's width and an unknown mode are one-line errors."""
+    for mode in ("int8", "int4"):
+        args = ["generate", "--model", trained, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--quantize", mode,
+                "--group-size", "32"]
+        a = ok(qkv(*args, cwd=work)).stdout
+        assert a == ok(qkv(*args, "--no-cache", cwd=work)).stdout and a.startswith("ROMEO:")
+    one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int4", "--group-size", "64",
+                        cwd=work), "its 32 inputs are not divisible by the group size 64")
+    one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int3", cwd=work),
+                   "argument --quantize: invalid choice: 'int3'")

@@ -145,4 +145,7 @@ def test_every_command_that_runs_a_model_takes_a_device():
     parsers = {name.removeprefix("qkv "): p for name, p in _parsers().items()}
     for name in runs_a_model:
         flags = {flag for action in parsers[name]._actions for flag in action.option_strings}
-        assert {"--device", "--precision"} <= flags, name
+        assert {"--device", "--precision", "--compile"} <= flags, name
+    for name in ("generate", "chat", "translate", "embed", "search", "similarity"):
+        flags = {flag for action in parsers[name]._actions for flag in action.option_strings}
+        assert {"--quantize", "--group-size"} <= flags, name

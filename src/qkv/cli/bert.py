@@ -45,7 +45,7 @@ def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
                      help="layer of the map (default: the last; negative from the end)")
     att.add_argument("--head", type=integer(0), help="head of the map (default: the mean over heads)")
     att.add_argument("--sentence", type=integer(0), default=0, help="which input to map (0-based, default 0)")
-    add_device_arguments(p)
+    add_device_arguments(p, quantize=True)
 
 
 def _encoder(args: argparse.Namespace, texts: list[str], device):

@@ -152,7 +152,7 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
                      help="also stop at this token (repeatable; must be one token)")
     dec.add_argument("--seed", type=SEED, help="seed the sampler, for a reproducible sample")
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
-    add_device_arguments(p)
+    add_device_arguments(p, quantize=True)
 
 
 def _sampling(args: argparse.Namespace):
@@ -181,7 +181,8 @@ def load_lm(args: argparse.Namespace, device):
 
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()))
         stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
-        return place(pre.model, device, args), pre.tokenizer, stops, pre.chat_template
+        default = "int8" if args.pretrained == "smollm2" else "none"
+        return place(pre.model, device, args, quantize=default), pre.tokenizer, stops, pre.chat_template
     from ..checkpoint import load_checkpoint, resolve
     from ..tokenizers import load_tokenizer
 

