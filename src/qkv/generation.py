@@ -81,6 +81,7 @@ class LMDecoder:
             mask[row, longest - len(prompt) :] = True
         self.device = next(model.parameters()).device
         self.start, self.mask = start.to(self.device), mask.to(self.device)
+        self.padded = any(len(p) < longest for p in prompts)  # else no mask is needed: the fused causal path
         self.use_cache = use_cache
         self.capacity = min(self.max_len, longest + 128)  # room the KV cache starts with; it grows if needed
         self.cache = model.new_cache(self.capacity) if use_cache else None
@@ -99,11 +100,14 @@ class LMDecoder:
             tokens = self.tokens
         if self.cache is None or len(self.cache) == 0:
             tokens = self.tokens  # no cache, or a fresh one: read everything
-        logits = self.model(tokens, attention_mask=self.mask, cache=self.cache)
+        # Without padding the cached steps need no mask: the causal one is implied (the fused kernel's path).
+        mask = self.mask if self.padded or self.cache is None else None
+        logits = self.model(tokens, attention_mask=mask, cache=self.cache)
         return logits[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.tokens, self.mask = self.tokens.index_select(0, index), self.mask.index_select(0, index)
+        self.padded = self.padded and not bool(self.mask.all())
         if self.cache is not None:
             self.cache.reorder(index)
         self.batch_size = index.numel()
