@@ -64,6 +64,7 @@ def test_a_quantized_model_stays_close_and_keeps_the_decoding_invariants(mode, g
         quantize(model, mode, group_size=group)
         quantized = model(ids)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert model.lm_head.mode == "int8" and model.decoder.layers[0].self_attn.q_proj.mode == mode  # output at 8 bits
     bound = 0.02 if mode == "int8" else 0.2  # of the logits' spread
     assert (quantized - full).abs().max() < bound * full.std() * 6
     prompts = [[5, 6, 7, 8, 9], [10, 11]]

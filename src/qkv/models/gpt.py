@@ -26,6 +26,8 @@ class GPT(nn.Module):
         ids ``(B, T)`` -> logits ``(B, T, vocab_size)``.
     """
 
+    output_layer = "lm_head"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
+
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         cfg = self.config = config
