@@ -97,3 +97,23 @@ def test_bad_quantization_requests_are_clear_and_change_nothing():
         quantize(model, "int4", group_size=48)
     assert any(isinstance(m, nn.Linear) for m in model.modules())  # untouched
     assert quantize(model, "none") is model
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_a_quantized_translator_decodes_the_same_with_and_without_its_cache(mode):
+    """Encoder, decoder and cross-attention layers quantized; beam and greedy, cached = uncached, and a padded
+    batch = one sentence at a time."""
+    from qkv import Transformer, TransformerConfig
+    from qkv.tasks.translation import translate_ids
+
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(src_vocab_size=64, tgt_vocab_size=64, d_model=64, n_heads=4, n_layers=2,
+                                          d_ff=128, max_seq_len=32)).eval()
+    quantize(model, mode)
+    assert model.out_proj.mode == "int8"
+    sources = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
+    for beam in (1, 3):
+        cached = translate_ids(model, sources, beam_size=beam)
+        assert cached == translate_ids(model, sources, beam_size=beam, use_cache=False)
+        assert cached == [translate_ids(model, [s], beam_size=beam)[0]
+                          for s in sources]

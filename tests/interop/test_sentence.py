@@ -246,3 +246,16 @@ def test_minilm_not_installed_says_how_to_install(monkeypatch):
     monkeypatch.setattr(sentence, "minilm_path", lambda: None)
     _error("minilm", MINILM_INSTALL)
 
+
+
+@needs_minilm
+def test_minilm_int8_keeps_every_cosine_similarity_within_a_hundredth(minilm_vectors):
+    """The issue's bound, on this batch of very different inputs (the benchmark reports it on real captions)."""
+    from qkv.quantize import quantize
+
+    encoder = load_sentence_encoder("minilm")
+    quantize(encoder.model, "int8")
+    vectors = embed(encoder.model, encoder.tokenizer, BATCH, pooling=encoder.pooling, normalize=encoder.normalize,
+                    max_length=encoder.max_length, batch_size=4)
+    change = (vectors @ vectors.T - minilm_vectors @ minilm_vectors.T).abs().max()
+    assert 0 < change < 0.01

@@ -110,14 +110,25 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq.to(torch.get_default_device()), persistent=False)
         self.head_dim = head_dim
         self.interleaved = interleaved
+        self._last: tuple[Tensor, tuple[Tensor, Tensor]] | None = None  # (positions, their cos and sin)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Angles for ``positions``, shaped to broadcast over heads: ``(1 or B, 1, T, Dh/2)``."""
+        """Angles for ``positions``, shaped to broadcast over heads: ``(1 or B, 1, T, Dh/2)``.
+
+        One module serves every layer, and a forward pass hands all of them the same ``positions`` tensor: the
+        cosines and sines of the last one are kept, so a decoding step computes them once, not twice a layer.
+        """
+        compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway
+        if not compiling and self._last is not None and self._last[0] is positions:
+            return self._last[1]
         angle = positions.to(self.inv_freq.dtype)[..., None] * self.inv_freq  # (..., T, Dh/2)
         if angle.dim() == 2:
             angle = angle[None]  # (1, T, Dh/2)
         angle = angle[:, None]  # (B or 1, 1, T, Dh/2)
-        return angle.cos(), angle.sin()
+        result = angle.cos(), angle.sin()
+        if not compiling:
+            self._last = (positions, result)
+        return result
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         cos, sin = self.cos_sin(positions)
