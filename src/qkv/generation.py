@@ -233,11 +233,13 @@ def _stop_set(eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
     return set(stop_ids or ()) | ({eos_id} if eos_id is not None else set())
 
 
-def _suppress(logits: Tensor, ids: Collection[int] | None) -> Tensor:
-    """Logits with ``ids`` made impossible: tokens that are never text (padding, a start marker, <unk>)."""
+def _suppressor(ids: Collection[int] | None, device: torch.device) -> Callable[[Tensor], Tensor]:
+    """A function making ``ids`` impossible in a step's logits: tokens that are never text (padding, a start
+    marker, <unk>). The index is made once, not at every step."""
     if not ids:
-        return logits
-    return logits.index_fill(-1, torch.tensor(sorted(ids), dtype=torch.long, device=logits.device), float("-inf"))
+        return lambda logits: logits
+    index = torch.tensor(sorted(ids), dtype=torch.long, device=device)
+    return lambda logits: logits.index_fill(-1, index, float("-inf"))
 
 
 @torch.no_grad()
@@ -282,8 +284,9 @@ def generate(
     outputs: list[list[int]] = [[] for _ in range(n)]
     active = torch.arange(n, device=device)  # which original rows are still decoding
     seen: Tensor | None = None  # (B_active, V), only with a repetition penalty
+    suppress = _suppressor(suppress_ids, device)
     for step in range(1, int(limits.max()) + 1 if n else 0):
-        logits = _suppress(decoder.step(last), suppress_ids)  # (B_active, V)
+        logits = suppress(decoder.step(last))  # (B_active, V)
         if sampling.repetition_penalty != 1.0 and seen is None:
             seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
             for row, tokens in enumerate(context if context is not None else last.tolist()):
@@ -357,8 +360,9 @@ def beam_search(
     finished = torch.zeros(b * k, dtype=torch.bool, device=device)
     lengths = torch.zeros(b * k, device=device)
     row_base = (torch.arange(b, device=device) * k)[:, None]  # (B, 1)
+    suppress = _suppressor(suppress_ids, device)
     for _ in range(int(limits.max()) if b else 0):
-        logits = _suppress(decoder.step(ys[:, -1:] if ys.size(1) else first).float(), suppress_ids)
+        logits = suppress(decoder.step(ys[:, -1:] if ys.size(1) else first).float())
         logp = F.log_softmax(logits, dim=-1)  # (B*K, V)
         vocab = logp.size(-1)
         logp[finished] = float("-inf")
