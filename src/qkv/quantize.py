@@ -136,7 +136,8 @@ class QuantizedLinear(nn.Module):
         else:
             packed, scales_and_zeros = self._int4_layout()
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, scales_and_zeros)
-            y = y[:, : self.out_features]
+            if self.out_features % 16:
+                y = y[:, : self.out_features]
         y = y.to(x.dtype if x.dtype.is_floating_point else torch.float32)
         if self.bias is not None:
             y = y + self.bias

@@ -271,21 +271,24 @@ class MultiHeadAttention(nn.Module):
                 raise TypeError(f"attn_mask must be bool (True = may attend), got dtype {attn_mask.dtype}")
             mask = attn_mask if mask is None else mask & attn_mask
 
-        if self.n_kv_heads != self.n_heads:  # grouped-query: query head h reads key/value head h // group
-            group = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
-            v = v.repeat_interleave(group, dim=1)
-
+        # Grouped-query: query head h reads key/value head h // group. The fused kernels share the key/value
+        # heads themselves (enable_gqa); the explicit path repeats them.
+        grouped = self.n_kv_heads != self.n_heads
         dropout_p = self.dropout if self.training else 0.0
         weights = None
         if need_weights:
+            if grouped:
+                group = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
         elif mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=fused_causal)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=fused_causal,
+                                                 enable_gqa=grouped)
         else:
             # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
             has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p,
+                                                 enable_gqa=grouped)
             out = out.masked_fill(~has_key, 0.0)
 
         out = out.transpose(1, 2).reshape(b, t_q, self.d_model)  # (B, T_q, H * Dh)
