@@ -145,8 +145,8 @@ def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) 
                             "GPUs, long runs and long outputs; on a CPU decoding gains little)")
     if quantize:
         group.add_argument("--quantize", choices=MODES,
-                           help="weights of the linear layers in 8 or 4 bits, on the CPU (default none; int4 for "
-                                "--pretrained smollm2 on a CPU: 3x faster, perplexity within 0.1%%)")
+                           help="weights of the linear layers in 8 or 4 bits, on the CPU (default none; int8 for "
+                                "--pretrained smollm2 on a CPU: 3x faster, perplexity within 0.5%%)")
         group.add_argument("--group-size", type=integer(1), choices=GROUP_SIZES, default=DEFAULT_GROUP_SIZE,
                            help=f"int4: inputs that share a scale and zero point ({DEFAULT_GROUP_SIZE})")
 
@@ -160,8 +160,7 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none"):
     mode = getattr(args, "quantize", None)
     if mode is None and device.type == "cpu" and quantize != "none":
         mode = quantize
-        log.info("%s weights (the fastest setting within the published quality bounds; --quantize none for fp32)",
-                 mode)
+        log.info("%s weights (this model's default on a CPU; --quantize none for fp32)", mode)
     quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", 32))
     model.to(device)
     if args.compile:
