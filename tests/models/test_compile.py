@@ -71,4 +71,5 @@ def test_compiled_cached_decoding_equals_eager():
     counts = torch._dynamo.utils.counters
     counts.clear()
     assert decode() == eager
+    assert not counts["graph_break"], dict(counts["graph_break"])  # whole steps compiled, not pieces
     assert counts["stats"]["unique_graphs"] <= 2  # the prompt (empty cache) and every later step

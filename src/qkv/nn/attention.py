@@ -254,10 +254,12 @@ class MultiHeadAttention(nn.Module):
         t_k = k.size(2)
 
         # The common square causal case needs no mask tensor: the fused kernel applies it itself.
-        fused_causal = (
-            self.causal and self.window is None and t_q == t_k > 1 and not need_weights
-            and key_padding_mask is None and attn_mask is None
-        )
+        # (Decided by an `if`: under torch.compile with dynamic shapes the size test is symbolic, the `if` turns it
+        # into a guard, and the kernel gets a plain bool.)
+        fused_causal = False
+        if self.causal and self.window is None and t_q == t_k > 1 and not need_weights and \
+                key_padding_mask is None and attn_mask is None:
+            fused_causal = True
         mask = None if fused_causal else self._structural_mask(t_q, t_k, query.device)
         if key_padding_mask is not None:
             if key_padding_mask.shape != (b, t_k):
