@@ -100,7 +100,7 @@ def measure(runner, prompt: list[int], batch: list[list[int]], n: int, repeats: 
         runner.forward(prompt), runner.generate([prompt], 2)  # warm up (and compile)
         t_prefill, logits = timed(lambda: runner.forward(prompt), repeats)
         t_whole, out = timed(lambda: runner.generate([prompt], n), repeats)
-        t_batch, _ = timed(lambda: runner.generate(batch, n), max(1, repeats - 1))
+        t_batch = timed(lambda: runner.generate(batch, n), max(1, repeats - 1))[0] if batch else float("nan")
     return {"prefill_tok_s": len(prompt) / t_prefill, "decode_tok_s": n / max(t_whole - t_prefill, 1e-9),
             "batch8_tok_s": len(batch) * n / t_batch, "tokens": out[0], "logits": logits}
 
@@ -125,6 +125,9 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["none", "int8", "int4"], help="qkv's quantizations to time")
     parser.add_argument("--llama-bench", help="path of llama.cpp's llama-bench binary")
     parser.add_argument("--cache-lengths", type=int, nargs="*", default=[16, 64, 128])
+    parser.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the batch-8 row (--no-batch8 with --compile on a CPU: every batch size that "
+                             "finished rows leave behind is another graph to compile)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
@@ -153,13 +156,14 @@ def main() -> None:
     runners["transformers fp32"] = HfRunner(hf, tok.eos_id)
     where = torch.cuda.get_device_name(DEVICE) if DEVICE.type == "cuda" else f"{torch.get_num_threads()} threads"
     prompt, batch = tok.encode(PROMPT), [tok.encode(p) for p in BATCH]
+    timed_batch = batch if args.batch8 else []
     n = args.new_tokens
     print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
           f"{', compiled' if args.compile else ''}; {len(prompt)}-token prompt, {n} new tokens, greedy")
     results: dict[str, dict] = {}
     with autocast(DEVICE, precision):
         for name, runner in runners.items():
-            results[name] = measure(runner, prompt, batch, n, args.repeats)
+            results[name] = measure(runner, prompt, timed_batch, n, args.repeats)
     base = results["transformers fp32"]
     reference = results.get("qkv fp32", base)
     print(f"\n{'':18s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'batch 8 tok/s':>14s}   vs transformers "
