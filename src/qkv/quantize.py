@@ -124,7 +124,7 @@ class QuantizedLinear(nn.Module):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
             scales_and_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, rows))
             scales_and_zeros = scales_and_zeros.transpose(0, 1).contiguous()
-            self._packed = (packed, scales_and_zeros)  # (out, in/2) uint8; (n_groups, out, 2)
+            self._packed = (packed, scales_and_zeros)  # the kernel's (out', in/2) uint8; (n_groups, out', 2)
         return self._packed
 
     def forward(self, x: Tensor) -> Tensor:
@@ -139,7 +139,7 @@ class QuantizedLinear(nn.Module):
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, scales_and_zeros)
             if self.out_features % 16:
                 y = y[:, : self.out_features]
-        y = y.to(x.dtype if x.dtype.is_floating_point else torch.float32)
+        y = y.to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
@@ -178,15 +178,14 @@ def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZ
     if mode == "none":
         return model
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    output = getattr(model, "output_layer", None)
     if mode == "int4":
         for name, m in linears:
-            if name != getattr(model, "output_layer", None):
+            if name != output:
                 check_int4(name, m.in_features, group_size)
-    output = getattr(model, "output_layer", None)
     for name, linear in linears:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         layer_mode = "int8" if mode == "int4" and name == output else mode
         setattr(parent, child, QuantizedLinear.from_linear(linear, layer_mode, group_size))
-    model.quantization = {"mode": mode, "group_size": group_size}
     return model

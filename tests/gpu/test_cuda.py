@@ -117,18 +117,13 @@ def test_a_cpu_run_resumes_on_the_gpu(tmp_path):
 
 def test_compiled_decoding_on_the_gpu_equals_eager():
     """The preallocated KV cache compiles on CUDA too (dynamic shapes: no recompilation per step)."""
-    from qkv.generation import LMDecoder, generate
+    from decoding_reference import continue_prompts
 
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_preset("llama", vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
                                       max_seq_len=64)).cuda().eval()
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
-
-    def decode():
-        decoder = LMDecoder(model, prompts)
-        return generate(decoder, start=decoder.start, max_new_tokens=24)
-
-    eager = decode()
+    eager = continue_prompts(model, prompts, 24)
     torch._dynamo.reset()
     model.compile(dynamic=True)
-    assert decode() == eager
+    assert continue_prompts(model, prompts, 24) == eager

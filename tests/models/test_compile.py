@@ -3,6 +3,7 @@ has no graph break (no value read back from the device: see ``check_ids``)."""
 
 import pytest
 import torch
+from decoding_reference import continue_prompts
 
 from qkv import BERT, GPT, BERTConfig, GPTConfig, LSTMSeq2Seq, RNNConfig, Transformer, TransformerConfig
 
@@ -53,23 +54,16 @@ def test_compiled_cached_decoding_equals_eager():
     """Decoding compiles with dynamic shapes: left-padded prompts, then one token at a time into the
     preallocated KV cache (rotary positions, grouped key/value heads); the same tokens as eager, and one graph
     for the prompt and one for every later step, not one per step."""
-    from qkv.generation import LMDecoder, generate
-
     torch.manual_seed(0)
     cfg = GPTConfig.from_preset("llama", vocab_size=100, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
                                 max_seq_len=64)
     model = GPT(cfg).eval()
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
-
-    def decode():
-        decoder = LMDecoder(model, prompts)
-        return generate(decoder, start=decoder.start, max_new_tokens=20)
-
-    eager = decode()
+    eager = continue_prompts(model, prompts, 20)
     torch._dynamo.reset()
     model.compile(dynamic=True)
     counts = torch._dynamo.utils.counters
     counts.clear()
-    assert decode() == eager
+    assert continue_prompts(model, prompts, 20) == eager
     assert not counts["graph_break"], dict(counts["graph_break"])  # whole steps compiled, not pieces
     assert counts["stats"]["unique_graphs"] <= 2  # the prompt (empty cache) and every later step

@@ -17,6 +17,8 @@ from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, 
 
 log = logging.getLogger("qkv")
 
+VOCAB_MULTIPLE = 64  # embedding and output tables of new models padded to whole tiles (ModelConfig.table_rows)
+
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str):
@@ -142,7 +144,7 @@ def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) 
                             "it, fp32 on a CPU; fp16 on CUDA only)")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model first: minutes of compiling, then faster steps (pays off on "
-                            "GPUs, long runs and long outputs; on a CPU decoding gains little)")
+                            "GPUs, long runs and long outputs; on a CPU, decoding with --quantize)")
     if quantize:
         group.add_argument("--quantize", choices=MODES,
                            help="weights of the linear layers in 8 or 4 bits, on the CPU (default none; int8 for "
@@ -155,13 +157,14 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none"):
     """``model`` on ``device``, quantized as --quantize asks (else as ``quantize``, the model's own default, said
     on stderr), compiled when --compile asks: with dynamic shapes, so one graph serves every prompt length and
     every step of a growing KV cache."""
+    from ..quantize import DEFAULT_GROUP_SIZE
     from ..quantize import quantize as quantize_weights
 
     mode = getattr(args, "quantize", None)
     if mode is None and device.type == "cpu" and quantize != "none":
         mode = quantize
         log.info("%s weights (this model's default on a CPU; --quantize none for fp32)", mode)
-    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", 32))
+    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", DEFAULT_GROUP_SIZE))
     model.to(device)
     if args.compile:
         model.compile(dynamic=True)  # in place: the module and its state dict stay as they are

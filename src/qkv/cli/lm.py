@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from .common import (
+    VOCAB_MULTIPLE,
     Parser,
     add_device_arguments,
     add_size_arguments,
@@ -77,7 +78,7 @@ def _model_config(s: dict, vocab_size: int):
     style = GPTConfig.PRESETS["llama"] if s["style"] == "llama" else {}
     preset = {k: v for k, v in GPTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
     return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None,
-                        "vocab_multiple": 64})  # tables padded to whole tiles (see ModelConfig.table_rows)
+                        "vocab_multiple": VOCAB_MULTIPLE})
 
 
 def train_lm(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from .common import (
+    VOCAB_MULTIPLE,
     add_device_arguments,
     add_input_arguments,
     add_size_arguments,
@@ -41,7 +42,6 @@ TRAIN_DEFAULTS = dict(
 )
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
                 "attention_dropout", "activation_dropout", "positional")
-VOCAB_MULTIPLE = 64  # tables of new models padded to whole tiles (see ModelConfig.table_rows)
 PATHS = ("src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv")  # stored absolute, for --resume
 # --arch -> the LSTM's attention; one model family (checkpoint architecture "lstm"), three ways to read the source
 LSTM_ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}

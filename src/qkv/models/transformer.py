@@ -47,6 +47,8 @@ class Transformer(nn.Module):
         cached positions (0 without a cache).
     """
 
+    output_layer = "out_proj"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
+
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         cfg = self.config = config
@@ -63,7 +65,6 @@ class Transformer(nn.Module):
             [common.decoder_layer(cfg, rope, cross=True) for _ in range(cfg.n_decoder_layers)], common.final_norm(cfg)
         )
         self.out_proj = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=False)
-        self.output_layer = "out_proj"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
         common.init_weights(self, cfg)
         if cfg.tie_output:
             self.out_proj.weight = self.tgt_emb.weight
