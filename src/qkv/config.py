@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 NORMS = ("layer", "rms")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu")
 INITS = ("normal", "xavier")
 
 
@@ -75,7 +75,7 @@ class ModelConfig(Config):
         norm_first: Pre-Norm (True) or Post-Norm (False) residual connections.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
         norm_eps: the epsilon of the norms.
-        activation: feed-forward activation: relu, gelu, gelu_tanh, silu or swiglu.
+        activation: feed-forward activation: relu, gelu, gelu_tanh, quick_gelu, silu or swiglu.
         bias: biases in the linear layers (and LayerNorm shift).
         positional: ``"sinusoidal"``, ``"learned"``, ``"rope"`` or ``"none"``.
         rope_base: the θ base of rotary embeddings.
@@ -283,6 +283,65 @@ class BERTConfig(ModelConfig):
         super().__post_init__()
         self._check_vocab("vocab_size", self.vocab_size)
         _check_int("type_vocab_size", self.type_vocab_size)
+
+
+VIT_POOLINGS = ("cls", "mean")
+
+
+@dataclass(kw_only=True)
+class ViTConfig(ModelConfig):
+    """Vision Transformer (Dosovitskiy et al. 2020): image patches as tokens, a Pre-Norm encoder.
+
+    Attributes:
+        image_size: side of the (square) images it is built for, in pixels; other sizes divisible by
+            ``patch_size`` work too (the position table is interpolated).
+        patch_size: side of a patch; an image is cut into ``(image_size / patch_size)²`` patches.
+        channels: colour channels of the input (1 grey, 3 RGB).
+        n_classes: classes of the classification head (None: no head).
+        pooling: the image vector the head reads: ``"cls"`` (the [CLS] token's state) or ``"mean"`` (the
+            mean of the patch states).
+        patch_bias: a bias in the patch projection (ViT has one, CLIP's image encoder not).
+        embed_norm: a LayerNorm on the embeddings before the first layer (CLIP's ``pre_layrnorm``).
+    """
+
+    image_size: int = 224
+    patch_size: int = 16
+    channels: int = 3
+    n_classes: int | None = None
+    pooling: str = "cls"
+    patch_bias: bool = True
+    embed_norm: bool = False
+    d_model: int = 768
+    n_heads: int = 12
+    n_layers: int = 12
+    dropout: float = 0.0
+    pad_id: int | None = None
+    activation: str = "gelu"
+    positional: str = "learned"
+    norm_eps: float = 1e-12
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "vit-base": dict(image_size=224, patch_size=16, d_model=768, n_heads=12, n_layers=12, d_ff=3072),
+        # Small enough to train on Fashion-MNIST on a CPU: 49 patches of 4x4 pixels.
+        "fashion": dict(image_size=28, patch_size=4, channels=1, d_model=128, n_heads=4, n_layers=6, d_ff=256,
+                        norm_eps=1e-6),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("image_size", "patch_size", "channels"):
+            _check_int(name, getattr(self, name))
+        _check_int("n_classes", self.n_classes, minimum=2, optional=True)
+        _check_choice("pooling", self.pooling, VIT_POOLINGS)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
+        if self.positional != "learned":
+            raise ValueError(f"a ViT learns its positions: positional must be 'learned', got {self.positional!r}")
+        self.max_seq_len = 1 + self.n_patches
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
 
 
 CLASSIFIER_POOLINGS = ("pooler", "mean")

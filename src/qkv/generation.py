@@ -102,8 +102,7 @@ class LMDecoder:
             tokens = self.tokens  # no cache, or a fresh one: read everything
         # Without padding the cached steps need no mask: the causal one is implied (the fused kernel's path).
         mask = self.mask if self.padded or self.cache is None else None
-        logits = self.model(tokens, attention_mask=mask, cache=self.cache)
-        return logits[:, -1]
+        return self.model(tokens, attention_mask=mask, cache=self.cache, last_only=True)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
         self.tokens, self.mask = self.tokens.index_select(0, index), self.mask.index_select(0, index)

@@ -43,6 +43,14 @@ def test_kv_cache_equals_full_forward(variant):
     torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-5, rtol=1e-5)
 
 
+def test_last_only_is_the_last_row_of_the_logits():
+    model = small(**VARIANTS["llama"])
+    ids = torch.randint(0, 50, (2, 9))
+    last = model(ids, last_only=True)
+    assert last.shape == (2, 1, 50)
+    torch.testing.assert_close(last, model(ids)[:, -1:], atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("variant", ["gpt2", "llama", "window-rope"])
 def test_left_padded_batch_equals_each_prompt_alone(variant):
     model = small(pad_id=0, **VARIANTS[variant])

@@ -158,6 +158,29 @@ def test_fused_path_equals_explicit_path(name, padded):
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_bias_is_added_to_the_scores_on_both_paths(masked):
+    mha = MultiHeadAttention(D, H).eval()
+    x, bias = torch.randn(B, T, D), torch.randn(1, H, T, T)  # one score per head and query-key pair
+    mask = random_mask(T, T) if masked else None
+    if masked:
+        mask[3] = False  # a query with no key: zeros, not NaN, with a bias too
+    explicit, weights = mha(x, attn_mask=mask, attn_bias=bias, need_weights=True)
+    fused, _ = mha(x, attn_mask=mask, attn_bias=bias)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=1e-5)
+    q = mha.q_proj(x).view(B, T, H, -1).transpose(1, 2)
+    k = mha.k_proj(x).view(B, T, H, -1).transpose(1, 2)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(D // H) + bias
+    if masked:
+        scores = scores.masked_fill(~mask, float("-inf"))
+        scores[:, :, 3] = 0.0
+    expected = scores.softmax(-1)
+    if masked:
+        expected[:, :, 3] = 0.0
+    torch.testing.assert_close(weights, expected, atol=1e-6, rtol=1e-5)
+    assert torch.isfinite(fused).all()
+
+
 @pytest.mark.parametrize("name", ["causal", "window", "grouped-kv", "gated", "rotary", "everything"])
 def test_kv_cache_decoding_equals_full_forward(name):
     mha = MultiHeadAttention(D, H, **OPTIONS[name]).eval()

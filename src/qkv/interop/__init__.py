@@ -1,6 +1,7 @@
 """Reading other projects' files into qkv models and tokenizers.
 
 * :mod:`.huggingface`: Hugging Face GPT-2, LLaMA-style decoder and BERT state dicts and configs -> qkv models;
+* :mod:`.hf_vit`: Hugging Face ViT (``ViTModel``, ``ViTForImageClassification``) -> :class:`~qkv.ViT`;
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
 * :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
@@ -16,6 +17,7 @@ from .gguf import (
     tokenizer_from_gguf,
     unpermute_rope_rows,
 )
+from .hf_vit import load_vit_from_hf, vit_config_from_hf, vit_state_dict_from_hf
 from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tokenizer_from_hf_folder
 from .huggingface import (
     bert_config_from_hf,
@@ -51,5 +53,8 @@ __all__ = [
     "tokenizer_from_gguf",
     "tokenizer_from_hf_folder",
     "unpermute_rope_rows",
+    "vit_config_from_hf",
+    "vit_state_dict_from_hf",
+    "load_vit_from_hf",
     "wordpiece_tokenizer_from_hf_folder",
 ]

@@ -49,10 +49,12 @@ class GPT(nn.Module):
 
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: DecoderCache | None = None, return_attention: Literal[False] = False) -> Tensor: ...
+                cache: DecoderCache | None = None, last_only: bool = False,
+                return_attention: Literal[False] = False) -> Tensor: ...
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: DecoderCache | None = None, return_attention: Literal[True]) -> WithAttention: ...
+                cache: DecoderCache | None = None, last_only: bool = False,
+                return_attention: Literal[True]) -> WithAttention: ...
 
     def forward(
         self,
@@ -61,6 +63,7 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
+        last_only: bool = False,
         return_attention: bool = False,
     ) -> Tensor | WithAttention:
         """Next-token logits for every position.
@@ -72,6 +75,8 @@ class GPT(nn.Module):
                 left-padded sequence gets the same positions as it would alone.
             positions: explicit positions ``(T,)`` or ``(B, T)``; by default they follow the mask or cache.
             cache: from :meth:`new_cache`; extended in place.
+            last_only: logits for the last position only, ``(B, 1, vocab_size)``: all that decoding needs, and
+                the output layer is the largest product of a step (49k × 576 in SmolLM2).
             return_attention: also return the attention weights.
 
         Returns:
@@ -100,7 +105,7 @@ class GPT(nn.Module):
             self.emb_dropout(x), key_padding_mask=attention_mask, positions=positions, cache=cache,
             need_weights=return_attention,
         )
-        logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
+        logits = self.lm_head(x[:, -1:] if last_only else x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
         return WithAttention(logits, weights) if return_attention else logits
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:

@@ -16,7 +16,7 @@ from .position import RotaryEmbedding
 
 
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0, bias: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out as the notes derive it.
 
@@ -33,6 +33,8 @@ def scaled_dot_product_attention(
         v: values.
         mask: boolean, ``True`` = may attend, broadcastable to ``(..., T_q, T_k)``.
         dropout_p: dropout on the attention weights (applied whenever > 0, as in PyTorch's functional).
+        bias: added to the scores before the softmax, broadcastable to ``(..., T_q, T_k)`` (Swin's relative
+            position bias: a learned score for each offset between query and key).
 
     Returns:
         ``(output, weights)``; ``weights`` are the softmax probabilities before dropout.
@@ -42,6 +44,8 @@ def scaled_dot_product_attention(
         output ``(..., T_q, d_v)``, weights ``(..., T_q, T_k)``.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    if bias is not None:
+        scores = scores + bias
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
@@ -207,6 +211,7 @@ class MultiHeadAttention(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        attn_bias: Tensor | None = None,
         positions: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
@@ -219,6 +224,7 @@ class MultiHeadAttention(nn.Module):
             key_padding_mask: ``(B, T_k)`` boolean, ``True`` = real key. With a cache, it covers every cached
                 key plus the new ones.
             attn_mask: extra boolean mask broadcastable to ``(B, n_heads, T_q, T_k)``, ``True`` = may attend.
+            attn_bias: float scores added before the softmax, broadcastable to ``(B, n_heads, T_q, T_k)``.
             positions: positions of the queries, ``(T_q,)`` or ``(B, T_q)``, for rotary embeddings; by
                 default they continue from the cache.
             cache: a :class:`KVCache` to read and extend (incremental decoding).
@@ -258,7 +264,7 @@ class MultiHeadAttention(nn.Module):
         # into a guard, and the kernel gets a plain bool.)
         fused_causal = False
         if self.causal and self.window is None and t_q == t_k > 1 and not need_weights and \
-                key_padding_mask is None and attn_mask is None:
+                key_padding_mask is None and attn_mask is None and attn_bias is None:
             fused_causal = True
         mask = None if fused_causal else self._structural_mask(t_q, t_k, query.device)
         if key_padding_mask is not None:
@@ -282,14 +288,17 @@ class MultiHeadAttention(nn.Module):
             if grouped:
                 group = self.n_heads // self.n_kv_heads
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, attn_bias)
         elif mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=fused_causal,
-                                                 enable_gqa=grouped)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p,
+                                                 is_causal=fused_causal, enable_gqa=grouped)
         else:
             # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
             has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask | ~has_key, dropout_p=dropout_p,
+            allowed = mask | ~has_key
+            if attn_bias is not None:  # one float mask: the bias where allowed, -inf elsewhere
+                allowed = torch.where(allowed, attn_bias.to(q.dtype), float("-inf"))
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
                                                  enable_gqa=grouped)
             out = out.masked_fill(~has_key, 0.0)
 

@@ -8,6 +8,7 @@ Attention mixes information across positions; this is where each position is tra
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -16,6 +17,7 @@ ACTIVATIONS = {
     "gelu": F.gelu,  # exact, erf-based (BERT)
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
     "silu": F.silu,
+    "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's sigmoid approximation of GELU
 }
 GATED = {"swiglu": F.silu}
 
@@ -26,7 +28,7 @@ class FeedForward(nn.Module):
     Args:
         d_model: input and output width.
         d_ff: hidden width (4 * d_model in the paper; about 8/3 * d_model for SwiGLU).
-        activation: ``relu``, ``gelu``, ``gelu_tanh``, ``silu`` or ``swiglu``.
+        activation: ``relu``, ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu`` or ``swiglu``.
         dropout: dropout on the hidden activations during training.
         bias: whether the linear layers have biases.
 

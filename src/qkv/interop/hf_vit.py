@@ -1,0 +1,130 @@
+"""Hugging Face ViT checkpoints (``ViTModel``, ``ViTForImageClassification``) -> qkv's :class:`ViT`.
+
+Names differ (and changed in transformers 5: ``encoder.layer.0.attention.attention.query`` became
+``layers.0.attention.q_proj``; both are read), layouts do not: the patch projection is the same convolution, and each layer is the Pre-Norm
+encoder layer (``layernorm_before`` -> attention, ``layernorm_after`` -> MLP). ``ViTModel``'s pooler (a dense
+layer and tanh on [CLS], used by no classifier) is left out; a ``ViTForImageClassification`` comes back as a
+:class:`ViTClassifier` with its ``classifier`` as the head.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from ..config import ViTConfig
+from ..models.common import skip_init
+from ..models.vit import ViT, ViTClassifier
+from .huggingface import _Checkpoint, _field
+
+_ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+
+def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> ViTConfig:
+    """Translate a Hugging Face ViT ``config.json`` into a :class:`ViTConfig`.
+
+    Raises:
+        ValueError: for another model_type, projections without biases (``qkv_bias=false``), an activation
+            qkv lacks, or a missing size.
+    """
+    if hf_config.get("model_type") != "vit":
+        raise ValueError(f"unsupported model_type {hf_config.get('model_type')!r} for a ViT; expected 'vit'")
+    if not hf_config.get("qkv_bias", True):
+        raise ValueError("ViT checkpoints without query/key/value biases (qkv_bias=false) are not supported")
+    activation = _field(hf_config, "hidden_act", "gelu")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"ViT hidden_act must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    image_size, patch_size = _field(hf_config, "image_size"), _field(hf_config, "patch_size")
+    return ViTConfig(
+        image_size=image_size if isinstance(image_size, int) else image_size[0],
+        patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
+        channels=_field(hf_config, "num_channels", 3),
+        d_model=_field(hf_config, "hidden_size"),
+        n_heads=_field(hf_config, "num_attention_heads"),
+        n_layers=_field(hf_config, "num_hidden_layers"),
+        d_ff=_field(hf_config, "intermediate_size"),
+        norm_eps=_field(hf_config, "layer_norm_eps", 1e-12),
+        activation=_ACTIVATIONS[activation],
+        dropout=_field(hf_config, "hidden_dropout_prob", 0.0),
+        n_classes=n_classes,
+    )
+
+
+_LAYER = {  # Hugging Face module (transformers 5 names) -> qkv module, under layers.{i} / encoder.layers.{i}
+    "attention.q_proj": "self_attn.q_proj",
+    "attention.k_proj": "self_attn.k_proj",
+    "attention.v_proj": "self_attn.v_proj",
+    "attention.o_proj": "self_attn.out_proj",
+    "mlp.fc1": "feed_forward.up",
+    "mlp.fc2": "feed_forward.down",
+    "layernorm_before": "self_attn_norm",
+    "layernorm_after": "ffn_norm",
+}
+_OLD_NAMES = [  # files written before transformers 5 (most on disk): old name -> new name
+    (re.compile(r"^encoder\.layer\.(\d+)\."), r"layers.\1."),
+    (re.compile(r"\.attention\.attention\.query\."), ".attention.q_proj."),
+    (re.compile(r"\.attention\.attention\.key\."), ".attention.k_proj."),
+    (re.compile(r"\.attention\.attention\.value\."), ".attention.v_proj."),
+    (re.compile(r"\.attention\.output\.dense\."), ".attention.o_proj."),
+    (re.compile(r"\.intermediate\.dense\."), ".mlp.fc1."),
+    (re.compile(r"^(layers\.\d+)\.output\.dense\."), r"\1.mlp.fc2."),
+]
+
+
+def _new_name(key: str) -> str:
+    for pattern, replacement in _OLD_NAMES:
+        key = pattern.sub(replacement, key)
+    return key
+
+
+def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> dict[str, Tensor]:
+    """Rename a Hugging Face ViT's tensors into a :class:`ViT` state dict (``vit.`` prefix dropped; the
+    pooler, the mask token and a classifier are left out: see :func:`load_vit_from_hf`).
+
+    Raises:
+        ValueError: a state dict with missing, misshapen or unexpected tensors (all of them named).
+    """
+    ckpt = _Checkpoint(state_dict, family="ViT", prefix="vit.", rename=_new_name,
+                       ignore=lambda key: key.startswith(("pooler.", "classifier.", "embeddings.mask_token")))
+    d, d_ff, c, p = cfg.d_model, cfg.d_ff, cfg.channels, cfg.patch_size
+    out: dict[str, Tensor | None] = {
+        "cls_token": ckpt.take("embeddings.cls_token", (1, 1, d)),
+        "positions": ckpt.take("embeddings.position_embeddings", (1, 1 + cfg.n_patches, d)),
+        "patches.proj.weight": ckpt.take("embeddings.patch_embeddings.projection.weight", (d, c, p, p)),
+        "patches.proj.bias": ckpt.take("embeddings.patch_embeddings.projection.bias", (d,)),
+        "encoder.norm.weight": ckpt.take("layernorm.weight", (d,)),
+        "encoder.norm.bias": ckpt.take("layernorm.bias", (d,)),
+    }
+    shapes = {"feed_forward.up": (d_ff, d), "feed_forward.down": (d, d_ff)}
+    for i in range(cfg.n_layers):
+        for hf_name, qkv_name in _LAYER.items():
+            weight_shape = (d,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (d, d))
+            for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
+                out[f"encoder.layers.{i}.{qkv_name}.{part}"] = ckpt.take(f"layers.{i}.{hf_name}.{part}", shape)
+    return ckpt.finish(out)
+
+
+def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any]) -> ViT | ViTClassifier:
+    """Build a qkv ViT from a Hugging Face checkpoint: a :class:`ViT` from a ``ViTModel``, a
+    :class:`ViTClassifier` from a ``ViTForImageClassification`` (its state dict has ``classifier.*``).
+
+    Returns:
+        The model in eval mode, float32.
+
+    Raises:
+        ValueError: as :func:`vit_config_from_hf` and :func:`vit_state_dict_from_hf` do.
+    """
+    head = {name.removeprefix("classifier."): t for name, t in state_dict.items() if name.startswith("classifier.")}
+    n_classes = head["weight"].size(0) if "weight" in head else None
+    cfg = vit_config_from_hf(hf_config, n_classes=n_classes)
+    converted = vit_state_dict_from_hf(state_dict, cfg)
+    with skip_init():  # every weight is loaded next (strictly)
+        model = ViTClassifier(cfg) if n_classes else ViT(cfg)
+    if n_classes:
+        converted = {f"vit.{name}": t for name, t in converted.items()}
+        converted |= {"head.weight": head["weight"], "head.bias": head.get("bias")}
+    model.load_state_dict(converted, strict=True)
+    return model.eval()

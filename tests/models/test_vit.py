@@ -1,0 +1,93 @@
+"""Vision Transformer: parity with Hugging Face ViT, patches, positions, errors."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv import ViT, ViTConfig
+from qkv.interop import load_vit_from_hf
+from qkv.models.vit import PatchEmbedding, ViTClassifier
+
+transformers = pytest.importorskip("transformers")
+
+HF_SMALL = dict(image_size=32, patch_size=8, num_channels=3, hidden_size=48, num_hidden_layers=2,
+                num_attention_heads=4, intermediate_size=96, hidden_act="gelu")
+
+
+def hf_vit(cls=None, **overrides):
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(**{**HF_SMALL, **overrides})
+    config._attn_implementation = "eager"  # the one that returns attention weights
+    model = (cls or transformers.ViTModel)(config).eval()
+    with torch.no_grad():  # random everything, so that a weight loaded in the wrong place shows
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model, config
+
+
+def test_hidden_states_equal_hugging_face_vit_model():
+    hf, config = hf_vit()
+    ours = load_vit_from_hf(hf.state_dict(), config.to_dict())
+    pixels = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        expected = hf(pixel_values=pixels, output_attentions=True)
+        hidden, attention = ours(pixels, return_attention=True)
+    torch.testing.assert_close(hidden, expected.last_hidden_state, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(attention, expected.attentions, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_interpolated_positions_equal_hugging_face_at_another_size():
+    hf, config = hf_vit()
+    ours = load_vit_from_hf(hf.state_dict(), config.to_dict())
+    pixels = torch.randn(1, 3, 48, 40)  # a 6 x 5 grid of patches where the table is 4 x 4
+    with torch.no_grad():
+        expected = hf(pixel_values=pixels, interpolate_pos_encoding=True).last_hidden_state
+        torch.testing.assert_close(ours(pixels), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_classifier_logits_equal_hugging_face():
+    hf, config = hf_vit(transformers.ViTForImageClassification, num_labels=5)
+    ours = load_vit_from_hf(hf.state_dict(), config.to_dict())
+    assert isinstance(ours, ViTClassifier)
+    pixels = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ours(pixels), hf(pixel_values=pixels).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_patch_convolution_equals_unfold_then_linear():
+    embed = PatchEmbedding(3, 4, 16)
+    pixels = torch.randn(2, 3, 12, 8)
+    torch.testing.assert_close(embed(pixels), embed.as_linear(pixels), atol=1e-5, rtol=1e-5)
+    # and the order of the patches is row-major: patch (row 1, col 0) is the third of a 2-wide grid
+    patch = pixels[:, :, 4:8, 0:4].reshape(2, -1)
+    torch.testing.assert_close(embed(pixels)[:, 2], F.linear(patch, embed.proj.weight.flatten(1), embed.proj.bias))
+
+
+def test_mean_pooling_reads_the_patches_only():
+    model = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1,
+                          pooling="mean")).eval()
+    hidden = model(torch.randn(2, 1, 8, 8))
+    assert hidden.shape == (2, 5, 16)
+    torch.testing.assert_close(model.pool(hidden), hidden[:, 1:].mean(1))
+
+
+@pytest.mark.parametrize(("pixels", "message"), [
+    (torch.randn(2, 3, 8, 8), "1 channel"),
+    (torch.randn(2, 1, 10, 8), "multiples of the patch size 4"),
+    (torch.randn(1, 8, 8), "shape \\(B, C, H, W\\)"),
+    (torch.zeros(2, 1, 8, 8, dtype=torch.uint8), "float tensor"),
+])
+def test_bad_images_raise_one_clear_error(pixels, message):
+    model = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1))
+    with pytest.raises((ValueError, TypeError), match=message):
+        model(pixels)
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="divisible by patch_size"):
+        ViTConfig(image_size=30, patch_size=4)
+    with pytest.raises(ValueError, match="pooling"):
+        ViTConfig(pooling="max")
+    with pytest.raises(ValueError, match="needs n_classes"):
+        ViTClassifier(ViTConfig(image_size=8, patch_size=4, d_model=16, n_heads=2, n_layers=1))
