@@ -5,8 +5,22 @@ import json
 import pytest
 import torch
 
-from qkv import BERT, GPT, BERTConfig, GPTConfig, Transformer, TransformerConfig
+from qkv import (
+    BERT,
+    CLIP,
+    GPT,
+    BERTConfig,
+    CLIPConfig,
+    GPTConfig,
+    Swin,
+    SwinConfig,
+    Transformer,
+    TransformerConfig,
+    ViT,
+    ViTConfig,
+)
 from qkv.checkpoint import CheckpointError, load_checkpoint, resolve, save_checkpoint
+from qkv.models import SwinClassifier, ViTClassifier
 from qkv.tasks.translation import translate
 from qkv.tokenizers import CharTokenizer
 
@@ -46,6 +60,27 @@ def test_every_family_round_trips(tmp_path, model):
     loaded = load_checkpoint(tmp_path / "m").model
     ids = torch.randint(1, 50, (2, 7))
     torch.testing.assert_close(loaded(ids), model.eval()(ids))
+
+
+@pytest.mark.parametrize("model", [
+    ViT(ViTConfig.from_preset("fashion", d_model=32, n_layers=1)),
+    ViTClassifier(ViTConfig.from_preset("fashion", d_model=32, n_layers=1, n_classes=10)),
+    Swin(SwinConfig.from_preset("fashion")),
+    SwinClassifier(SwinConfig.from_preset("fashion", n_classes=10)),
+])
+def test_every_vision_family_round_trips(tmp_path, model):
+    save_checkpoint(tmp_path / "m", model, tokenizers={})
+    loaded = load_checkpoint(tmp_path / "m").model
+    pixels = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(loaded(pixels), model.eval()(pixels))
+
+
+def test_clip_round_trips(tmp_path):
+    model = CLIP(CLIPConfig.from_preset("fashion", text=dict(vocab_size=60, eos_id=59))).eval()
+    save_checkpoint(tmp_path / "m", model, tokenizers={})
+    loaded = load_checkpoint(tmp_path / "m").model
+    pixels, ids = torch.randn(2, 1, 28, 28), torch.tensor([[5, 7, 59], [8, 59, 0]])
+    torch.testing.assert_close(loaded(pixels, ids), model(pixels, ids))
 
 
 def test_an_interrupted_swap_is_recovered(tmp_path, translator):

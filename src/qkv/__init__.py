@@ -1,7 +1,8 @@
 """qkv: a Transformer toolkit written from the building blocks up."""
 
-from .config import BERTConfig, GPTConfig, RNNConfig, TransformerConfig, ViTConfig
-from .models import BERT, GPT, LSTMSeq2Seq, Transformer, ViT
+from .config import BERTConfig, CLIPConfig, GPTConfig, RNNConfig, SwinConfig, TransformerConfig, ViTConfig
+from .models import BERT, CLIP, GPT, LSTMSeq2Seq, Swin, Transformer, ViT
 
 __version__ = "0.1.0"
-__all__ = ["BERT", "GPT", "BERTConfig", "GPTConfig", "LSTMSeq2Seq", "RNNConfig", "Transformer", "TransformerConfig", "ViT", "ViTConfig"]
+__all__ = ["BERT", "CLIP", "GPT", "BERTConfig", "CLIPConfig", "GPTConfig", "LSTMSeq2Seq", "RNNConfig", "Swin",
+           "SwinConfig", "Transformer", "TransformerConfig", "ViT", "ViTConfig"]

@@ -27,10 +27,31 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import BERTClassifierConfig, BERTConfig, GPTConfig, RNNConfig, TransformerConfig
+from .config import (
+    BERTClassifierConfig,
+    BERTConfig,
+    CLIPConfig,
+    GPTConfig,
+    RNNConfig,
+    SwinConfig,
+    TransformerConfig,
+    ViTConfig,
+)
 from .files import read_json
 from .memory import build_model
-from .models import BERT, GPT, BERTClassifier, BERTForMaskedLM, LSTMSeq2Seq, Transformer
+from .models import (
+    BERT,
+    CLIP,
+    GPT,
+    BERTClassifier,
+    BERTForMaskedLM,
+    LSTMSeq2Seq,
+    Swin,
+    SwinClassifier,
+    Transformer,
+    ViT,
+    ViTClassifier,
+)
 from .models.common import skip_init
 from .tokenizers import Tokenizer, load_tokenizer, save_tokenizer
 
@@ -41,6 +62,11 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
     "bert": (BERT, BERTConfig),
     "bert-mlm": (BERTForMaskedLM, BERTConfig),
     "bert-classifier": (BERTClassifier, BERTClassifierConfig),
+    "vit": (ViT, ViTConfig),
+    "vit-classifier": (ViTClassifier, ViTConfig),
+    "swin": (Swin, SwinConfig),
+    "swin-classifier": (SwinClassifier, SwinConfig),
+    "clip": (CLIP, CLIPConfig),
 }
 
 CONFIG, WEIGHTS, TRAINER_STATE = "config.json", "model.safetensors", "trainer_state.pt"

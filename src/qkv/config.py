@@ -344,6 +344,192 @@ class ViTConfig(ModelConfig):
         return (self.image_size // self.patch_size) ** 2
 
 
+@dataclass(kw_only=True)
+class SwinConfig(ModelConfig):
+    """Swin Transformer (Liu et al. 2021): attention inside shifted local windows, a hierarchy of stages.
+
+    Stage ``i`` reads a grid ``2^i`` times coarser than the patch grid, with tokens ``d_model · 2^i`` wide,
+    ``stage_heads[i]`` heads, ``depths[i]`` Pre-Norm blocks and an MLP ``mlp_ratio`` times its width. The
+    shared fields ``n_heads``, ``n_layers`` and ``d_ff`` are derived (the first stage's heads and MLP width,
+    the number of blocks); values passed for them are replaced. Every norm uses ``norm_eps``.
+
+    Attributes:
+        image_size: side of the square images it is built for, in pixels. Swin has no position table, so
+            other sizes work too (sides that are multiples of ``patch_size``) with the same weights.
+        patch_size: side of a patch (4 in the paper).
+        channels: colour channels of the input (1 grey, 3 RGB).
+        depths: blocks per stage; ``len(depths)`` stages.
+        stage_heads: attention heads per stage; each must divide its stage's width.
+        window_size: side M of the attention windows, in patches (7 in the paper).
+        mlp_ratio: hidden width of every MLP as a multiple of its stage's width.
+        n_classes: classes of the classification head (None: no head).
+    """
+
+    image_size: int = 224
+    patch_size: int = 4
+    channels: int = 3
+    depths: tuple[int, ...] = (2, 2, 6, 2)
+    stage_heads: tuple[int, ...] = (3, 6, 12, 24)
+    window_size: int = 7
+    mlp_ratio: float = 4.0
+    n_classes: int | None = None
+    d_model: int = 96
+    dropout: float = 0.0
+    pad_id: int | None = None
+    activation: str = "gelu"
+    positional: str = "none"
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        "swin-tiny": dict(image_size=224, patch_size=4, d_model=96, depths=(2, 2, 6, 2), stage_heads=(3, 6, 12, 24),
+                          window_size=7),
+        # Small enough to train on Fashion-MNIST on 2 CPU cores (0.3M parameters, 51 MFLOP a forward): 14x14
+        # patches of 2x2 pixels in four 7x7 windows, then 7x7 tokens, 96 wide, in one window.
+        "fashion": dict(image_size=28, patch_size=2, channels=1, d_model=48, depths=(2, 2), stage_heads=(3, 6),
+                        window_size=7),
+    }
+
+    def __post_init__(self) -> None:
+        self.depths, self.stage_heads = tuple(self.depths), tuple(self.stage_heads)  # JSON gives lists
+        if not self.depths or len(self.stage_heads) != len(self.depths):
+            raise ValueError(f"depths and stage_heads need one entry per stage, got depths={self.depths} and "
+                             f"stage_heads={self.stage_heads}")
+        for i, (depth, heads) in enumerate(zip(self.depths, self.stage_heads, strict=True)):
+            _check_int(f"depths[{i}]", depth)
+            _check_int(f"stage_heads[{i}]", heads)
+        _check_int("d_model", self.d_model)
+        if not self.mlp_ratio > 0:
+            raise ValueError(f"mlp_ratio must be positive, got mlp_ratio={self.mlp_ratio}")
+        self.n_heads, self.n_layers, self.d_ff = self.stage_heads[0], sum(self.depths), self.ffn_widths[0]
+        super().__post_init__()
+        for name in ("image_size", "patch_size", "channels", "window_size"):
+            _check_int(name, getattr(self, name))
+        _check_int("n_classes", self.n_classes, minimum=2, optional=True)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
+        for i, (width, heads) in enumerate(zip(self.stage_widths, self.stage_heads, strict=True)):
+            if width % heads:
+                raise ValueError(f"stage {i} is d_model·2^{i}={width} wide, which must be divisible by "
+                                 f"stage_heads[{i}]={heads}")
+        if self.positional != "none":
+            raise ValueError("Swin has no absolute positions (a relative position bias inside each window): "
+                             f"positional must be 'none', got {self.positional!r}")
+        if not self.norm_first:
+            raise ValueError("Swin's blocks are Pre-Norm: norm_first must be True")
+        if self.n_kv_heads is not None or self.window is not None or self.gated_attention:
+            raise ValueError("Swin's window attention has no n_kv_heads, sliding window or gated_attention; "
+                             "leave them unset (the window is window_size)")
+        self.max_seq_len = self.n_patches
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def stage_widths(self) -> tuple[int, ...]:
+        """Token width of each stage: ``d_model``, doubled by every patch merging."""
+        return tuple(self.d_model * 2**i for i in range(len(self.depths)))
+
+    @property
+    def ffn_widths(self) -> tuple[int, ...]:
+        """Hidden width of each stage's MLP: ``int(mlp_ratio · width)``."""
+        return tuple(int(self.mlp_ratio * width) for width in self.stage_widths)
+
+
+@dataclass(kw_only=True)
+class CLIPTextConfig(ModelConfig):
+    """CLIP's text encoder: GPT-2's causal Pre-Norm stack read once; the end-of-text token's state is the
+    text's vector.
+
+    Attributes:
+        vocab_size: vocabulary size.
+        eos_id: the end-of-text token; the state at its first occurrence in each row is pooled. None: the state
+            at the highest id of each row, OpenAI's original rule (their end-of-text token is the vocabulary's
+            last), which Hugging Face keeps for configs with ``eos_token_id=2``.
+    """
+
+    vocab_size: int
+    eos_id: int | None
+    d_model: int = 512
+    n_heads: int = 8
+    n_layers: int = 12
+    max_seq_len: int = 77
+    dropout: float = 0.0
+    pad_id: int | None = None
+    activation: str = "quick_gelu"
+    positional: str = "learned"
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_vocab("vocab_size", self.vocab_size)
+        _check_int("eos_id", self.eos_id, minimum=0, optional=True)
+        if self.eos_id is not None and self.eos_id >= self.vocab_size:
+            raise ValueError(f"eos_id={self.eos_id} is outside the vocabulary: vocab_size={self.vocab_size}")
+        if self.pad_id is not None and self.pad_id == self.eos_id:
+            raise ValueError(f"pad_id={self.pad_id} equals eos_id: masking the padding would hide the end-of-text "
+                             "token; set pad_id=None and pass an attention_mask")
+
+
+# What makes a ViT CLIP's image encoder: a LayerNorm before the first layer, no patch bias, QuickGELU.
+_CLIP_VISION = dict(embed_norm=True, patch_bias=False, activation="quick_gelu", norm_eps=1e-5)
+
+
+@dataclass(kw_only=True)
+class CLIPConfig(Config):
+    """CLIP (Radford et al. 2021): an image encoder and a text encoder projected into one embedding space.
+
+    Attributes:
+        vision: the image encoder, a ViT with CLIP's switches (``embed_norm=True``, ``patch_bias=False``,
+            ``activation="quick_gelu"``, ``norm_eps=1e-5``); a dict (from JSON) is read as a :class:`ViTConfig`.
+        text: the text encoder; a dict is read as a :class:`CLIPTextConfig`.
+        projection_dim: width of the shared embedding space.
+        logit_scale_init: log(1/τ) at the start, ln(1/0.07) = 2.6592 as in the paper.
+    """
+
+    vision: ViTConfig
+    text: CLIPTextConfig
+    projection_dim: int = 512
+    logit_scale_init: float = 2.6592
+
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
+        # OpenAI's ViT-B/32 (the text sizes of every CLIP up to ViT-B; their BPE has 49,408 tokens, EOT last).
+        "vit-b-32": dict(
+            vision=dict(image_size=224, patch_size=32, d_model=768, n_heads=12, n_layers=12, **_CLIP_VISION),
+            text=dict(vocab_size=49408, eos_id=49407, d_model=512, n_heads=8, n_layers=12, max_seq_len=77),
+            projection_dim=512,
+        ),
+        # Fashion-MNIST (28x28 grey, 49 patches) with short captions on 2 CPU cores: 0.3M parameters, 60 to 300
+        # image-caption pairs/s at batch 256 (busy to idle cores), so 15 minutes are one to four epochs. The
+        # tokenizer gives the vocabulary: CLIPConfig.from_preset("fashion", text=dict(vocab_size=..., eos_id=...)).
+        "fashion": dict(
+            vision=dict(image_size=28, patch_size=4, channels=1, d_model=64, n_heads=4, n_layers=4, **_CLIP_VISION),
+            text=dict(d_model=64, n_heads=4, n_layers=2, max_seq_len=16),
+            projection_dim=64,
+        ),
+    }
+
+    def __post_init__(self) -> None:
+        if isinstance(self.vision, dict):
+            self.vision = ViTConfig.from_dict(self.vision)
+        if isinstance(self.text, dict):
+            self.text = CLIPTextConfig.from_dict(self.text)
+        for name, kind in (("vision", ViTConfig), ("text", CLIPTextConfig)):
+            if not isinstance(getattr(self, name), kind):
+                raise TypeError(f"{name} must be a {kind.__name__} (or a dict of one), got {type(getattr(self, name))}")
+        _check_int("projection_dim", self.projection_dim)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        """A named configuration; a dict given for ``vision`` or ``text`` is merged into the preset's one, so
+        ``from_preset("fashion", text=dict(vocab_size=40, eos_id=1))`` keeps the preset's text sizes."""
+        if name not in cls.PRESETS:
+            raise ValueError(f"unknown {cls.__name__} preset {name!r}; choose from {sorted(cls.PRESETS)}")
+        preset = cls.PRESETS[name]
+        merged = {key: {**preset[key], **value} if key in ("vision", "text") and isinstance(value, dict) else value
+                  for key, value in overrides.items()}
+        return cls(**{**preset, **merged})
+
+
 CLASSIFIER_POOLINGS = ("pooler", "mean")
 
 

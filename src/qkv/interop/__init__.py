@@ -1,7 +1,8 @@
 """Reading other projects' files into qkv models and tokenizers.
 
 * :mod:`.huggingface`: Hugging Face GPT-2, LLaMA-style decoder and BERT state dicts and configs -> qkv models;
-* :mod:`.hf_vit`: Hugging Face ViT (``ViTModel``, ``ViTForImageClassification``) -> :class:`~qkv.ViT`;
+* :mod:`.hf_vit`, :mod:`.hf_swin`, :mod:`.hf_clip`: Hugging Face ViT, Swin and CLIP -> :class:`~qkv.ViT`,
+  :class:`~qkv.Swin`, :class:`~qkv.CLIP` (and the classifiers);
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
 * :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
@@ -17,8 +18,10 @@ from .gguf import (
     tokenizer_from_gguf,
     unpermute_rope_rows,
 )
-from .hf_vit import load_vit_from_hf, vit_config_from_hf, vit_state_dict_from_hf
+from .hf_clip import clip_config_from_hf, clip_state_dict_from_hf, load_clip_from_hf
 from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tokenizer_from_hf_folder
+from .hf_swin import load_swin_from_hf, swin_config_from_hf, swin_state_dict_from_hf
+from .hf_vit import load_vit_from_hf, vit_config_from_hf, vit_state_dict_from_hf
 from .huggingface import (
     bert_config_from_hf,
     bert_state_dict_from_hf,
@@ -37,24 +40,30 @@ __all__ = [
     "bert_config_from_hf",
     "bert_state_dict_from_hf",
     "chat_prompt",
+    "clip_config_from_hf",
+    "clip_state_dict_from_hf",
     "gpt_config_from_hf",
     "gpt_state_dict_from_hf",
     "hf_config_from_gguf",
     "hf_state_dict_from_gguf",
     "load_bert_from_hf",
+    "load_clip_from_hf",
     "load_gpt_from_gguf",
     "load_gpt_from_hf",
     "load_pretrained",
     "load_sentence_encoder",
+    "load_swin_from_hf",
+    "load_vit_from_hf",
     "minilm_path",
     "read_gguf",
     "read_safetensors",
     "smollm2_path",
+    "swin_config_from_hf",
+    "swin_state_dict_from_hf",
     "tokenizer_from_gguf",
     "tokenizer_from_hf_folder",
     "unpermute_rope_rows",
     "vit_config_from_hf",
     "vit_state_dict_from_hf",
-    "load_vit_from_hf",
     "wordpiece_tokenizer_from_hf_folder",
 ]

@@ -1,10 +1,10 @@
 """Hugging Face ViT checkpoints (``ViTModel``, ``ViTForImageClassification``) -> qkv's :class:`ViT`.
 
 Names differ (and changed in transformers 5: ``encoder.layer.0.attention.attention.query`` became
-``layers.0.attention.q_proj``; both are read), layouts do not: the patch projection is the same convolution, and each layer is the Pre-Norm
-encoder layer (``layernorm_before`` -> attention, ``layernorm_after`` -> MLP). ``ViTModel``'s pooler (a dense
-layer and tanh on [CLS], used by no classifier) is left out; a ``ViTForImageClassification`` comes back as a
-:class:`ViTClassifier` with its ``classifier`` as the head.
+``layers.0.attention.q_proj``; both are read), layouts do not: the patch projection is the same convolution,
+and each layer is the Pre-Norm encoder layer (``layernorm_before`` -> attention, ``layernorm_after`` -> MLP).
+``ViTModel``'s pooler (a dense layer and tanh on [CLS], used by no classifier) is left out; a
+``ViTForImageClassification`` comes back as a :class:`ViTClassifier` with its ``classifier`` as the head.
 """
 
 from __future__ import annotations

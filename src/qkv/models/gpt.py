@@ -105,7 +105,8 @@ class GPT(nn.Module):
             self.emb_dropout(x), key_padding_mask=attention_mask, positions=positions, cache=cache,
             need_weights=return_attention,
         )
-        logits = self.lm_head(x[:, -1:] if last_only else x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
+        x = x[:, -1:] if last_only else x
+        logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
         return WithAttention(logits, weights) if return_attention else logits
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:

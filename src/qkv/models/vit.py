@@ -149,7 +149,7 @@ class ViTClassifier(nn.Module):
         self.config = config
         self.vit = ViT(config)
         self.head = nn.Linear(config.d_model, config.n_classes)
-        nn.init.zeros_(self.head.weight)  # start from uniform predictions (as ViT's fine-tuning head)
+        nn.init.normal_(self.head.weight, std=config.init_std)  # not zeros: the encoder would get no gradient
         nn.init.zeros_(self.head.bias)
 
     def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:

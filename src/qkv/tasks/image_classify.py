@@ -1,0 +1,109 @@
+"""Image classification: train a ViT or a Swin from scratch on labelled images.
+
+Each batch is a random draw of the training images, augmented (a random shift by crop-after-padding, and
+mirror images where they keep the label), normalised with the training set's per-channel mean and spread,
+and scored with cross-entropy. Validation reports the loss and the accuracy on the held-out images; the best
+accuracy picks the checkpoint. The mean and spread go into the checkpoint, so ``qkv classify-image`` reads a
+new image exactly as training did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..device import device_of, move
+from ..distributed import SINGLE, Group
+from ..images import ImageSet, augment, normalize
+
+
+@dataclass
+class ImageBatch:
+    pixels: Tensor  # (B, C, H, W) float, normalised
+    labels: Tensor  # (B,)
+    n_tokens: int  # images in the batch: what the loss is summed over
+
+
+class _EpochBatches(Sequence):
+    """An epoch's batches, made when they are read (augmenting 60,000 images up front would hold them all):
+    batch *k* of epoch *e* depends only on (seed, e, k), so a resumed run sees the same batches."""
+
+    def __init__(self, task: ImageClassifyTask, epoch: int) -> None:
+        self.task, self.epoch = task, epoch
+        g = torch.Generator().manual_seed(task.seed * 100_003 + epoch)
+        self.order = torch.randperm(len(task.train), generator=g)
+
+    def __len__(self) -> int:
+        return -(-len(self.order) // self.task.batch_size)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[k] for k in range(*index.indices(len(self)))]
+        size = self.task.batch_size
+        rows = self.order[index * size : (index + 1) * size]
+        g = torch.Generator().manual_seed((self.task.seed * 100_003 + self.epoch) * 1_000_003 + index)
+        return self.task.batch(self.task.train, rows, generator=g)
+
+
+class ImageClassifyTask:
+    """Image classification, validated by loss and accuracy."""
+
+    selection_metric = "val_accuracy"
+    higher_is_better = True
+    unit = "images"
+
+    def __init__(self, model: nn.Module, train: ImageSet, valid: ImageSet, *, batch_size: int, pad: int = 0,
+                 flip: bool = False, mean: list[float], std: list[float], seed: int = 0,
+                 meta: dict[str, Any] | None = None) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not len(train) or not len(valid):
+            raise ValueError(f"need training and validation images, got {len(train)} and {len(valid)}")
+        self.model, self.tokenizers = model, {}
+        self.train, self.valid = train, valid
+        self.batch_size, self.pad, self.flip, self.seed = batch_size, pad, flip, seed
+        self.mean, self.std = mean, std
+        self.meta = {"task": "classify-image", "labels": train.classes, "mean": mean, "std": std,
+                     "image_size": list(train.pixels.shape[1:]), **(meta or {})}
+
+    def batch(self, images: ImageSet, rows: Tensor, *, generator: torch.Generator | None = None) -> ImageBatch:
+        pixels = images.pixels[rows]
+        if generator is not None:
+            pixels = augment(pixels, pad=self.pad, flip=self.flip, generator=generator)
+        return ImageBatch(normalize(pixels, self.mean, self.std), images.labels[rows], len(rows))
+
+    def batches(self, epoch: int) -> Sequence[ImageBatch]:
+        return _EpochBatches(self, epoch)
+
+    def loss(self, batch: ImageBatch) -> tuple[Tensor, int]:
+        batch = move(batch, device_of(self.model))
+        logits = self.model(batch.pixels)  # (B, n_classes)
+        return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
+
+    @torch.no_grad()
+    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+        """Loss and accuracy on the held-out images (shared out across the ranks of a distributed run)."""
+        total, correct, size = 0.0, 0, 4 * self.batch_size
+        for k in group.shard(range(0, len(self.valid), size)):
+            batch = move(self.batch(self.valid, torch.arange(k, min(k + size, len(self.valid)))),
+                         device_of(self.model))
+            logits = self.model(batch.pixels).float()
+            total += F.cross_entropy(logits, batch.labels, reduction="sum").item()
+            correct += int((logits.argmax(-1) == batch.labels).sum())
+        sums, n = group.sum({"loss": total, "correct": correct}), len(self.valid)
+        return {"val_loss": sums["loss"] / n, "val_accuracy": sums["correct"] / n}
+
+
+@torch.no_grad()
+def predict_images(model: nn.Module, pixels: Tensor, *, mean: list[float], std: list[float],
+                   batch_size: int = 256) -> Tensor:
+    """Class probabilities ``(N, n_classes)`` for uint8 images ``(N, C, H, W)``."""
+    model.eval()
+    device = device_of(model)
+    return torch.cat([model(normalize(pixels[k : k + batch_size].to(device), mean, std)).float().softmax(-1).cpu()
+                      for k in range(0, len(pixels), batch_size)])

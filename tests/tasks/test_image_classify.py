@@ -1,0 +1,125 @@
+"""Image classification: a small ViT learns the 8×8 digits; image files, IDX files, augmentation, errors."""
+
+import gzip
+import struct
+
+import numpy as np
+import pytest
+import torch
+
+from qkv.config import ViTConfig
+from qkv.data import DataError
+from qkv.images import (
+    ImageSet,
+    augment,
+    channel_stats,
+    load_digits,
+    load_fashion_mnist,
+    load_image_folder,
+    normalize,
+    read_idx,
+    read_image,
+)
+from qkv.models.vit import ViTClassifier
+from qkv.tasks.image_classify import ImageClassifyTask, predict_images
+from qkv.training import Trainer, TrainOptions
+
+
+def test_a_small_vit_learns_the_digits(tmp_path):
+    train, test = load_digits("train"), load_digits("test")
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=8, patch_size=4, channels=1, d_model=64, n_heads=4, n_layers=2, d_ff=128,
+                    n_classes=10, norm_eps=1e-6)
+    mean, std = channel_stats(train.pixels)
+    task = ImageClassifyTask(ViTClassifier(cfg), train, test, batch_size=64, mean=mean, std=std)
+    opts = TrainOptions(out=str(tmp_path), max_steps=300, lr=3e-3, warmup=20, schedule="cosine", eval_every=300,
+                        weight_decay=0.05, progress=False)
+    after = Trainer(task, opts).run().last_eval
+    assert after["val_accuracy"] >= 0.90, after
+    probs = predict_images(task.model, test.pixels[:5], mean=mean, std=std)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5))
+
+
+def test_batches_are_the_same_when_read_again():
+    digits = load_digits("test")
+    task = ImageClassifyTask(torch.nn.Identity(), digits, digits, batch_size=16, pad=2, flip=True,
+                             mean=[0.5], std=[0.5], seed=3)
+    first, again = task.batches(1)[4], task.batches(1)[4]  # what a resumed run reads
+    torch.testing.assert_close(first.pixels, again.pixels)
+    assert len(task.batches(1)) == -(-len(digits) // 16)
+    assert not torch.equal(task.batches(2)[4].pixels, first.pixels)
+
+
+def test_augment_shifts_and_mirrors_without_changing_the_pixels_seen():
+    image = torch.arange(16, dtype=torch.uint8).view(1, 1, 4, 4).expand(64, 1, 4, 4)
+    shifted = augment(image, pad=1, flip=False, generator=torch.Generator().manual_seed(0))
+    assert shifted.shape == image.shape and shifted.dtype == torch.uint8
+    # every output is the image moved by at most one pixel (zeros come in at the border)
+    moved = {(dy, dx) for dy in (-1, 0, 1) for dx in (-1, 0, 1)}
+    for out in shifted:
+        assert any(torch.equal(out[0], _shift(image[0, 0], dy, dx)) for dy, dx in moved)
+    mirrored = augment(image, pad=0, flip=True, generator=torch.Generator().manual_seed(0))
+    kinds = {torch.equal(m, image[0]) for m in mirrored} | {torch.equal(m, image[0].flip(-1)) for m in mirrored}
+    assert kinds == {True, False}  # some mirrored, some not
+    assert all(torch.equal(m, image[0]) or torch.equal(m, image[0].flip(-1)) for m in mirrored)
+
+
+def _shift(x, dy, dx):
+    out = torch.zeros_like(x)
+    h, w = x.shape
+    out[max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = x[max(-dy, 0) : h - max(dy, 0),
+                                                                        max(-dx, 0) : w - max(dx, 0)]
+    return out
+
+
+def test_normalize_uses_the_training_statistics():
+    pixels = torch.randint(0, 256, (10, 3, 4, 4), dtype=torch.uint8)
+    mean, std = channel_stats(pixels)
+    x = normalize(pixels, mean, std)
+    torch.testing.assert_close(x.mean(dim=(0, 2, 3)), torch.zeros(3), atol=1e-5, rtol=0)
+    torch.testing.assert_close(x.std(dim=(0, 2, 3)), torch.ones(3), atol=1e-4, rtol=0)
+
+
+def _write_idx(path, array):
+    header = bytes([0, 0, 8, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.astype(np.uint8).tobytes())
+
+
+def test_idx_files_and_a_fashion_mnist_folder(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (5, 28, 28))
+    _write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", images)
+    _write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", np.array([0, 9, 3, 3, 1]))
+    torch.testing.assert_close(read_idx(tmp_path / "t10k-images-idx3-ubyte.gz"), torch.from_numpy(images).byte())
+    test = load_fashion_mnist("test", tmp_path)
+    assert test.pixels.shape == (5, 1, 28, 28) and test.labels.tolist() == [0, 9, 3, 3, 1]
+    assert test.classes[9] == "Ankle boot"
+
+
+def test_missing_or_broken_data_is_one_clear_error(tmp_path):
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
+        load_fashion_mnist("train", tmp_path)
+    (tmp_path / "bad.gz").write_bytes(gzip.compress(b"\x12\x34\x56\x78"))
+    with pytest.raises(DataError, match="not an IDX file"):
+        read_idx(tmp_path / "bad.gz")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(DataError, match="not a PNG or JPEG"):
+        read_image(tmp_path / "notes.txt", channels=1)
+    (tmp_path / "fake.png").write_text("not an image")
+    with pytest.raises(DataError, match="cannot read the image"):
+        read_image(tmp_path / "fake.png", channels=1)
+    with pytest.raises(DataError, match="no such folder"):
+        load_image_folder(tmp_path / "nowhere", channels=1, size=(8, 8))
+
+
+def test_an_image_folder_reads_classes_from_subfolders(tmp_path):
+    from PIL import Image
+
+    for name, value in (("cats", 30), ("dogs", 200)):
+        (tmp_path / name).mkdir()
+        for k in range(2):
+            Image.new("RGB", (12, 10), (value, value, value)).save(tmp_path / name / f"{k}.png")
+    images = load_image_folder(tmp_path, channels=1, size=(8, 8))
+    assert isinstance(images, ImageSet) and images.classes == ["cats", "dogs"]
+    assert images.pixels.shape == (4, 1, 8, 8) and images.labels.tolist() == [0, 0, 1, 1]
+    assert images.pixels[0].float().mean() == pytest.approx(30, abs=1)
