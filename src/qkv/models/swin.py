@@ -384,7 +384,7 @@ class SwinClassifier(nn.Module):
         self.config = config
         self.swin = Swin(config)
         self.head = nn.Linear(config.stage_widths[-1], config.n_classes)
-        nn.init.zeros_(self.head.weight)  # start from uniform predictions
+        nn.init.normal_(self.head.weight, std=config.init_std)  # not zeros: the encoder would get no gradient
         nn.init.zeros_(self.head.bias)
 
     def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
