@@ -289,34 +289,56 @@ VIT_POOLINGS = ("cls", "mean")
 
 
 @dataclass(kw_only=True)
-class ViTConfig(ModelConfig):
-    """Vision Transformer (Dosovitskiy et al. 2020): image patches as tokens, a Pre-Norm encoder.
+class ImageConfig(ModelConfig):
+    """What the vision families share: square images cut into square patches, and an optional class head.
 
     Attributes:
-        image_size: side of the (square) images it is built for, in pixels; other sizes divisible by
-            ``patch_size`` work too (the position table is interpolated).
+        image_size: side of the (square) images it is built for, in pixels; other sizes whose sides are
+            multiples of ``patch_size`` work too.
         patch_size: side of a patch; an image is cut into ``(image_size / patch_size)²`` patches.
         channels: colour channels of the input (1 grey, 3 RGB).
         n_classes: classes of the classification head (None: no head).
-        pooling: the image vector the head reads: ``"cls"`` (the [CLS] token's state) or ``"mean"`` (the
-            mean of the patch states).
-        patch_bias: a bias in the patch projection (ViT has one, CLIP's image encoder not).
-        embed_norm: a LayerNorm on the embeddings before the first layer (CLIP's ``pre_layrnorm``).
     """
 
     image_size: int = 224
     patch_size: int = 16
     channels: int = 3
     n_classes: int | None = None
+    dropout: float = 0.0
+    pad_id: int | None = None
+    activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("image_size", "patch_size", "channels"):
+            _check_int(name, getattr(self, name))
+        _check_int("n_classes", self.n_classes, minimum=2, optional=True)
+        if self.image_size % self.patch_size:
+            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(kw_only=True)
+class ViTConfig(ImageConfig):
+    """Vision Transformer (Dosovitskiy et al. 2020): image patches as tokens, a Pre-Norm encoder (the image
+    fields are :class:`ImageConfig`'s; other image sizes interpolate the position table).
+
+    Attributes:
+        pooling: the image vector the head reads: ``"cls"`` (the [CLS] token's state) or ``"mean"`` (the
+            mean of the patch states).
+        patch_bias: a bias in the patch projection (ViT has one, CLIP's image encoder not).
+        embed_norm: a LayerNorm on the embeddings before the first layer (CLIP's ``pre_layrnorm``).
+    """
+
     pooling: str = "cls"
     patch_bias: bool = True
     embed_norm: bool = False
     d_model: int = 768
     n_heads: int = 12
     n_layers: int = 12
-    dropout: float = 0.0
-    pad_id: int | None = None
-    activation: str = "gelu"
     positional: str = "learned"
     norm_eps: float = 1e-12
 
@@ -329,23 +351,14 @@ class ViTConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("image_size", "patch_size", "channels"):
-            _check_int(name, getattr(self, name))
-        _check_int("n_classes", self.n_classes, minimum=2, optional=True)
         _check_choice("pooling", self.pooling, VIT_POOLINGS)
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
         if self.positional != "learned":
             raise ValueError(f"a ViT learns its positions: positional must be 'learned', got {self.positional!r}")
         self.max_seq_len = 1 + self.n_patches
 
-    @property
-    def n_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
-
 
 @dataclass(kw_only=True)
-class SwinConfig(ModelConfig):
+class SwinConfig(ImageConfig):
     """Swin Transformer (Liu et al. 2021): attention inside shifted local windows, a hierarchy of stages.
 
     Stage ``i`` reads a grid ``2^i`` times coarser than the patch grid, with tokens ``d_model · 2^i`` wide,
@@ -353,30 +366,22 @@ class SwinConfig(ModelConfig):
     shared fields ``n_heads``, ``n_layers`` and ``d_ff`` are derived (the first stage's heads and MLP width,
     the number of blocks); values passed for them are replaced. Every norm uses ``norm_eps``.
 
+    The image fields are :class:`ImageConfig`'s (``patch_size`` 4 in the paper); Swin has no position table,
+    so other image sizes use the same weights.
+
     Attributes:
-        image_size: side of the square images it is built for, in pixels. Swin has no position table, so
-            other sizes work too (sides that are multiples of ``patch_size``) with the same weights.
-        patch_size: side of a patch (4 in the paper).
-        channels: colour channels of the input (1 grey, 3 RGB).
         depths: blocks per stage; ``len(depths)`` stages.
         stage_heads: attention heads per stage; each must divide its stage's width.
         window_size: side M of the attention windows, in patches (7 in the paper).
         mlp_ratio: hidden width of every MLP as a multiple of its stage's width.
-        n_classes: classes of the classification head (None: no head).
     """
 
-    image_size: int = 224
     patch_size: int = 4
-    channels: int = 3
     depths: tuple[int, ...] = (2, 2, 6, 2)
     stage_heads: tuple[int, ...] = (3, 6, 12, 24)
     window_size: int = 7
     mlp_ratio: float = 4.0
-    n_classes: int | None = None
     d_model: int = 96
-    dropout: float = 0.0
-    pad_id: int | None = None
-    activation: str = "gelu"
     positional: str = "none"
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
@@ -401,11 +406,7 @@ class SwinConfig(ModelConfig):
             raise ValueError(f"mlp_ratio must be positive, got mlp_ratio={self.mlp_ratio}")
         self.n_heads, self.n_layers, self.d_ff = self.stage_heads[0], sum(self.depths), self.ffn_widths[0]
         super().__post_init__()
-        for name in ("image_size", "patch_size", "channels", "window_size"):
-            _check_int(name, getattr(self, name))
-        _check_int("n_classes", self.n_classes, minimum=2, optional=True)
-        if self.image_size % self.patch_size:
-            raise ValueError(f"image_size={self.image_size} must be divisible by patch_size={self.patch_size}")
+        _check_int("window_size", self.window_size)
         for i, (width, heads) in enumerate(zip(self.stage_widths, self.stage_heads, strict=True)):
             if width % heads:
                 raise ValueError(f"stage {i} is d_model·2^{i}={width} wide, which must be divisible by "
@@ -419,10 +420,6 @@ class SwinConfig(ModelConfig):
             raise ValueError("Swin's window attention has no n_kv_heads, sliding window or gated_attention; "
                              "leave them unset (the window is window_size)")
         self.max_seq_len = self.n_patches
-
-    @property
-    def n_patches(self) -> int:
-        return (self.image_size // self.patch_size) ** 2
 
     @property
     def stage_widths(self) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..config import CLIPConfig, CLIPTextConfig, ViTConfig
 from ..models.clip import CLIP
 from ..models.common import skip_init
-from .hf_vit import _ACTIVATIONS
+from .hf_vit import _ACTIVATIONS, _side, _take_layer
 from .huggingface import _Checkpoint, _field
 
 _LEGACY_EOS = 2  # Hugging Face's old default eos_token_id, which means "the highest id of each row"
@@ -32,10 +32,9 @@ def _activation(sub: Mapping[str, Any]) -> str:
 
 
 def _vision_config(sub: Mapping[str, Any]) -> ViTConfig:
-    image_size, patch_size = _field(sub, "image_size"), _field(sub, "patch_size")
     return ViTConfig(
-        image_size=image_size if isinstance(image_size, int) else image_size[0],
-        patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
+        image_size=_side(_field(sub, "image_size")),
+        patch_size=_side(_field(sub, "patch_size")),
         channels=_field(sub, "num_channels", 3),
         d_model=_field(sub, "hidden_size"),
         n_heads=_field(sub, "num_attention_heads"),
@@ -95,13 +94,9 @@ _LAYER = {  # Hugging Face module -> qkv module, the same in both towers
 
 
 def _layers(ckpt: _Checkpoint, hf_prefix: str, qkv_prefix: str, d: int, d_ff: int, n_layers: int) -> dict:
-    shapes = {"feed_forward.up": (d_ff, d), "feed_forward.down": (d, d_ff)}
     out = {}
     for i in range(n_layers):
-        for hf_name, qkv_name in _LAYER.items():
-            weight_shape = (d,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (d, d))
-            for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
-                out[f"{qkv_prefix}.{i}.{qkv_name}.{part}"] = ckpt.take(f"{hf_prefix}.{i}.{hf_name}.{part}", shape)
+        out |= _take_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
     return out
 
 

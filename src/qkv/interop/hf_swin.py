@@ -18,15 +18,9 @@ from typing import Any
 from torch import Tensor
 
 from ..config import SwinConfig
-from ..models.common import skip_init
 from ..models.swin import Swin, SwinClassifier
+from .hf_vit import _ACTIVATIONS, _load_image_model, _side, _take_layer
 from .huggingface import _Checkpoint, _field
-
-_ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-
-
-def _side(value: int | list[int]) -> int:
-    return value if isinstance(value, int) else value[0]
 
 
 def swin_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> SwinConfig:
@@ -118,13 +112,9 @@ def swin_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: SwinConfig) -
         out[f"embed_norm.{part}"] = ckpt.take(f"embeddings.norm.{part}", (d,))
         out[f"norm.{part}"] = ckpt.take(f"layernorm.{part}", (cfg.stage_widths[-1],))
     for i, (width, d_ff, heads) in enumerate(zip(cfg.stage_widths, cfg.ffn_widths, cfg.stage_heads, strict=True)):
-        shapes = {"feed_forward.up": (d_ff, width), "feed_forward.down": (width, d_ff)}
         for j in range(cfg.depths[i]):
             hf, qkv = f"encoder.layers.{i}.blocks.{j}.", f"stages.{i}.blocks.{j}."
-            for hf_name, qkv_name in _BLOCK.items():
-                weight_shape = (width,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (width, width))
-                for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
-                    out[f"{qkv}{qkv_name}.{part}"] = ckpt.take(f"{hf}{hf_name}.{part}", shape)
+            out |= _take_layer(ckpt, _BLOCK, hf, qkv, width, d_ff)
             out[f"{qkv}attention.bias_table"] = ckpt.take(hf + _TABLE, ((2 * m - 1) ** 2, heads))
         if i < len(cfg.depths) - 1:
             hf, qkv = f"encoder.layers.{i}.downsample.", f"stages.{i}.merge."
@@ -144,14 +134,5 @@ def load_swin_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     Raises:
         ValueError: as :func:`swin_config_from_hf` and :func:`swin_state_dict_from_hf` do.
     """
-    head = {name.removeprefix("classifier."): t for name, t in state_dict.items() if name.startswith("classifier.")}
-    n_classes = head["weight"].size(0) if "weight" in head else None
-    cfg = swin_config_from_hf(hf_config, n_classes=n_classes)
-    converted = swin_state_dict_from_hf(state_dict, cfg)
-    with skip_init():  # every weight is loaded next (strictly)
-        model = SwinClassifier(cfg) if n_classes else Swin(cfg)
-    if n_classes:
-        converted = {f"swin.{name}": t for name, t in converted.items()}
-        converted |= {"head.weight": head["weight"], "head.bias": head.get("bias")}
-    model.load_state_dict(converted, strict=True)
-    return model.eval()
+    return _load_image_model(state_dict, hf_config, swin_config_from_hf, swin_state_dict_from_hf, Swin,
+                             (SwinClassifier, "swin"))

@@ -10,17 +10,23 @@ and each layer is the Pre-Norm encoder layer (``layernorm_before`` -> attention,
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..config import ViTConfig
 from ..models.common import skip_init
 from ..models.vit import ViT, ViTClassifier
 from .huggingface import _Checkpoint, _field
 
+# Hugging Face activation names -> qkv's, for the vision families (ViT, Swin, CLIP).
 _ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
+
+
+def _side(value: int | list[int]) -> int:
+    """An image or patch size, given as one side or as (height, width) of a square."""
+    return value if isinstance(value, int) else value[0]
 
 
 def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> ViTConfig:
@@ -37,10 +43,9 @@ def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = 
     activation = _field(hf_config, "hidden_act", "gelu")
     if activation not in _ACTIVATIONS:
         raise ValueError(f"ViT hidden_act must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    image_size, patch_size = _field(hf_config, "image_size"), _field(hf_config, "patch_size")
     return ViTConfig(
-        image_size=image_size if isinstance(image_size, int) else image_size[0],
-        patch_size=patch_size if isinstance(patch_size, int) else patch_size[0],
+        image_size=_side(_field(hf_config, "image_size")),
+        patch_size=_side(_field(hf_config, "patch_size")),
         channels=_field(hf_config, "num_channels", 3),
         d_model=_field(hf_config, "hidden_size"),
         n_heads=_field(hf_config, "num_attention_heads"),
@@ -98,13 +103,23 @@ def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> 
         "encoder.norm.weight": ckpt.take("layernorm.weight", (d,)),
         "encoder.norm.bias": ckpt.take("layernorm.bias", (d,)),
     }
-    shapes = {"feed_forward.up": (d_ff, d), "feed_forward.down": (d, d_ff)}
     for i in range(cfg.n_layers):
-        for hf_name, qkv_name in _LAYER.items():
-            weight_shape = (d,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (d, d))
-            for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
-                out[f"encoder.layers.{i}.{qkv_name}.{part}"] = ckpt.take(f"layers.{i}.{hf_name}.{part}", shape)
+        out |= _take_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
     return ckpt.finish(out)
+
+
+def _take_layer(ckpt: _Checkpoint, names: Mapping[str, str], hf: str, qkv: str, width: int, d_ff: int
+                ) -> dict[str, Tensor | None]:
+    """One Pre-Norm layer's weights and biases, ``names`` mapping Hugging Face modules (under ``hf``) to qkv's
+    (under ``qkv``): norms ``(width,)``, the MLP's up ``(d_ff, width)`` and down ``(width, d_ff)``, every
+    projection ``(width, width)``."""
+    shapes = {"feed_forward.up": (d_ff, width), "feed_forward.down": (width, d_ff)}
+    out = {}
+    for hf_name, qkv_name in names.items():
+        weight_shape = (width,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (width, width))
+        for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
+            out[f"{qkv}{qkv_name}.{part}"] = ckpt.take(f"{hf}{hf_name}.{part}", shape)
+    return out
 
 
 def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any]) -> ViT | ViTClassifier:
@@ -117,14 +132,23 @@ def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     Raises:
         ValueError: as :func:`vit_config_from_hf` and :func:`vit_state_dict_from_hf` do.
     """
+    return _load_image_model(state_dict, hf_config, vit_config_from_hf, vit_state_dict_from_hf, ViT,
+                             (ViTClassifier, "vit"))
+
+
+def _load_image_model(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any], config_from_hf: Callable,
+                      state_dict_from_hf: Callable, backbone: type[nn.Module],
+                      classifier: tuple[type[nn.Module], str]) -> nn.Module:
+    """The backbone, or, with a ``classifier.*`` layer in the state dict, the classifier (its class, and the
+    attribute holding its backbone) with that layer as its head; strictly loaded, in eval mode."""
     head = {name.removeprefix("classifier."): t for name, t in state_dict.items() if name.startswith("classifier.")}
     n_classes = head["weight"].size(0) if "weight" in head else None
-    cfg = vit_config_from_hf(hf_config, n_classes=n_classes)
-    converted = vit_state_dict_from_hf(state_dict, cfg)
+    cfg = config_from_hf(hf_config, n_classes=n_classes)
+    converted = state_dict_from_hf(state_dict, cfg)
     with skip_init():  # every weight is loaded next (strictly)
-        model = ViTClassifier(cfg) if n_classes else ViT(cfg)
+        model = classifier[0](cfg) if n_classes else backbone(cfg)
     if n_classes:
-        converted = {f"vit.{name}": t for name, t in converted.items()}
+        converted = {f"{classifier[1]}.{name}": t for name, t in converted.items()}
         converted |= {"head.weight": head["weight"], "head.bias": head.get("bias")}
     model.load_state_dict(converted, strict=True)
     return model.eval()

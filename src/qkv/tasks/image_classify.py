@@ -69,7 +69,7 @@ class ImageClassifyTask:
         self.batch_size, self.pad, self.flip, self.seed = batch_size, pad, flip, seed
         self.mean, self.std = mean, std
         self.meta = {"task": "classify-image", "labels": train.classes, "mean": mean, "std": std,
-                     "image_size": list(train.pixels.shape[1:]), **(meta or {})}
+                     "image_shape": list(train.pixels.shape[1:]), **(meta or {})}
 
     def batch(self, images: ImageSet, rows: Tensor, *, generator: torch.Generator | None = None) -> ImageBatch:
         pixels = images.pixels[rows]
