@@ -112,6 +112,13 @@ def pad(sequences: Sequence[Sequence[int]], pad_id: int, *, left: bool = False) 
     return out
 
 
+def pad_with_mask(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """:func:`pad` on the right, and the mask of the real tokens ``(B, T_max)`` (True where a token is)."""
+    ids = pad(sequences, pad_id)
+    lengths = torch.tensor([len(s) for s in sequences])
+    return ids, torch.arange(ids.size(1)) < lengths[:, None]
+
+
 def token_budget_batches(
     lengths: Sequence[int], max_tokens: int, *, seed: int | None = None, max_batch: int | None = None
 ) -> list[list[int]]:

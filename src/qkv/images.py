@@ -91,12 +91,24 @@ def load_digits(split: str, *, test_fraction: float = 0.2, seed: int = 0) -> Ima
     return ImageSet(pixels[rows], torch.from_numpy(data.target).long()[rows], [str(d) for d in range(10)])
 
 
-def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None = None) -> Tensor:
-    """One PNG or JPEG file as uint8 ``(C, H, W)``: converted to grey (1 channel) or RGB (3), resized to
-    ``size`` ``(H, W)`` if given.
+def _channels_of(mode: str) -> int:
+    """Colour channels of a Pillow image mode, an alpha channel not counted: 1 for grey, 3 for colour."""
+    return 1 if mode in ("1", "L", "LA", "I", "I;16", "F") else 3
+
+
+def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None = None,
+               convert: bool = True) -> Tensor:
+    """One PNG or JPEG file as uint8 ``(C, H, W)``.
+
+    Args:
+        channels: 1 (grey) or 3 (RGB).
+        size: ``(H, W)`` the image must have (None: any).
+        convert: convert colour to grey (or grey to RGB) and resize to ``size`` where the file differs;
+            without it, a file with another channel count or size is an error.
 
     Raises:
-        DataError: a missing file, an unsupported type, or a file Pillow cannot read.
+        DataError: a missing file, an unsupported type, a file Pillow cannot read, or (``convert=False``) one
+            of another size or channel count.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -105,6 +117,8 @@ def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None 
         raise DataError(f"{path}: not a PNG or JPEG file (expected {', '.join(IMAGE_SUFFIXES)})")
     try:
         with Image.open(path) as image:
+            if not convert:
+                _check_image(path, image, channels, size)
             image = image.convert("L" if channels == 1 else "RGB")
             if size is not None and image.size != (size[1], size[0]):
                 image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
@@ -114,6 +128,17 @@ def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None 
     except (UnidentifiedImageError, OSError) as err:
         raise DataError(f"{path}: cannot read the image ({err})") from None
     return torch.from_numpy(array.copy()).reshape(array.shape[0], array.shape[1], -1).permute(2, 0, 1)
+
+
+def _check_image(path: Path, image, channels: int, size: tuple[int, int] | None) -> None:
+    have = _channels_of(image.mode)
+    kinds = {1: "grey", 3: "colour"}
+    if have != channels:
+        raise DataError(f"{path}: a {kinds[have]} image ({have} channel{'s' * (have > 1)}), but the model reads "
+                        f"{kinds[channels]} images ({channels}); convert it, or pass --resize to let qkv do it")
+    if size is not None and image.size != (size[1], size[0]):
+        raise DataError(f"{path}: {image.size[1]}x{image.size[0]} pixels (height x width), but the model reads "
+                        f"{size[0]}x{size[1]}; resize it, or pass --resize to let qkv do it")
 
 
 def load_image_folder(root: str | Path, *, channels: int, size: tuple[int, int]) -> ImageSet:
@@ -138,6 +163,30 @@ def load_image_folder(root: str | Path, *, channels: int, size: tuple[int, int])
         pixels += [read_image(f, channels=channels, size=size) for f in files]
         labels += [label] * len(files)
     return ImageSet(torch.stack(pixels), torch.tensor(labels), classes)
+
+
+def split_images(images: ImageSet, fraction: float, *, seed: int = 0) -> tuple[ImageSet, ImageSet]:
+    """A random ``fraction`` of ``images`` held out (at least one image each side): ``(kept, held_out)``.
+
+    Raises:
+        DataError: too few images to split.
+    """
+    n_out = min(max(1, round(len(images) * fraction)), len(images) - 1)
+    if n_out < 1:
+        raise DataError(f"{len(images)} image(s) cannot be split into training and validation images")
+    order = torch.randperm(len(images), generator=torch.Generator().manual_seed(seed))
+    take = lambda rows: ImageSet(images.pixels[rows], images.labels[rows], images.classes)  # noqa: E731
+    return take(order[n_out:]), take(order[:n_out])
+
+
+def load_dataset(name: str, split: str, *, channels: int = 3, size: tuple[int, int] = (32, 32)) -> ImageSet:
+    """``"fashion-mnist"``, ``"digits"`` (their ``"train"`` or ``"test"`` split), or a folder of class
+    subfolders (read whole, at ``channels`` and ``size``)."""
+    if name == "fashion-mnist":
+        return load_fashion_mnist(split)
+    if name == "digits":
+        return load_digits(split)
+    return load_image_folder(name, channels=channels, size=size)
 
 
 def channel_stats(pixels: Tensor) -> tuple[list[float], list[float]]:

@@ -1,4 +1,5 @@
-"""Pictures people would rather see than read: attention heatmaps and loss curves (PNG, via matplotlib).
+"""Pictures people would rather see than read: attention heatmaps, attention over images and loss curves (PNG,
+via matplotlib).
 
 Chinese labels need a font with CJK glyphs; the first installed one of :data:`CJK_FONTS` is used (on Debian:
 ``apt-get install fonts-wqy-microhei``). Without one the plot is still written, with a warning, and the
@@ -92,6 +93,56 @@ def attention_heatmap(
         warnings.filterwarnings("ignore", message="Glyph .* missing from font")
         fig.tight_layout()
         fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def image_attention(image: torch.Tensor, maps: torch.Tensor, rollout: torch.Tensor, path: str | Path, *,
+                    title: str = "") -> Path:
+    """Write the [CLS] token's attention over an image: the image, the rollout laid over it, then one small map
+    per layer (rows) and head (columns), each over the image and scaled to its own maximum.
+
+    Args:
+        image: uint8 ``(C, H, W)``, 1 or 3 channels.
+        maps: ``(n_layers, n_heads, rows, cols)`` (see :func:`qkv.tasks.image_attention.cls_attention`).
+        rollout: ``(rows, cols)`` (see :func:`qkv.tasks.image_attention.attention_rollout`).
+
+    Raises:
+        ValueError: maps and rollout on different grids, or an image that is not ``(C, H, W)``.
+    """
+    if image.dim() != 3 or maps.dim() != 4 or maps.shape[2:] != rollout.shape:
+        raise ValueError(f"need an image (C, H, W), maps (L, H, rows, cols) and a rollout (rows, cols), got "
+                         f"{tuple(image.shape)}, {tuple(maps.shape)}, {tuple(rollout.shape)}")
+    plt = _pyplot()
+    layers, heads = maps.shape[:2]
+    picture = image.permute(1, 2, 0).squeeze(-1).cpu().numpy()
+    grey = {"cmap": "gray", "vmin": 0, "vmax": 255} if picture.ndim == 2 else {}
+    extent = (0, image.size(2), image.size(1), 0)  # the patch grid stretched over the pixels
+
+    def overlay(ax, weights: torch.Tensor, label: str, size: int) -> None:
+        ax.imshow(picture, **grey, extent=extent)
+        ax.imshow(weights.detach().float().cpu().numpy(), cmap="inferno", alpha=0.65, extent=extent, vmin=0,
+                  interpolation="nearest")
+        ax.set_title(label, fontsize=size)
+
+    cols = max(heads, 2)
+    fig = plt.figure(figsize=(1.3 * cols + 0.4, 1.3 * layers + 3.2))
+    grid = fig.add_gridspec(layers + 2, cols, height_ratios=[2.2, 0.15] + [1] * layers)
+    top = fig.add_subplot(grid[0, : cols // 2])
+    top.imshow(picture, **grey)
+    top.set_title("image", fontsize=9)
+    overlay(fig.add_subplot(grid[0, cols // 2 :]), rollout, "rollout (all layers)", 9)
+    for layer in range(layers):
+        for head in range(heads):
+            overlay(fig.add_subplot(grid[layer + 2, head]), maps[layer, head], f"L{layer} H{head}", 7)
+    for ax in fig.axes:
+        ax.set_xticks([])
+        ax.set_yticks([])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -202,6 +202,19 @@ def test_retrieval_recall_on_hand_made_embeddings():
     assert retrieval_recall(texts, texts, ks=(1,)) == {"image_to_text@1": 1.0, "text_to_image@1": 1.0}
 
 
+def test_retrieval_recall_by_class_counts_any_candidate_of_the_right_class():
+    images = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]])
+    texts = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.9, 0.1]])
+    labels = torch.tensor([0, 0, 1])
+    # Image 0's best caption of class 0 is text 1 (first place), image 1's is text 0; image 2's only one, text 2,
+    # comes after text 1 (class 0). Each text's best image of its class is first (image 2 ties with image 0).
+    assert retrieval_recall(images, texts, ks=(1, 2), labels=labels) == pytest.approx({
+        "image_to_text@1": 2 / 3, "text_to_image@1": 1.0, "image_to_text@2": 1.0, "text_to_image@2": 1.0})
+    assert retrieval_recall(images, texts, ks=(1,))["image_to_text@1"] == 0.0  # exact partners: all missed
+    with pytest.raises(ValueError, match="labels must have shape \\(3,\\)"):
+        retrieval_recall(images, texts, labels=labels[:2])
+
+
 # --------------------------------------------------------------------------------------------- config and errors
 
 

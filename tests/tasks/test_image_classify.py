@@ -19,6 +19,7 @@ from qkv.images import (
     normalize,
     read_idx,
     read_image,
+    split_images,
 )
 from qkv.models.vit import ViTClassifier
 from qkv.tasks.image_classify import ImageClassifyTask, predict_images
@@ -123,3 +124,25 @@ def test_an_image_folder_reads_classes_from_subfolders(tmp_path):
     assert isinstance(images, ImageSet) and images.classes == ["cats", "dogs"]
     assert images.pixels.shape == (4, 1, 8, 8) and images.labels.tolist() == [0, 0, 1, 1]
     assert images.pixels[0].float().mean() == pytest.approx(30, abs=1)
+
+
+def test_a_strict_read_names_the_size_or_channels_that_differ(tmp_path):
+    from PIL import Image
+
+    Image.new("L", (12, 10), 80).save(tmp_path / "grey.png")
+    Image.new("RGB", (8, 8), (10, 20, 30)).save(tmp_path / "colour.png")
+    with pytest.raises(DataError, match=r"10x12 pixels .* reads 8x8; resize it, or pass --resize"):
+        read_image(tmp_path / "grey.png", channels=1, size=(8, 8), convert=False)
+    with pytest.raises(DataError, match=r"a colour image \(3 channels\), but the model reads grey images \(1\)"):
+        read_image(tmp_path / "colour.png", channels=1, size=(8, 8), convert=False)
+    assert read_image(tmp_path / "grey.png", channels=1, size=(8, 8)).shape == (1, 8, 8)  # converted
+    assert read_image(tmp_path / "colour.png", channels=3, size=(8, 8), convert=False).tolist()[2][0][0] == 30
+
+
+def test_split_images_holds_out_a_random_fraction_once():
+    digits = load_digits("test")
+    kept, held = split_images(digits, 0.25, seed=1)
+    assert len(held) == round(0.25 * len(digits)) and len(kept) + len(held) == len(digits)
+    both = torch.cat([kept.pixels, held.pixels]).flatten(1).float().sum(1).sort().values
+    torch.testing.assert_close(both, digits.pixels.flatten(1).float().sum(1).sort().values)
+    assert torch.equal(split_images(digits, 0.25, seed=1)[1].pixels, held.pixels)  # the same split on --resume

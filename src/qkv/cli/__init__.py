@@ -15,14 +15,15 @@ import os
 import sys
 
 from .. import __version__
-from . import bert, demo, lm, tour, translation
+from . import bert, demo, lm, tour, translation, vision
 from .common import Parser
 
 log = logging.getLogger("qkv")
 
 USER_ERRORS = (ValueError, TypeError, OSError, FloatingPointError, MemoryError)
 # `qkv train WHAT`: the trainers that are not translation's, each with its own parser.
-TRAINERS = {"lm": lm.train_parser, "mlm": bert.mlm_parser, "classify": bert.classify_parser}
+TRAINERS = {"lm": lm.train_parser, "mlm": bert.mlm_parser, "classify": bert.classify_parser,
+            "vit": vision.vit_parser, "swin": vision.swin_parser, "clip": vision.clip_parser}
 
 
 def _add_debug(parser: argparse.ArgumentParser) -> None:
@@ -30,12 +31,13 @@ def _add_debug(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``qkv`` and its subcommands (``qkv train lm|mlm|classify`` have their own: :data:`TRAINERS`)."""
+    """The parser of ``qkv`` and its subcommands (``qkv train lm|mlm|classify|vit|swin|clip`` have their own:
+    :data:`TRAINERS`)."""
     parser = Parser(prog="qkv", description="A Transformer toolkit written from the building blocks up.")
     parser.add_argument("--version", action="version", version=f"qkv {__version__}")
     _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, translation, lm, bert, tour):
+    for module in (demo, translation, lm, bert, vision, tour):
         module.add_commands(sub)
     for command_parser in sub.choices.values():
         _add_debug(command_parser)

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import CLIPConfig, CLIPTextConfig
+from ..data import pad_with_mask
 from ..nn import Decoder, padding_mask
 from . import common
 from .common import WithAttention
@@ -206,17 +207,6 @@ def contrastive_loss(logits: Tensor) -> Tensor:
     return (F.cross_entropy(logits, targets) + F.cross_entropy(logits.t(), targets)) / 2
 
 
-def _batch(sequences: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Right-pad token lists into ids ``(N, T)`` and a mask ``(N, T)`` (True for real tokens)."""
-    longest = max(len(seq) for seq in sequences)
-    ids = torch.full((len(sequences), longest), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(sequences), longest, dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
-        mask[row, : len(seq)] = True
-    return ids, mask
-
-
 @torch.no_grad()
 def zero_shot_classifier(
     model: CLIP,
@@ -250,7 +240,7 @@ def zero_shot_classifier(
     device = model.logit_scale.device
     rows = []
     for name in class_names:
-        ids, mask = _batch([tokenize(t.format(name, label=name)) for t in templates], pad)  # (n_templates, T)
+        ids, mask = pad_with_mask([tokenize(t.format(name, label=name)) for t in templates], pad)  # (n_templates, T)
         texts = F.normalize(model.encode_text(ids.to(device), mask.to(device)), dim=-1)  # (n_templates, d_proj)
         rows.append(F.normalize(texts.mean(dim=0), dim=-1))
     return torch.stack(rows)  # (n_classes, d_proj)
@@ -273,28 +263,40 @@ def zero_shot_predict(model: CLIP, pixels: Tensor, classifier: Tensor) -> Tensor
     return (images @ classifier.t()).argmax(dim=-1)  # (B,)
 
 
-def retrieval_recall(image_emb: Tensor, text_emb: Tensor, ks: Sequence[int] = (1, 5)) -> dict[str, float]:
+def retrieval_recall(image_emb: Tensor, text_emb: Tensor, ks: Sequence[int] = (1, 5), *,
+                     labels: Tensor | None = None) -> dict[str, float]:
     """Recall@k both ways for paired rows: image i's caption is text i.
 
     Image -> text recall@k is the fraction of images whose caption is among the k texts of highest cosine
     similarity; text -> image the same the other way. A candidate tied with the true partner does not push
-    it down.
+    it down. With ``labels`` ``(N,)``, any candidate of the query's label counts as its partner (captions made
+    from class labels cannot tell two images of one class apart): recall@k is then the share of queries with
+    a candidate of the right class among the top k.
 
     Returns:
         ``{"image_to_text@k": ..., "text_to_image@k": ...}`` for every k, each in [0, 1].
 
     Raises:
-        ValueError: embeddings of different shapes, not ``(N, d)``, or a k below 1.
+        ValueError: embeddings of different shapes, not ``(N, d)``, labels not ``(N,)``, or a k below 1.
     """
     if image_emb.dim() != 2 or image_emb.shape != text_emb.shape:
         raise ValueError(f"image_emb and text_emb must be paired (N, d) matrices, got {tuple(image_emb.shape)} "
                          f"and {tuple(text_emb.shape)}")
+    if labels is not None and labels.shape != image_emb.shape[:1]:
+        raise ValueError(f"labels must have shape ({image_emb.size(0)},), one per pair, got {tuple(labels.shape)}")
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be >= 1, got ks={tuple(ks)}")
     sims = F.normalize(image_emb.float(), dim=-1) @ F.normalize(text_emb.float(), dim=-1).t()  # (N, N)
-    true = sims.diagonal()  # (N,)
-    ranks = {  # how many candidates score strictly above the true partner: 0 is first place
-        "image_to_text": (sims > true[:, None]).sum(dim=1),  # (N,) texts above image i's caption
-        "text_to_image": (sims > true[None, :]).sum(dim=0),  # (N,) images above text j's image
-    }
+    if labels is not None:  # the best-placed candidate of the right class stands for the partner
+        same = labels[:, None] == labels[None, :]  # (N, N)
+        best_text = sims.masked_fill(~same, -2).amax(dim=1)  # (N,) image i's best caption of its class
+        best_image = sims.masked_fill(~same, -2).amax(dim=0)  # (N,) text j's best image of its class
+        ranks = {"image_to_text": ((sims > best_text[:, None]) & ~same).sum(dim=1),
+                 "text_to_image": ((sims > best_image[None, :]) & ~same).sum(dim=0)}
+    else:
+        true = sims.diagonal()  # (N,)
+        ranks = {  # how many candidates score strictly above the true partner: 0 is first place
+            "image_to_text": (sims > true[:, None]).sum(dim=1),  # (N,) texts above image i's caption
+            "text_to_image": (sims > true[None, :]).sum(dim=0),  # (N,) images above text j's image
+        }
     return {f"{way}@{k}": (rank < k).float().mean().item() for k in ks for way, rank in ranks.items()}

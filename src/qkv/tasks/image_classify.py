@@ -29,11 +29,11 @@ class ImageBatch:
     n_tokens: int  # images in the batch: what the loss is summed over
 
 
-class _EpochBatches(Sequence):
+class EpochBatches(Sequence):
     """An epoch's batches, made when they are read (augmenting 60,000 images up front would hold them all):
     batch *k* of epoch *e* depends only on (seed, e, k), so a resumed run sees the same batches."""
 
-    def __init__(self, task: ImageClassifyTask, epoch: int) -> None:
+    def __init__(self, task, epoch: int) -> None:  # a task with train, batch_size, seed and batch()
         self.task, self.epoch = task, epoch
         g = torch.Generator().manual_seed(task.seed * 100_003 + epoch)
         self.order = torch.randperm(len(task.train), generator=g)
@@ -78,7 +78,7 @@ class ImageClassifyTask:
         return ImageBatch(normalize(pixels, self.mean, self.std), images.labels[rows], len(rows))
 
     def batches(self, epoch: int) -> Sequence[ImageBatch]:
-        return _EpochBatches(self, epoch)
+        return EpochBatches(self, epoch)
 
     def loss(self, batch: ImageBatch) -> tuple[Tensor, int]:
         batch = move(batch, device_of(self.model))
