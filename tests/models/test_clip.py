@@ -208,11 +208,16 @@ def test_retrieval_recall_by_class_counts_any_candidate_of_the_right_class():
     labels = torch.tensor([0, 0, 1])
     # Image 0's best caption of class 0 is text 1 (first place), image 1's is text 0; image 2's only one, text 2,
     # comes after text 1 (class 0). Each text's best image of its class is first (image 2 ties with image 0).
-    assert retrieval_recall(images, texts, ks=(1, 2), labels=labels) == pytest.approx({
+    assert retrieval_recall(images, texts, ks=(1, 2), labels=(labels, labels)) == pytest.approx({
         "image_to_text@1": 2 / 3, "text_to_image@1": 1.0, "image_to_text@2": 1.0, "text_to_image@2": 1.0})
     assert retrieval_recall(images, texts, ks=(1,))["image_to_text@1"] == 0.0  # exact partners: all missed
-    with pytest.raises(ValueError, match="labels must have shape \\(3,\\)"):
-        retrieval_recall(images, texts, labels=labels[:2])
+    # Unpaired: the two class-0 images against two class-0 captions.
+    assert retrieval_recall(images[:2], texts[1:], ks=(1,), labels=(labels[:2], torch.tensor([0, 0]))) == {
+        "image_to_text@1": 1.0, "text_to_image@1": 1.0}
+    with pytest.raises(ValueError, match="labels must be \\(3,\\) for the images"):
+        retrieval_recall(images, texts, labels=(labels[:2], labels))
+    with pytest.raises(ValueError, match="must be paired"):
+        retrieval_recall(images, texts[:2])
 
 
 # --------------------------------------------------------------------------------------------- config and errors

@@ -264,39 +264,37 @@ def zero_shot_predict(model: CLIP, pixels: Tensor, classifier: Tensor) -> Tensor
 
 
 def retrieval_recall(image_emb: Tensor, text_emb: Tensor, ks: Sequence[int] = (1, 5), *,
-                     labels: Tensor | None = None) -> dict[str, float]:
-    """Recall@k both ways for paired rows: image i's caption is text i.
+                     labels: tuple[Tensor, Tensor] | None = None) -> dict[str, float]:
+    """Recall@k both ways: the share of queries whose partner is among the k candidates of highest cosine
+    similarity. A candidate tied with the partner does not push it down.
 
-    Image -> text recall@k is the fraction of images whose caption is among the k texts of highest cosine
-    similarity; text -> image the same the other way. A candidate tied with the true partner does not push
-    it down. With ``labels`` ``(N,)``, any candidate of the query's label counts as its partner (captions made
-    from class labels cannot tell two images of one class apart): recall@k is then the share of queries with
-    a candidate of the right class among the top k.
+    Without ``labels`` the rows are pairs: image i's caption is text i. With ``labels`` ``(image_labels (N,),
+    text_labels (M,))`` any candidate of the query's label is a partner, and the N images and M texts need not
+    pair up (captions made from class labels cannot tell two images of one class apart): recall@k is then the
+    share of queries with a candidate of the right class among the top k.
 
     Returns:
         ``{"image_to_text@k": ..., "text_to_image@k": ...}`` for every k, each in [0, 1].
 
     Raises:
-        ValueError: embeddings of different shapes, not ``(N, d)``, labels not ``(N,)``, or a k below 1.
+        ValueError: embeddings that are not paired ``(N, d)`` matrices (or, with labels, of unequal widths),
+            labels that do not match them, or a k below 1.
     """
-    if image_emb.dim() != 2 or image_emb.shape != text_emb.shape:
-        raise ValueError(f"image_emb and text_emb must be paired (N, d) matrices, got {tuple(image_emb.shape)} "
-                         f"and {tuple(text_emb.shape)}")
-    if labels is not None and labels.shape != image_emb.shape[:1]:
-        raise ValueError(f"labels must have shape ({image_emb.size(0)},), one per pair, got {tuple(labels.shape)}")
+    if image_emb.dim() != 2 or text_emb.dim() != 2 or image_emb.size(1) != text_emb.size(1) or (
+            labels is None and image_emb.shape != text_emb.shape):
+        raise ValueError(f"image_emb and text_emb must be {'paired ' if labels is None else ''}(N, d) matrices, got "
+                         f"{tuple(image_emb.shape)} and {tuple(text_emb.shape)}")
+    if labels is not None and (labels[0].shape != image_emb.shape[:1] or labels[1].shape != text_emb.shape[:1]):
+        raise ValueError(f"labels must be ({image_emb.size(0)},) for the images and ({text_emb.size(0)},) for the "
+                         f"texts, got {tuple(labels[0].shape)} and {tuple(labels[1].shape)}")
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be >= 1, got ks={tuple(ks)}")
-    sims = F.normalize(image_emb.float(), dim=-1) @ F.normalize(text_emb.float(), dim=-1).t()  # (N, N)
-    if labels is not None:  # the best-placed candidate of the right class stands for the partner
-        same = labels[:, None] == labels[None, :]  # (N, N)
-        best_text = sims.masked_fill(~same, -2).amax(dim=1)  # (N,) image i's best caption of its class
-        best_image = sims.masked_fill(~same, -2).amax(dim=0)  # (N,) text j's best image of its class
-        ranks = {"image_to_text": ((sims > best_text[:, None]) & ~same).sum(dim=1),
-                 "text_to_image": ((sims > best_image[None, :]) & ~same).sum(dim=0)}
-    else:
-        true = sims.diagonal()  # (N,)
-        ranks = {  # how many candidates score strictly above the true partner: 0 is first place
-            "image_to_text": (sims > true[:, None]).sum(dim=1),  # (N,) texts above image i's caption
-            "text_to_image": (sims > true[None, :]).sum(dim=0),  # (N,) images above text j's image
-        }
+    sims = F.normalize(image_emb.float(), dim=-1) @ F.normalize(text_emb.float(), dim=-1).t()  # (N, M)
+    same = torch.eye(len(sims), dtype=torch.bool) if labels is None else labels[0][:, None] == labels[1][None, :]
+    best_text = sims.masked_fill(~same, -2).amax(dim=1)  # (N,) each image's best-placed partner
+    best_image = sims.masked_fill(~same, -2).amax(dim=0)  # (M,) each text's best-placed partner
+    ranks = {  # how many others score strictly above the best partner: 0 is first place
+        "image_to_text": ((sims > best_text[:, None]) & ~same).sum(dim=1),  # (N,)
+        "text_to_image": ((sims > best_image[None, :]) & ~same).sum(dim=0),  # (M,)
+    }
     return {f"{way}@{k}": (rank < k).float().mean().item() for k in ks for way, rank in ranks.items()}

@@ -85,14 +85,19 @@ def zero_shot_accuracy(model: CLIP, tokenizer, images: ImageSet, names: Sequence
     return (predicted == images.labels).float().mean().item()
 
 
-def retrieval(model: CLIP, tokenizer, images: ImageSet, captions: CaptionSet, *, mean: list[float], std: list[float],
-              seed: int = 0) -> dict[str, float]:
-    """Recall@1 and @5, image->text and text->image, on ``images`` each paired with one held-out-template
-    caption of its class; a hit is a result of the right class (see :func:`retrieval_recall`)."""
+def retrieval(model: CLIP, tokenizer, images: ImageSet, captions: CaptionSet, *, mean: list[float], std: list[float]
+              ) -> dict[str, float]:
+    """Recall@1 and @5, image->text and text->image, between ``images`` and every distinct held-out caption (each
+    held-out template with each training wording); a hit is a result of the right class (see
+    :func:`retrieval_recall`)."""
     model.eval()
-    texts = captions.sample(images.labels, generator=torch.Generator().manual_seed(seed), held_out=True)
+    texts, text_labels = [], []
+    for label, wordings in enumerate(captions.train_wordings):
+        for template in captions.held_out_templates:
+            texts += [template.format(w) for w in wordings]
+            text_labels += [label] * len(wordings)
     return retrieval_recall(embed_images(model, images.pixels, mean=mean, std=std),
-                            embed_captions(model, tokenizer, texts), labels=images.labels)
+                            embed_captions(model, tokenizer, texts), labels=(images.labels, torch.tensor(text_labels)))
 
 
 class ContrastiveTask:
