@@ -308,8 +308,8 @@ def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub) -> None:
-    train_parser = command(sub, "train", "train a translation model on a parallel corpus (qkv train lm: a language "
-                                         "model; qkv train mlm, qkv train classify: BERT)")
+    train_parser = command(sub, "train", "train a translation model (qkv train lm, mlm, classify, vit, swin, "
+                                         "clip: the other models)")
     add_train_arguments(train_parser)
     train_parser.set_defaults(run=train)
 

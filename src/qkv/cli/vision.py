@@ -46,7 +46,7 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--valid-fraction", type=FRACTION,
                       help="share of the training images held out, at random, to validate (0.1)")
     data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side (32)")
-    data.add_argument("--channels", type=int, choices=[1, 3], help="a folder's images as grey (1) or RGB (3; default)")
+    data.add_argument("--channels", type=integer(1), choices=[1, 3], help="a folder's images as grey (1) or RGB (3; default)")
     data.add_argument("--pad", type=integer(0),
                       help="augmentation: shift by up to this many pixels (default: a 14th of the side, at least 1)")
     data.add_argument("--flip", action=argparse.BooleanOptionalAction,
