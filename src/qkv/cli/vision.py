@@ -46,7 +46,8 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--valid-fraction", type=FRACTION,
                       help="share of the training images held out, at random, to validate (0.1)")
     data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side (32)")
-    data.add_argument("--channels", type=integer(1), choices=[1, 3], help="a folder's images as grey (1) or RGB (3; default)")
+    data.add_argument("--channels", type=integer(1), choices=[1, 3],
+                      help="a folder's images as grey (1) or RGB (3; default)")
     data.add_argument("--pad", type=integer(0),
                       help="augmentation: shift by up to this many pixels (default: a 14th of the side, at least 1)")
     data.add_argument("--flip", action=argparse.BooleanOptionalAction,
@@ -98,6 +99,9 @@ def _image_fields(train) -> dict:
 
 VIT_DEFAULTS = dict(IMAGE_DEFAULTS, pooling=None)
 SWIN_DEFAULTS = dict(IMAGE_DEFAULTS, depths=None, stage_heads=None, window_size=None)
+# The config fields the command line may override, per family (the preset's otherwise).
+MODEL_FIELDS = {"vit": ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling"),
+                "swin": ("patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout")}
 
 
 def _add_classifier_arguments(p: argparse.ArgumentParser, family: str) -> None:
@@ -119,16 +123,15 @@ def _add_classifier_arguments(p: argparse.ArgumentParser, family: str) -> None:
         model.add_argument("--stage-heads", type=COUNT, nargs="+", help="attention heads per stage, e.g. 3 6 12 24")
         model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (7)")
         model.add_argument("--dropout", type=FRACTION)
-    add_training_arguments(p, VIT_DEFAULTS, batch=("--batch-size", "images per batch"))
+    add_training_arguments(p, VIT_DEFAULTS if family == "vit" else SWIN_DEFAULTS,
+                           batch=("--batch-size", "images per batch"))
 
 
 def _classifier(family: str, s: dict, train):
     from ..config import SwinConfig, ViTConfig
     from ..models import SwinClassifier, ViTClassifier
 
-    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling") if family == "vit" else (
-        "patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout")
-    overrides = {k: s[k] for k in fields if s[k] is not None}
+    overrides = {k: s[k] for k in MODEL_FIELDS[family] if s[k] is not None}
     config_cls, model_cls = (ViTConfig, ViTClassifier) if family == "vit" else (SwinConfig, SwinClassifier)
     return model_cls, config_cls.from_preset(s["preset"], **{**overrides, **_image_fields(train)})
 
@@ -367,6 +370,7 @@ def classify_image_cmd(args: argparse.Namespace) -> None:
 
 def zero_shot_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
+    from ..models.clip import MAX_LOGIT_SCALE
     from ..tasks.contrastive import embed_images, text_classifier
 
     labels = [label.strip() for label in (args.labels or "").split(",")]
@@ -375,23 +379,23 @@ def zero_shot_cmd(args: argparse.Namespace) -> None:
                          "--labels 'sneaker,sandal,bag'")
     device, _, amp = runtime(args)
     ckpt = load_checkpoint(args.model)
+    meta = ckpt.meta
     if ckpt.arch != "clip":
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a CLIP (see qkv train clip)")
-    pixels, names, truth, classes = _inputs(args, ckpt.meta)
+    pixels, names, truth, classes = _inputs(args, meta)
     if args.labels is None:
         if truth is None:
             raise ValueError("no labels: give the class names with --labels 'a,b,c'")
-        labels = ckpt.meta["class_names"] if classes == ckpt.meta["labels"] else classes
-    templates = args.template or ckpt.meta["templates"]
+        labels = meta["class_names"] if classes == meta["labels"] else classes
+    templates = args.template or meta["templates"]
     bad = [t for t in templates if "{}" not in t]
     if bad:
         raise ValueError(f"--template {bad[0]!r} has no {{}} where the label goes, e.g. 'a photo of a {{}}.'")
-    meta = ckpt.meta
     with amp:
         model = place(ckpt.model, device, args).eval()
         classifier = text_classifier(model, ckpt.tokenizers["text"], labels, templates)
         sims = embed_images(model, pixels, mean=meta["mean"], std=meta["std"]) @ classifier.t()
-    probs = (sims * model.logit_scale.exp().clamp(max=100).item()).softmax(-1)
+    probs = (sims * model.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE).item()).softmax(-1)
     best = probs.argmax(-1)
     if truth is not None and args.index is None:
         print(f"zero-shot accuracy: {(best == truth).float().mean().item():.2%} on {len(truth):,} {args.data} test "

@@ -290,7 +290,8 @@ def retrieval_recall(image_emb: Tensor, text_emb: Tensor, ks: Sequence[int] = (1
     if any(k < 1 for k in ks):
         raise ValueError(f"every k must be >= 1, got ks={tuple(ks)}")
     sims = F.normalize(image_emb.float(), dim=-1) @ F.normalize(text_emb.float(), dim=-1).t()  # (N, M)
-    same = torch.eye(len(sims), dtype=torch.bool) if labels is None else labels[0][:, None] == labels[1][None, :]
+    same = (torch.eye(len(sims), dtype=torch.bool, device=sims.device) if labels is None
+            else labels[0][:, None].to(sims.device) == labels[1][None, :].to(sims.device))
     best_text = sims.masked_fill(~same, -2).amax(dim=1)  # (N,) each image's best-placed partner
     best_image = sims.masked_fill(~same, -2).amax(dim=0)  # (M,) each text's best-placed partner
     ranks = {  # how many others score strictly above the best partner: 0 is first place

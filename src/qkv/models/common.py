@@ -197,6 +197,15 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | N
             std = cfg.d_model**-0.5 if cfg.init == "xavier" else cfg.init_std
             nn.init.normal_(module.weight, 0.0, std)
 
+def classifier_head(width: int, n_classes: int, init_std: float) -> nn.Linear:
+    """A linear layer from a pooled vector to class scores, starting from small random weights: with a zero head
+    (a common choice) the encoder would get no gradient at first and learn several times slower."""
+    head = nn.Linear(width, n_classes)
+    nn.init.normal_(head.weight, std=init_std)
+    nn.init.zeros_(head.bias)
+    return head
+
+
 def num_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:
     """Trainable parameters, each shared tensor counted once; optionally without the embedding tables
     (token, position, token-type), the count scaling laws use."""

@@ -383,9 +383,7 @@ class SwinClassifier(nn.Module):
             raise ValueError("a SwinClassifier needs n_classes in its SwinConfig")
         self.config = config
         self.swin = Swin(config)
-        self.head = nn.Linear(config.stage_widths[-1], config.n_classes)
-        nn.init.normal_(self.head.weight, std=config.init_std)  # not zeros: the encoder would get no gradient
-        nn.init.zeros_(self.head.bias)
+        self.head = common.classifier_head(config.stage_widths[-1], config.n_classes, config.init_std)
 
     def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
         out = self.swin(pixels, return_attention=return_attention)

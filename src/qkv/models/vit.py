@@ -148,9 +148,7 @@ class ViTClassifier(nn.Module):
             raise ValueError("a ViTClassifier needs n_classes in its ViTConfig")
         self.config = config
         self.vit = ViT(config)
-        self.head = nn.Linear(config.d_model, config.n_classes)
-        nn.init.normal_(self.head.weight, std=config.init_std)  # not zeros: the encoder would get no gradient
-        nn.init.zeros_(self.head.bias)
+        self.head = common.classifier_head(config.d_model, config.n_classes, config.init_std)
 
     def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
         out = self.vit(pixels, return_attention=return_attention)

@@ -42,7 +42,7 @@ class PairBatch:
 
 def caption_ids(tokenizer, caption: str, max_length: int) -> list[int]:
     """A caption's token ids, cut to ``max_length`` with the end-of-text token last (CLIP reads its state)."""
-    return tokenizer.encode(caption)[: max_length - 1] + [EOS_ID]
+    return [*tokenizer.encode(caption)[: max_length - 1], EOS_ID]
 
 
 def caption_tokens(tokenizer, captions: Sequence[str], max_length: int) -> tuple[Tensor, Tensor]:
