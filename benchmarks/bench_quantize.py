@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from qkv.generation import LMDecoder, generate
 from qkv.interop import load_pretrained
-from qkv.quantize import quantize
+from qkv.quantize import CALIBRATION_TEXT, input_magnitudes, quantize
 
 PROMPTS = [
     "The capital of France is", "Once upon a time, in a small village by the sea, there lived",
@@ -90,8 +90,13 @@ def main() -> None:
     reference = None
     for mode in args.modes:
         pretrained = load_pretrained("smollm2")
-        model = quantize(pretrained.model.eval(), "none" if mode == "bf16" else mode)
-        tokenizer = pretrained.tokenizer
+        model, tokenizer = pretrained.model.eval(), pretrained.tokenizer
+        base = mode.removesuffix("-outliers")
+        magnitudes = None
+        if base != mode:  # calibrated: each layer's largest inputs' columns kept in fp32
+            calibration = torch.tensor([tokenizer.encode("\n".join(CALIBRATION_TEXT))])
+            magnitudes = input_magnitudes(model, lambda m=model, c=calibration: m(c))
+        quantize(model, "none" if mode == "bf16" else base, magnitudes=magnitudes)
         ids = torch.tensor(tokenizer.encode(held_out_text())[: args.tokens])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
             ppl, guesses = perplexity(model, ids, args.window)

@@ -83,6 +83,9 @@ def test_embed_writes_npy_and_json_lines_from_arguments_files_and_stdin(work):
     np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), matrix, atol=1e-6)
     piped = ok(qkv("embed", cwd=work, input="Il pleut.\n")).stdout
     np.testing.assert_allclose(json.loads(piped)["embedding"], matrix[1], atol=1e-6)
+    ok(qkv("embed", "The cat sits.", "Il pleut.", "--output", "v8.npy", "--quantize", "int8", cwd=work))
+    eight = np.load(work / "v8.npy")  # calibrated int8 (outlier columns in fp32): near, not equal
+    assert 0 < np.abs(eight @ eight.T - matrix @ matrix.T).max() < 0.01 and (eight * matrix).sum(1).min() > 0.99
 
 
 @needs_minilm

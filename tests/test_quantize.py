@@ -9,21 +9,87 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
-from qkv.quantize import QuantizedLinear, pack_nibbles, quantize, unpack_nibbles
+from qkv.quantize import WIDEN_ROWS, QuantizedLinear, input_magnitudes, pack_nibbles, quantize, unpack_nibbles
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
 
 
+def _reference(layer: QuantizedLinear, x: torch.Tensor, bias) -> torch.Tensor:
+    """What a quantized layer computes (see qkv.quantize): bf16 inputs times the dequantized weights (rounded to
+    bf16 too where many rows use widened weights), the product rounded to bf16."""
+    weights = layer.dequantized()
+    if layer.mode == "int8" and x.numel() // x.size(-1) >= WIDEN_ROWS:
+        weights = weights.bfloat16().float()
+    return (x.bfloat16().float() @ weights.T).bfloat16().float() + (0 if bias is None else bias)
+
+
 @pytest.mark.parametrize("mode, group", MODES)
 @pytest.mark.parametrize("out_features, in_features, bias", [(37, 192, True), (5, 64, False), (130, 128, True)])
-def test_a_quantized_layer_computes_with_its_dequantized_weights(mode, group, out_features, in_features, bias):
+@pytest.mark.parametrize("rows", [3, 2 * WIDEN_ROWS])  # the kernels; many rows (int8: widened bf16 weights)
+def test_a_quantized_layer_computes_with_its_dequantized_weights(mode, group, out_features, in_features, bias, rows):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features, bias=bias)
     layer = QuantizedLinear.from_linear(linear, mode, group)
-    x = torch.randn(2, 3, in_features)
-    # the kernels read bf16 inputs and write bf16 outputs (see qkv.quantize): the formula, rounded the same way
-    reference = (x.bfloat16().float() @ layer.dequantized().T).bfloat16().float() + (linear.bias if bias else 0)
-    torch.testing.assert_close(layer(x), reference, atol=1e-5, rtol=8e-3)  # one bf16 rounding step apart at most
+    x = torch.randn(2, rows, in_features)
+    torch.testing.assert_close(layer(x), _reference(layer, x, linear.bias), atol=1e-5, rtol=8e-3)  # a bf16 step
+
+
+@pytest.mark.parametrize("in_features", [37, 100, 1532])
+@pytest.mark.parametrize("rows", [1, 2 * WIDEN_ROWS])
+def test_int8_takes_any_input_width(in_features, rows):
+    """PyTorch's int8 kernel crashes the process on widths that are not a multiple of 16: the layer pads."""
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 24)
+    layer = QuantizedLinear.from_linear(linear, "int8")
+    x = torch.randn(rows, in_features)
+    torch.testing.assert_close(layer(x), _reference(layer, x, linear.bias), atol=1e-5, rtol=8e-3)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_outlier_columns_count_with_their_fp32_weights(mode):
+    """A layer whose inputs 3, 40 and 77 are 30 times the rest: kept in fp32, those columns come back exactly, the
+    layer computes with those weights, and its error against fp32 drops well below the plain layer's."""
+    torch.manual_seed(0)
+    linear = nn.Linear(128, 48)
+    columns = torch.tensor([3, 40, 77])
+    layer = QuantizedLinear.from_linear(linear, mode, 32, outlier_columns=columns)
+    plain = QuantizedLinear.from_linear(linear, mode, 32)
+    assert layer.outliers == 3 and "3 fp32 columns" in repr(layer)
+    torch.testing.assert_close(layer.dequantized()[:, columns], linear.weight.detach()[:, columns])
+    x = torch.randn(5, 128)
+    x[:, columns] *= 30
+    with torch.no_grad():
+        exact = linear(x)
+        # the codes' part as the kernel rounds it (bf16 inputs and product), the fp32 columns added exactly
+        codes_part = (x.bfloat16().float() @ layer._decoded().T).bfloat16().float()
+        fp32_part = x[:, columns] @ layer.outlier_weights
+        torch.testing.assert_close(layer(x), codes_part + fp32_part + linear.bias, atol=1e-5, rtol=8e-3)
+        assert (layer(x) - exact).abs().max() < 0.5 * (plain(x) - exact).abs().max()
+
+
+def test_input_magnitudes_are_the_mean_absolute_inputs_of_every_linear_layer():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+    batches = [torch.randn(4, 6), torch.randn(2, 5, 6)]
+    with torch.no_grad():
+        magnitudes = input_magnitudes(model, lambda: [model(b) for b in batches])
+        inputs = torch.cat([b.reshape(-1, 6) for b in batches])
+        torch.testing.assert_close(magnitudes["0"], inputs.abs().mean(0))
+        torch.testing.assert_close(magnitudes["2"], model[1](model[0](inputs)).abs().mean(0))
+    assert not model[0]._forward_pre_hooks and not model[2]._forward_pre_hooks  # nothing left behind
+
+
+def test_calibrated_quantization_keeps_the_largest_inputs_in_fp32():
+    model = _gpt()
+    ids = torch.randint(0, 96, (2, 12))
+    with torch.no_grad():
+        full = model(ids)
+        magnitudes = input_magnitudes(model, lambda: model(ids))
+        magnitudes["lm_head"] = torch.zeros(64).index_fill(0, torch.tensor([2, 9]), 5.0)  # two columns stand out
+        quantize(model, "int8", magnitudes=magnitudes, outliers=2)
+        assert model.lm_head.outlier_columns.tolist() == [2, 9]
+        assert model.decoder.layers[0].self_attn.q_proj.outliers == 2
+        assert (model(ids) - full).abs().max() < 0.02 * full.std() * 6
 
 
 @pytest.mark.parametrize("mode, group", MODES)
@@ -74,10 +140,12 @@ def test_a_quantized_model_stays_close_and_keeps_the_decoding_invariants(mode, g
         assert continue_prompts(model, [prompt], 10)[0] == row
 
 
-def test_quantize_save_load_gives_identical_outputs(tmp_path):
-    model = quantize(_gpt(), "int4", group_size=32)
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantize_save_load_gives_identical_outputs(tmp_path, mode):
+    magnitudes = {"lm_head": torch.arange(64.0)} if mode == "int8" else None  # with outlier columns
+    model = quantize(_gpt(), mode, group_size=32, magnitudes=magnitudes)
     save_file(model.state_dict(), tmp_path / "model.safetensors")
-    fresh = quantize(_gpt(seed=1), "int4", group_size=32)  # same structure, other weights
+    fresh = quantize(_gpt(seed=1), mode, group_size=32, magnitudes=magnitudes)  # same structure, other weights
     fresh.load_state_dict(load_file(tmp_path / "model.safetensors"))
     ids = torch.randint(0, 96, (2, 9))
     with torch.no_grad():

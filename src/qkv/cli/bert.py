@@ -52,11 +52,12 @@ def _encoder(args: argparse.Namespace, texts: list[str], device):
     """The encoder of --model on ``device``, with the attention-map options checked against it and ``texts``
     before any sentence is embedded."""
     from ..interop.sentence import load_sentence_encoder
+    from ..quantize import CALIBRATION_TEXT
 
     encoder = load_sentence_encoder(args.model)
-    place(encoder.model, device, args)
     if args.max_length is not None:
         encoder.max_length = args.max_length
+    place(encoder.model, device, args, calibrate=lambda: _embed(encoder, list(CALIBRATION_TEXT), 32))
     if args.attention:
         cfg = encoder.model.config
         if not 0 <= args.sentence < len(texts):

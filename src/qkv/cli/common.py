@@ -153,18 +153,21 @@ def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) 
                            help=f"int4: inputs that share a scale and zero point ({DEFAULT_GROUP_SIZE})")
 
 
-def place(model, device, args: argparse.Namespace, *, quantize: str = "none"):
+def place(model, device, args: argparse.Namespace, *, quantize: str = "none", calibrate=None):
     """``model`` on ``device``, quantized as --quantize asks (else as ``quantize``, the model's own default, said
     on stderr), compiled when --compile asks: with dynamic shapes, so one graph serves every prompt length and
-    every step of a growing KV cache."""
-    from ..quantize import DEFAULT_GROUP_SIZE
+    every step of a growing KV cache. ``calibrate`` runs the model on :data:`qkv.quantize.CALIBRATION_TEXT`:
+    given, int8 keeps each layer's outlier input columns in fp32 (see :mod:`qkv.quantize`)."""
+    from ..quantize import DEFAULT_GROUP_SIZE, input_magnitudes
     from ..quantize import quantize as quantize_weights
 
     mode = getattr(args, "quantize", None)
     if mode is None and device.type == "cpu" and quantize != "none":
         mode = quantize
         log.info("%s weights (this model's default on a CPU; --quantize none for fp32)", mode)
-    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", DEFAULT_GROUP_SIZE))
+    magnitudes = input_magnitudes(model, calibrate) if mode == "int8" and calibrate is not None else None
+    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", DEFAULT_GROUP_SIZE),
+                     magnitudes=magnitudes)
     model.to(device)
     if args.compile:
         model.compile(dynamic=True)  # in place: the module and its state dict stay as they are
