@@ -15,7 +15,7 @@ import os
 import sys
 
 from .. import __version__
-from . import bert, demo, lm, tour, translation, vision
+from . import bert, demo, explore, lm, tour, translation, vision
 from .common import Parser
 
 log = logging.getLogger("qkv")
@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qkv {__version__}")
     _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, translation, lm, bert, vision, tour):
+    for module in (demo, translation, lm, bert, vision, explore, tour):
         module.add_commands(sub)
     for command_parser in sub.choices.values():
         _add_debug(command_parser)

@@ -1,0 +1,138 @@
+"""What the explorer shows for one input: a model's attention weights as plain data for the page.
+
+Every model kind runs once on the input, with ``return_attention=True``, and comes back as a *result*, a dict that
+becomes the page's JSON:
+
+    {"model": name, "kind": "encoder" | "lm" | "translation", "input": text,
+     "views": [{"id", "title", "queries": [labels], "keys": [labels], "stepped": bool,
+                "attention": [layer][head][query][key]}],
+     "steps": None | {"first": the query row that wrote the first output token, "tokens": [labels],
+                      "top": [[{"token", "p"}] per step]},
+     "image": None}
+
+* an encoder (BERT, all-MiniLM-L6-v2): one view, every token over every token;
+* a language model (qkv's GPT, SmolLM2): the prompt continued greedily; one view over prompt and continuation
+  (causal: zero above the diagonal), and each step's most likely next tokens;
+* a translation Transformer: the greedy translation; the encoder's self-attention (source × source), the
+  decoder's self-attention (target × target) and the cross-attention (target × source), and each step's
+  candidates. The decoder's rows are computed from the whole output at once: with the causal mask, row *i* is
+  what the decoder attended to when it wrote output *i* + 1, step by step.
+
+Weights are rounded to 4 decimals (the page shows 3): 30 layers × 9 heads × 64² positions is 1.1 million numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..device import device_of
+from ..tokenizers import BOS_ID, Tokenizer
+
+MAX_TOKENS = 64  # longest input (tokens) and longest input + output of a language model
+NEW_TOKENS = 16  # how far a language model continues the input
+TOP_K = 5  # candidates shown per step
+
+
+class InputError(ValueError):
+    """An input the explorer cannot show: the page gets the message."""
+
+
+def label(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token's text as the page labels it (a word piece, a BPE piece, a byte-level piece decoded)."""
+    for name in ("id_to_token", "token_of"):
+        if hasattr(tokenizer, name):
+            return getattr(tokenizer, name)(token_id)
+    if hasattr(tokenizer, "itos"):
+        return tokenizer.itos[token_id]
+    return tokenizer.decode([token_id])
+
+
+def weights(layers: list[Tensor]) -> list:
+    """Per-layer ``(1, H, Tq, Tk)`` attention -> nested lists ``[layer][head][query][key]``, 4 decimals."""
+    stacked = torch.stack([layer[0] for layer in layers]).double()  # (L, H, Tq, Tk)
+    return stacked.mul(1e4).round().div(1e4).tolist()
+
+
+def _view(view_id: str, title: str, queries: list[str], keys: list[str], layers: list[Tensor], *,
+          stepped: bool = False) -> dict[str, Any]:
+    return {"id": view_id, "title": title, "queries": queries, "keys": keys, "attention": weights(layers),
+            "stepped": stepped}
+
+
+def _check_length(n_tokens: int, limit: int, what: str) -> None:
+    if n_tokens == 0:
+        raise InputError(f"the {what} has no tokens: type a sentence")
+    if n_tokens > limit:
+        raise InputError(f"the {what} is {n_tokens} tokens long; the explorer shows at most {limit}: shorten it")
+
+
+def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int) -> list[list[dict[str, Any]]]:
+    """Each row's ``TOP_K`` most likely next tokens with their probabilities, ``logits (T, V)``."""
+    p, ids = logits[:, :vocab_size].float().softmax(-1).topk(min(TOP_K, vocab_size), dim=-1)
+    return [[{"token": label(tokenizer, i), "p": round(q, 4)} for q, i in zip(ps, row, strict=True)]
+            for ps, row in zip(p.tolist(), ids.tolist(), strict=True)]
+
+
+@torch.no_grad()
+def encoder_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str,
+                   max_length: int = MAX_TOKENS) -> dict[str, Any]:
+    """A BERT's self-attention over one sentence, [CLS] and [SEP] included."""
+    from ..tasks.embeddings import frame
+
+    _check_length(len(tokenizer.encode(text)), min(max_length, MAX_TOKENS) - 2, "sentence")
+    ids = frame(tokenizer, [text], max_length)[0]
+    model.eval()
+    attention = model(torch.tensor([ids], device=device_of(model)), return_attention=True).attention
+    tokens = [label(tokenizer, i) for i in ids]
+    return {"model": name, "kind": "encoder", "input": text, "steps": None, "image": None,
+            "views": [_view("self", "Self-attention", tokens, tokens, attention)]}
+
+
+@torch.no_grad()
+def lm_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str, new_tokens: int = NEW_TOKENS,
+              stop_ids: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """A language model's greedy continuation of ``text`` (qkv's decoding, with its KV cache), then one pass
+    over prompt and continuation for the attention and each step's candidates."""
+    from ..generation import LMDecoder, generate
+
+    prompt = tokenizer.encode(text)
+    _check_length(len(prompt), MAX_TOKENS - new_tokens, "prompt")
+    model.eval()
+    decoder = LMDecoder(model, [prompt])
+    output = generate(decoder, start=decoder.start, max_new_tokens=new_tokens, stop_ids=stop_ids)[0]
+    ids = prompt + output
+    logits, attention = model(torch.tensor([ids], device=device_of(model)), return_attention=True)
+    tokens = [label(tokenizer, i) for i in ids]
+    first = len(prompt) - 1  # the prompt's last token is the query that writes the first new one
+    top = _steps(logits[0, first : len(ids) - 1], tokenizer, model.config.vocab_size)
+    return {"model": name, "kind": "lm", "input": text, "image": None,
+            "views": [_view("self", "Self-attention (causal)", tokens, tokens, attention, stepped=True)],
+            "steps": {"first": first, "tokens": tokens[first + 1 :], "top": top}}
+
+
+@torch.no_grad()
+def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text: str, *,
+                       name: str) -> dict[str, Any]:
+    """A translation Transformer's greedy translation of ``text`` (qkv's decoding), then one pass over the
+    source and the translation for the three kinds of attention and each step's candidates."""
+    from ..tasks.translation import position_limit, translate_ids
+
+    source = tokenizers["src"].encode(text)
+    _check_length(len(source), min(MAX_TOKENS, (position_limit(model) or MAX_TOKENS) - 2), "sentence")
+    output = translate_ids(model, [source])[0]
+    src = torch.tensor([source], device=device_of(model))
+    tgt_in = torch.tensor([[BOS_ID, *output]], device=device_of(model))  # row i reads token i, writes token i + 1
+    logits, attention = model(src, tgt_in, return_attention=True)
+    tgt = tokenizers["tgt"]
+    src_labels = [label(tokenizers["src"], i) for i in source]
+    written = [label(tgt, i) for i in output] + ["</s>"]
+    read = ["<s>", *written[:-1]]
+    top = _steps(logits[0], tgt, model.config.tgt_vocab_size)
+    return {"model": name, "kind": "translation", "input": text, "image": None,
+            "views": [_view("encoder", "Encoder self-attention", src_labels, src_labels, attention["encoder"]),
+                      _view("decoder", "Decoder self-attention", read, read, attention["decoder_self"], stepped=True),
+                      _view("cross", "Cross-attention", read, src_labels, attention["decoder_cross"], stepped=True)],
+            "steps": {"first": 0, "tokens": written, "top": top}}

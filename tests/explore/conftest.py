@@ -1,0 +1,36 @@
+"""Tiny saved models for the explorer's tests: a character-level GPT (Chinese characters among its tokens) and a
+translation Transformer, each written with save_checkpoint as a training run writes them."""
+
+import pytest
+import torch
+
+from qkv import GPT, GPTConfig, Transformer, TransformerConfig
+from qkv.checkpoint import save_checkpoint
+from qkv.tokenizers import CharTokenizer
+
+TEXT = "the cat sat on the mat. 猫坐在垫子上。"
+
+
+@pytest.fixture(scope="session")
+def lm_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    tok = CharTokenizer.train([TEXT])
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=96))
+    path = tmp_path_factory.mktemp("explore") / "lm"
+    save_checkpoint(path, model.eval(), tokenizers={"text": tok})
+    return path
+
+
+@pytest.fixture(scope="session")
+def translator_dir(tmp_path_factory):
+    torch.manual_seed(0)
+    tok = CharTokenizer.train([TEXT])
+    cfg = TransformerConfig(src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size, d_model=32, n_heads=4,
+                            n_layers=2, d_ff=64, max_seq_len=64)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sharper attention than the initial weights give
+        for p in model.parameters():
+            p.mul_(3)
+    path = tmp_path_factory.mktemp("explore") / "translator"
+    save_checkpoint(path, model, tokenizers={"src": tok, "tgt": tok})
+    return path

@@ -1,0 +1,48 @@
+"""`qkv explore` on the command line: an exported page of each kind of text model, a server that says where it
+listens, and each mistake in one line."""
+
+import json
+import re
+
+import pytest
+from clitools import ok, one_line_error, qkv
+
+from qkv.interop.sentence import MINILM_INSTALL, minilm_path
+
+
+def _data(path):
+    html = path.read_text(encoding="utf-8")
+    return json.loads(re.search(r'<script id="qkv-data" type="application/json">(.*?)</script>', html, re.S)[1])
+
+
+def test_export_writes_one_page_per_model(lm_dir, translator_dir, tmp_path):
+    proc = ok(qkv("explore", "--model", lm_dir, "--export", "lm.html", "--text", "the cat", "--new-tokens", "4",
+                  cwd=tmp_path))
+    assert "wrote lm.html" in proc.stdout
+    data = _data(tmp_path / "lm.html")
+    assert data["kind"] == "lm" and len(data["steps"]["tokens"]) == 4 and data["input"] == "the cat"
+    ok(qkv("explore", "--model", translator_dir, "--export", "t.html", "--text", "猫坐", cwd=tmp_path))
+    assert [v["id"] for v in _data(tmp_path / "t.html")["views"]] == ["encoder", "decoder", "cross"]
+    assert not list(tmp_path.glob(".*.tmp"))  # written atomically
+
+
+@pytest.mark.skipif(minilm_path() is None, reason=f"all-MiniLM-L6-v2 is not installed: {MINILM_INSTALL}")
+def test_export_minilm(tmp_path):
+    ok(qkv("explore", "--pretrained", "minilm", "--export", "m.html", "--text", "A cat sleeps.", cwd=tmp_path))
+    view = _data(tmp_path / "m.html")["views"][0]
+    assert view["queries"] == ["[CLS]", "a", "cat", "sleeps", ".", "[SEP]"] and len(view["attention"]) == 6
+
+
+def test_mistakes_end_in_one_line(lm_dir, tmp_path):
+    one_line_error(qkv("explore", cwd=tmp_path), "give one model: --model DIR")
+    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", cwd=tmp_path),
+                   "--export needs --text")
+    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path), "--text goes with --export")
+    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.txt", "--text", "hi", cwd=tmp_path),
+                   "--export writes an HTML page: name it FILE.html, not x.txt")
+    one_line_error(qkv("explore", "--model", lm_dir, "--export", "no/x.html", "--text", "hi", cwd=tmp_path),
+                   "the folder no does not exist")
+    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", "--text", "x" * 60, cwd=tmp_path),
+                   "the prompt is 60 tokens long; the explorer shows at most 48: shorten it")
+    one_line_error(qkv("explore", "--model", tmp_path / "none", cwd=tmp_path), "none")
+    assert not (tmp_path / "x.html").exists()

@@ -1,0 +1,79 @@
+"""The explorer's data: for each kind of model, the weights it shows are the model's own attention (computed
+apart here), the output is what qkv's decoding writes, and each step's candidates are the model's probabilities."""
+
+import json
+import re
+
+import pytest
+import torch
+
+from qkv.checkpoint import load_checkpoint
+from qkv.explore import InputError, lm_result, page, translation_result
+from qkv.explore.results import MAX_TOKENS
+from qkv.generation import LMDecoder, generate
+from qkv.tasks.translation import translate_ids
+
+
+def _close(shown, expected):
+    """The page's numbers (4 decimals) against the model's."""
+    assert torch.tensor(shown).shape == expected.shape
+    torch.testing.assert_close(torch.tensor(shown, dtype=torch.float64), expected.double(), atol=5.1e-5, rtol=0)
+
+
+def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir):
+    ckpt = load_checkpoint(lm_dir)
+    model, tok = ckpt.model, ckpt.tokenizers["text"]
+    result = lm_result(model, tok, "the 猫", name="lm", new_tokens=6)
+    prompt = tok.encode("the 猫")
+    decoder = LMDecoder(model, [prompt])
+    output = generate(decoder, start=decoder.start, max_new_tokens=6)[0]
+    steps, view = result["steps"], result["views"][0]
+    assert steps["first"] == len(prompt) - 1 and steps["tokens"] == [tok.itos[i] for i in output]
+    assert view["queries"] == view["keys"] == [tok.itos[i] for i in prompt + output]
+    with torch.no_grad():
+        logits, attention = model(torch.tensor([prompt + output]), return_attention=True)
+    _close(view["attention"], torch.stack([a[0] for a in attention]))  # (layers, heads, T, T)
+    for step, (candidates, token) in enumerate(zip(steps["top"], steps["tokens"], strict=True)):
+        assert candidates[0]["token"] == token  # greedy: the most likely candidate is the one written
+        probs = logits[0, len(prompt) - 1 + step].softmax(-1)
+        assert candidates[0]["p"] == pytest.approx(probs.max().item(), abs=5e-5)
+    assert view["stepped"] and json.loads(json.dumps(result)) == result  # plain JSON
+
+
+def test_a_translator_shows_encoder_decoder_and_cross_attention(translator_dir):
+    ckpt = load_checkpoint(translator_dir)
+    model, toks = ckpt.model, ckpt.tokenizers
+    result = translation_result(model, toks, "the cat", name="t")
+    source = toks["src"].encode("the cat")
+    output = translate_ids(model, [source])[0]
+    views = {v["id"]: v for v in result["views"]}
+    assert result["steps"]["tokens"] == [toks["tgt"].itos[i] for i in output] + ["</s>"]
+    with torch.no_grad():
+        _, attention = model(torch.tensor([source]), torch.tensor([[1, *output]]), return_attention=True)
+    for view_id, key in (("encoder", "encoder"), ("decoder", "decoder_self"), ("cross", "decoder_cross")):
+        _close(views[view_id]["attention"], torch.stack([a[0] for a in attention[key]]))
+    assert len(views["cross"]["queries"]) == len(output) + 1 and len(views["cross"]["keys"]) == len(source)
+    assert views["decoder"]["queries"][0] == "<s>" and not views["encoder"]["stepped"]
+
+
+def test_inputs_it_cannot_show_are_clear_errors(lm_dir):
+    ckpt = load_checkpoint(lm_dir)
+    with pytest.raises(InputError, match="the prompt has no tokens: type a sentence"):
+        lm_result(ckpt.model, ckpt.tokenizers["text"], "", name="lm")
+    with pytest.raises(InputError, match=f"the prompt is 70 tokens long; the explorer shows at most {MAX_TOKENS - 16}"):
+        lm_result(ckpt.model, ckpt.tokenizers["text"], "a" * 70, name="lm")
+
+
+def test_the_page_inlines_its_script_style_and_data_and_nothing_else():
+    result = {"model": "m", "kind": "encoder", "input": "x", "steps": None, "image": None,
+              "views": [{"id": "self", "title": "Self", "queries": ["</script>", "猫"], "keys": ["</script>", "猫"],
+                         "attention": [[[[1.0, 0.0], [0.5, 0.5]]]], "stepped": False}]}
+    html = page(result, "a <title>")
+    data = re.search(r'<script id="qkv-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    assert json.loads(data) == result  # a label "</script>" cannot end the data early
+    assert "<title>qkv" not in html and "a &lt;title&gt;" in html
+    assert "__QKV_DATA__" not in html and "/*QKV_JS*/" not in html and "/*QKV_CSS*/" not in html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)  # nothing from elsewhere
+    assert "@import" not in html and "url(http" not in html
+    served = page(None, "t")
+    assert re.search(r'<script id="qkv-data" type="application/json">null</script>', served)
