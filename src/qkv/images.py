@@ -119,14 +119,41 @@ def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None 
         with Image.open(path) as image:
             if not convert:
                 _check_image(path, image, channels, size)
-            image = image.convert("L" if channels == 1 else "RGB")
-            if size is not None and image.size != (size[1], size[0]):
-                image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
-            array = np.asarray(image, dtype=np.uint8)
+            return _pixels(image, channels, size)
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except (UnidentifiedImageError, OSError) as err:
         raise DataError(f"{path}: cannot read the image ({err})") from None
+
+
+def image_from_bytes(data: bytes, *, channels: int, size: tuple[int, int] | None = None) -> Tensor:
+    """The bytes of a PNG or JPEG file (an upload) as uint8 ``(C, H, W)``, converted to ``channels`` and resized
+    to ``size`` as :func:`read_image` does.
+
+    Raises:
+        DataError: bytes Pillow cannot read as an image.
+    """
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in ("PNG", "JPEG"):
+                raise DataError(f"the image is a {image.format} file; send a PNG or JPEG")
+            return _pixels(image, channels, size)
+    except (UnidentifiedImageError, OSError) as err:
+        raise DataError(f"cannot read the image ({err}); send a PNG or JPEG") from None
+
+
+def _pixels(image, channels: int, size: tuple[int, int] | None) -> Tensor:
+    """A Pillow image as uint8 ``(C, H, W)``, converted to ``channels`` and resized to ``size`` (H, W)."""
+    from PIL import Image
+
+    image = image.convert("L" if channels == 1 else "RGB")
+    if size is not None and image.size != (size[1], size[0]):
+        image = image.resize((size[1], size[0]), Image.Resampling.BILINEAR)
+    array = np.asarray(image, dtype=np.uint8)
     return torch.from_numpy(array.copy()).reshape(array.shape[0], array.shape[1], -1).permute(2, 0, 1)
 
 

@@ -34,3 +34,28 @@ def translator_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("explore") / "translator"
     save_checkpoint(path, model, tokenizers={"src": tok, "tgt": tok})
     return path
+
+
+@pytest.fixture(scope="session")
+def vit_dir(tmp_path_factory):
+    """A ViT classifier of 8 × 8 grey images in 4 × 4 patches (a 2 × 2 grid), three classes."""
+    from qkv import ViTConfig
+    from qkv.models import ViTClassifier
+
+    torch.manual_seed(0)
+    model = ViTClassifier(ViTConfig(image_size=8, patch_size=4, channels=1, n_classes=3, d_model=16, n_heads=2,
+                                    n_layers=2, d_ff=32)).eval()
+    path = tmp_path_factory.mktemp("explore") / "vit"
+    save_checkpoint(path, model, tokenizers={}, meta={"labels": ["cat", "dog", "猫"], "mean": [0.5], "std": [0.25]})
+    return path
+
+
+@pytest.fixture(scope="session")
+def png(tmp_path_factory):
+    """A 12 × 10 colour PNG: the explorer converts it to the model's grey 8 × 8."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("explore") / "picture.png"
+    gradient = (torch.arange(120).reshape(12, 10, 1) * 2).repeat(1, 1, 3).to(torch.uint8).numpy()
+    Image.fromarray(gradient).save(path)
+    return path

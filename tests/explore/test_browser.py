@@ -148,3 +148,26 @@ def test_an_exported_translation_opens_from_disk_with_the_network_off(browser, t
     finally:
         browser.execute_cdp_cmd("Network.emulateNetworkConditions",
                                 {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1})
+
+
+def test_an_opened_image_shows_its_patches_attention(browser, vit_dir, png):
+    from qkv.explore import image_result
+    from qkv.images import image_from_bytes
+
+    proc, url = _serve(vit_dir)
+    try:
+        browser.get(url)
+        WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "image-file").is_enabled())
+        browser.find_element(By.ID, "image-file").send_keys(str(png))
+        browser.find_element(By.ID, "run").click()
+        ckpt = load_checkpoint(vit_dir)
+        pixels = image_from_bytes(png.read_bytes(), channels=1, size=(8, 8))
+        expected = image_result(ckpt.model.vit, pixels, mean=[0.5], std=[0.25], name="vit")
+        shown = _detail(browser, 1, 1)
+        _check_numbers(shown, expected["views"][0]["attention"][1][1], 5)
+        assert browser.find_element(By.ID, "image-canvas").is_displayed()
+        assert all(url_.startswith(url) or url_.startswith("data:") for url_ in _requests(browser))
+        _no_script_errors(browser)
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -36,8 +36,8 @@ def test_export_minilm(tmp_path):
 def test_mistakes_end_in_one_line(lm_dir, tmp_path):
     one_line_error(qkv("explore", cwd=tmp_path), "give one model: --model DIR")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", cwd=tmp_path),
-                   "--export needs --text")
-    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path), "--text goes with --export")
+                   "--export needs --text (or --image for an image model)")
+    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path), "--text and --image go with --export FILE.html")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.txt", "--text", "hi", cwd=tmp_path),
                    "--export writes an HTML page: name it FILE.html, not x.txt")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "no/x.html", "--text", "hi", cwd=tmp_path),
@@ -46,3 +46,19 @@ def test_mistakes_end_in_one_line(lm_dir, tmp_path):
                    "the prompt is 60 tokens long; the explorer shows at most 48: shorten it")
     one_line_error(qkv("explore", "--model", tmp_path / "none", cwd=tmp_path), "none")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_export_an_image_classifier_and_image_mistakes(vit_dir, lm_dir, png, tmp_path):
+    ok(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", png, cwd=tmp_path))
+    data = _data(tmp_path / "v.html")
+    assert data["kind"] == "image" and data["image"]["grid"] == [2, 2] and len(data["views"][0]["queries"]) == 5
+    assert data["steps"]["top"][0][0]["token"] in ("cat", "dog", "猫")
+    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--text", "hi", cwd=tmp_path),
+                   "is an image model: export with --image FILE.png, not --text")
+    one_line_error(qkv("explore", "--model", lm_dir, "--export", "v.html", "--image", png, cwd=tmp_path),
+                   "reads text: export with --text")
+    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", "none.png", cwd=tmp_path),
+                   "--image none.png: no such file")
+    (tmp_path / "fake.png").write_text("not an image")
+    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", "fake.png", cwd=tmp_path),
+                   "cannot read the image")

@@ -4,6 +4,7 @@ apart here), the output is what qkv's decoding writes, and each step's candidate
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -77,3 +78,32 @@ def test_the_page_inlines_its_script_style_and_data_and_nothing_else():
     assert "@import" not in html and "url(http" not in html
     served = page(None, "t")
     assert re.search(r'<script id="qkv-data" type="application/json">null</script>', served)
+
+
+def test_an_image_classifier_shows_its_patches_the_image_and_its_classes():
+    import base64
+    import io
+
+    from PIL import Image
+
+    from qkv import ViTConfig
+    from qkv.explore import image_result
+    from qkv.images import normalize
+    from qkv.models import ViTClassifier
+
+    torch.manual_seed(0)
+    model = ViTClassifier(ViTConfig(image_size=8, patch_size=4, channels=1, n_classes=3, d_model=16, n_heads=2,
+                                    n_layers=2, d_ff=32)).eval()
+    pixels = torch.randint(0, 256, (1, 8, 8), dtype=torch.uint8)
+    probs = torch.tensor([0.2, 0.7, 0.1])
+    result = image_result(model.vit, pixels, mean=[0.5], std=[0.25], name="vit", labels=["a", "b", "c"], probs=probs)
+    view = result["views"][0]
+    assert view["queries"] == ["[CLS]", "0,0", "0,1", "1,0", "1,1"] and result["image"]["grid"] == [2, 2]
+    with torch.no_grad():
+        attention = model.vit(normalize(pixels[None], [0.5], [0.25]), return_attention=True).attention
+    _close(view["attention"], torch.stack([a[0] for a in attention]))
+    assert [c["token"] for c in result["steps"]["top"][0]] == ["b", "a", "c"] and result["steps"]["tokens"] == ["b"]
+    src = result["image"]["src"]
+    assert src.startswith("data:image/png;base64,")
+    decoded = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
+    assert torch.equal(torch.from_numpy(np.array(decoded)), pixels[0])  # the very pixels

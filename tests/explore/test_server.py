@@ -76,12 +76,15 @@ def test_bad_requests_get_a_clear_error_and_the_server_goes_on(server, payload, 
 
 
 def test_oversized_requests_missing_lengths_and_unknown_paths(server):
-    status, _, data = _request(server, "POST", "/api/attention", b"x" * (MAX_BODY + 1))
-    assert status == 413 and json.loads(data)["error"] == (f"the request is {MAX_BODY + 1} bytes; at most "
-                                                           f"{MAX_BODY}: send a shorter text")
-    with socket.create_connection(server.server_address[:2], timeout=10) as s:  # no Content-Length at all
-        s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        reply = s.makefile("rb").read()
+    def raw(headers: bytes) -> bytes:
+        with socket.create_connection(server.server_address[:2], timeout=10) as s:
+            s.sendall(b"POST /api/attention HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n{")
+            return s.makefile("rb").read()
+
+    reply = raw(f"Content-Length: {MAX_BODY + 1}\r\n".encode())  # answered before the body is read
+    assert reply.startswith(b"HTTP/1.0 413")
+    assert f"the request is {MAX_BODY + 1} bytes; at most {MAX_BODY}: send a shorter text".encode() in reply
+    reply = raw(b"Connection: close\r\n")  # no Content-Length at all
     assert reply.startswith(b"HTTP/1.0 411") and b"the request has no Content-Length" in reply
     status, _, data = _request(server, "GET", "/secret")
     assert status == 404 and json.loads(data)["error"] == "no page /secret: open / for the explorer"
@@ -106,3 +109,31 @@ def test_a_taken_port_is_a_one_line_error(server):
     port = server.server_address[1]
     with pytest.raises(OSError, match=f"port {port} on 127.0.0.1 is taken .*choose another with --port, or --port 0"):
         make_server(Explorer(_run, {"model": "m", "kind": "encoder", "example": ""}), "127.0.0.1", port)
+
+
+@pytest.fixture
+def image_server():
+    received = []
+
+    def run(data):
+        received.append(data)
+        return {"model": "vit", "kind": "image", "input": "image", "views": [], "steps": None, "image": None}
+
+    srv = make_server(Explorer(run, {"model": "vit", "kind": "image", "example": "data:image/png;base64,AA=="}),
+                      "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv, received
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_image_model_takes_an_image_as_a_data_url(image_server):
+    server, received = image_server
+    status, answer = _post(server, {"image": "data:image/png;base64,iVBORw0KGgo="})
+    assert status == 200 and answer["kind"] == "image" and received == [b"\x89PNG\r\n\x1a\n"]
+    for payload, message in (({"text": "a cat"}, 'the request needs an "image": a data URL of a PNG or JPEG'),
+                             ({"image": "http://example.com/cat.png"}, 'the request needs an "image"'),
+                             ({"image": "data:image/png;base64,@@@"}, "the image's data URL is not valid base64")):
+        status, answer = _post(server, payload)
+        assert status == 400 and answer["error"].startswith(message)
+    assert len(received) == 1

@@ -3,6 +3,7 @@
     qkv explore --pretrained minilm                       # a server on http://127.0.0.1:8000/
     qkv explore --model runs/de-en --port 0               # any free port
     qkv explore --model runs/lm --export lm.html --text "ROMEO:"   # one self-contained file, no server
+    qkv explore --model runs/vit --export vit.html --image shoe.png
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from .numbers import integer
 log = logging.getLogger("qkv")
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
-IMAGE_ARCHS = ("vit", "vit-classifier", "swin", "swin-classifier", "clip")
 
 
 def _explorer(args: argparse.Namespace, device):
@@ -57,11 +57,43 @@ def _explorer(args: argparse.Namespace, device):
         enc = load_sentence_encoder(args.model)
         return (partial(encoder_result, enc.model.to(device), enc.tokenizer, name=name),
                 _info(name, "encoder", "The cat sat on the mat."))
-    if ckpt.arch in IMAGE_ARCHS:
-        raise ValueError(f"{ckpt.path} is a {ckpt.arch}: the explorer shows text models so far (for an image's "
-                         "attention: qkv classify-image --attention FILE.png)")
+    if ckpt.arch in ("vit-classifier", "clip"):
+        return _image_explorer(ckpt, name, device)
+    if ckpt.arch.startswith("swin"):
+        raise ValueError(f"{ckpt.path} is a Swin: it attends within windows of patches, not over the image; the "
+                         "explorer shows ViT and CLIP models")
     raise ValueError(f"{ckpt.path} is a {ckpt.arch}: the explorer shows Transformer attention, which an LSTM has "
                      "not (for its attention: qkv translate --attention FILE.png)")
+
+
+def _image_explorer(ckpt, name: str, device):
+    """``(run(image file bytes) -> result, info)`` for a ViT classifier (with its classes) or a CLIP's image
+    tower; any PNG or JPEG is converted to the model's channels and size."""
+    import torch
+
+    from ..data import DataError
+    from ..explore import image_result
+    from ..explore.results import InputError, png_data_url
+    from ..images import image_from_bytes, normalize
+
+    model = ckpt.model.to(device).eval()
+    vit = model.vit if ckpt.arch == "vit-classifier" else model.vision
+    cfg, meta = vit.config, ckpt.meta
+    size, mean, std = (cfg.image_size, cfg.image_size), meta["mean"], meta["std"]
+
+    @torch.no_grad()
+    def run(data: bytes):
+        try:
+            pixels = image_from_bytes(data, channels=cfg.channels, size=size)
+        except DataError as err:
+            raise InputError(str(err)) from None
+        if ckpt.arch != "vit-classifier":
+            return image_result(vit, pixels, mean=mean, std=std, name=name)
+        probs = model(normalize(pixels[None].to(device), mean, std))[0].softmax(-1)
+        return image_result(vit, pixels, mean=mean, std=std, name=name, labels=meta["labels"], probs=probs)
+
+    example = png_data_url(torch.full((cfg.channels, *size), 128, dtype=torch.uint8))
+    return run, _info(name, "image", example, f"Image ({cfg.image_size}×{cfg.image_size}, any PNG or JPEG is resized)")
 
 
 def _info(model: str, kind: str, example: str, input_label: str = "Text") -> dict:
@@ -69,16 +101,16 @@ def _info(model: str, kind: str, example: str, input_label: str = "Text") -> dic
 
 
 def explore_cmd(args: argparse.Namespace) -> None:
-    if args.export and not args.text:
-        raise ValueError("--export needs --text: the input whose attention the file shows")
-    if args.text and not args.export:
-        raise ValueError("--text goes with --export FILE.html; without it, type the text in the page")
+    if args.export and not (args.text or args.image):
+        raise ValueError("--export needs --text (or --image for an image model): the input the file shows")
+    if (args.text or args.image) and not args.export:
+        raise ValueError("--text and --image go with --export FILE.html; without it, give the input in the page")
     if args.host not in LOCAL_HOSTS:
         log.warning("listening on %s: anyone who can reach this machine can run the model", args.host)
     device, _, amp = runtime(args)
     run, info = _explorer(args, device)
     if args.export:
-        _export(Path(args.export), run, info, args.text, amp)
+        _export(Path(args.export), run, info, _export_input(args, info), amp)
         return
     from ..explore.server import Explorer, make_server
 
@@ -95,17 +127,32 @@ def explore_cmd(args: argparse.Namespace) -> None:
         server.server_close()
 
 
-def _export(path: Path, run, info: dict, text: str, amp) -> None:
-    """The page with the result of ``text`` in it, written atomically to ``path``."""
+def _export_input(args: argparse.Namespace, info: dict) -> tuple[str | bytes, str]:
+    """(what the model runs on, what the title calls it): --text, or --image's bytes for an image model."""
+    if info["kind"] == "image":
+        if not args.image:
+            raise ValueError(f"{info['model']} is an image model: export with --image FILE.png, not --text")
+        path = Path(args.image)
+        if not path.is_file():
+            raise ValueError(f"--image {path}: no such file")
+        return path.read_bytes(), path.name
+    if not args.text:
+        raise ValueError(f"{info['model']} reads text: export with --text \"...\", not --image")
+    return args.text.strip(), args.text.strip()[:60]
+
+
+def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -> None:
+    """The page with the result of the input in it, written atomically to ``path``."""
     from ..explore import page
 
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--export writes an HTML page: name it FILE.html, not {path.name}")
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
+    value, what = source
     with amp:
-        result = run(text.strip())
-    html = page(result, f"qkv explore: {info['model']}: {text.strip()[:60]}")
+        result = run(value)
+    html = page(result, f"qkv explore: {info['model']}: {what}")
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -121,7 +168,8 @@ def _export(path: Path, run, info: dict, text: str, amp) -> None:
 def add_commands(sub) -> None:
     p = command(sub, "explore", "every layer and head of a model's attention in the browser, offline")
     model = p.add_argument_group("model")
-    model.add_argument("--model", metavar="DIR", help="a qkv run or checkpoint: translation, language model, BERT")
+    model.add_argument("--model", metavar="DIR",
+                       help="a qkv run or checkpoint: translation, language model, BERT, ViT classifier, CLIP")
     model.add_argument("--pretrained", metavar="NAME",
                        help="smollm2, minilm, a GGUF file or a Hugging Face folder (see qkv generate)")
     model.add_argument("--new-tokens", type=integer(1), default=16,
@@ -132,6 +180,7 @@ def add_commands(sub) -> None:
     export = p.add_argument_group("export (instead of a server)")
     export.add_argument("--export", metavar="FILE.html", help="write one self-contained page for --text and exit")
     export.add_argument("--text", help="the input the exported page shows")
+    export.add_argument("--image", metavar="FILE", help="an image model's input the exported page shows (PNG, JPEG)")
     from ..device import DEVICES, PRECISIONS
 
     device = p.add_argument_group("device")

@@ -6,6 +6,6 @@
 """
 
 from .page import page
-from .results import InputError, encoder_result, lm_result, translation_result
+from .results import InputError, encoder_result, image_result, lm_result, translation_result
 
-__all__ = ["InputError", "encoder_result", "lm_result", "page", "translation_result"]
+__all__ = ["InputError", "encoder_result", "image_result", "lm_result", "page", "translation_result"]

@@ -16,6 +16,7 @@
   const BLUE = [8, 48, 107]; // weight 1 in the white -> dark blue scale
 
   const state = {
+    kind: null,      // the server's model kind (server mode): "image" sends an image instead of text
     result: null,
     view: null,      // the view shown (one of result.views)
     layer: 0,
@@ -356,6 +357,7 @@
     slider.min = "1";
     slider.max = String(n);
     slider.value = String(state.step);
+    document.querySelector(".step-row").hidden = n === 1;  // one step (a class): nothing to slide over
   }
 
   function renderSteps() {
@@ -492,6 +494,11 @@
       if (info.input_label) $("input-label").textContent = info.input_label;
       if (info.max_chars) $("input").maxLength = info.max_chars;
       if (info.example && !$("input").value) $("input").value = info.example;
+      state.kind = info.kind;
+      if (info.kind === "image") {  // an image model: a file to open instead of text (the example is a data URL)
+        $("input").hidden = true;
+        $("image-input").hidden = false;
+      }
     } catch (err) {
       showError(`cannot reach the server: ${err.message}`);
     }
@@ -503,10 +510,11 @@
     button.disabled = true;
     setStatus("running…");
     try {
+      const request = state.kind === "image" ? { image: await chosenImage() } : { text: $("input").value };
       const result = await callApi("/api/attention", {
         method: "POST",
         headers: { "Content-Type": "application/json" },
-        body: JSON.stringify({ text: $("input").value }),
+        body: JSON.stringify(request),
       });
       showError("");
       safely(() => setResult(result));
@@ -516,6 +524,18 @@
       button.disabled = false;
       setStatus("");
     }
+  }
+
+  // The opened image file as a data URL, or the server's example image when none is open.
+  function chosenImage() {
+    const file = $("image-file").files[0];
+    if (!file) return Promise.resolve($("input").value);
+    return new Promise((resolve, reject) => {
+      const reader = new FileReader();
+      reader.onload = () => resolve(reader.result);
+      reader.onerror = () => reject(new Error(`cannot read ${file.name}`));
+      reader.readAsDataURL(file);
+    });
   }
 
   // ---- start ----

@@ -3,12 +3,12 @@
 Every model kind runs once on the input, with ``return_attention=True``, and comes back as a *result*, a dict that
 becomes the page's JSON:
 
-    {"model": name, "kind": "encoder" | "lm" | "translation", "input": text,
+    {"model": name, "kind": "encoder" | "lm" | "translation" | "image", "input": text,
      "views": [{"id", "title", "queries": [labels], "keys": [labels], "stepped": bool,
                 "attention": [layer][head][query][key]}],
      "steps": None | {"first": the query row that wrote the first output token, "tokens": [labels],
                       "top": [[{"token", "p"}] per step]},
-     "image": None}
+     "image": None | {"src": PNG data URL, "grid": [rows, columns] of patches, "first_patch": 1}}
 
 * an encoder (BERT, all-MiniLM-L6-v2): one view, every token over every token;
 * a language model (qkv's GPT, SmolLM2): the prompt continued greedily; one view over prompt and continuation
@@ -16,7 +16,9 @@ becomes the page's JSON:
 * a translation Transformer: the greedy translation; the encoder's self-attention (source × source), the
   decoder's self-attention (target × target) and the cross-attention (target × source), and each step's
   candidates. The decoder's rows are computed from the whole output at once: with the causal mask, row *i* is
-  what the decoder attended to when it wrote output *i* + 1, step by step.
+  what the decoder attended to when it wrote output *i* + 1, step by step;
+* an image model (a ViT classifier, a CLIP's image tower): [CLS] and the patches over each other, the image
+  for the page to lay a row's weights over the patches, and a classifier's most likely classes.
 
 Weights are rounded to 4 decimals (the page shows 3): 30 layers × 9 heads × 64² positions is 1.1 million numbers.
 """
@@ -41,13 +43,15 @@ class InputError(ValueError):
 
 
 def label(tokenizer: Tokenizer, token_id: int) -> str:
-    """A token's text as the page labels it (a word piece, a BPE piece, a byte-level piece decoded)."""
-    for name in ("id_to_token", "token_of"):
-        if hasattr(tokenizer, name):
-            return getattr(tokenizer, name)(token_id)
-    if hasattr(tokenizer, "itos"):
-        return tokenizer.itos[token_id]
-    return tokenizer.decode([token_id])
+    """A token's text as the page labels it (a word piece, a BPE piece, a byte-level piece decoded), with line
+    breaks and tabs made visible."""
+    if hasattr(tokenizer, "id_to_token"):
+        text = tokenizer.id_to_token(token_id)
+    elif hasattr(tokenizer, "itos"):
+        text = tokenizer.itos[token_id]
+    else:
+        text = tokenizer.decode([token_id])
+    return text.replace("\n", "↵").replace("\t", "⇥")
 
 
 def weights(layers: list[Tensor]) -> list:
@@ -136,3 +140,45 @@ def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text:
                       _view("decoder", "Decoder self-attention", read, read, attention["decoder_self"], stepped=True),
                       _view("cross", "Cross-attention", read, src_labels, attention["decoder_cross"], stepped=True)],
             "steps": {"first": 0, "tokens": written, "top": top}}
+
+
+@torch.no_grad()
+def image_result(vit: nn.Module, pixels: Tensor, *, mean: list[float], std: list[float], name: str,
+                 labels: list[str] | None = None, probs: Tensor | None = None) -> dict[str, Any]:
+    """A ViT's self-attention over one image's [CLS] and patch tokens, the image itself (PNG) for the page to lay
+    the weights over, and, for a classifier, its most likely classes.
+
+    Args:
+        vit: a :class:`~qkv.models.ViT` (a classifier's backbone or a CLIP's image tower).
+        pixels: the image, uint8 ``(C, H, W)`` at the model's size.
+        mean, std: the normalisation it was trained with.
+        labels, probs: the classifier's class names and its probabilities for this image ``(n_classes,)``.
+    """
+    from ..images import normalize
+
+    patch = vit.config.patch_size
+    grid = [pixels.size(1) // patch, pixels.size(2) // patch]
+    attention = vit(normalize(pixels[None].to(device_of(vit)), mean, std), return_attention=True).attention
+    tokens = ["[CLS]"] + [f"{r},{c}" for r in range(grid[0]) for c in range(grid[1])]  # patches by row, column
+    steps = None
+    if labels is not None and probs is not None:
+        p, ids = probs.float().topk(min(TOP_K, len(labels)))
+        top = [{"token": labels[i], "p": round(q, 4)} for q, i in zip(p.tolist(), ids.tolist(), strict=True)]
+        steps = {"first": 0, "tokens": [top[0]["token"]], "top": [top]}  # [CLS]'s row decides the class
+    return {"model": name, "kind": "image", "input": "image", "steps": steps,
+            "views": [_view("self", "Self-attention", tokens, tokens, attention)],
+            "image": {"src": png_data_url(pixels), "grid": grid, "first_patch": 1}}
+
+
+def png_data_url(pixels: Tensor) -> str:
+    """uint8 ``(C, H, W)`` -> ``data:image/png;base64,...``."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    array = pixels.permute(1, 2, 0).cpu().numpy()
+    image = Image.fromarray(array[..., 0] if array.shape[2] == 1 else array)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")

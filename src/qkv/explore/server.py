@@ -2,7 +2,8 @@
 
     GET  /                the page (:func:`qkv.explore.page` with no result)
     GET  /api/info        {"model", "kind", "example", "max_chars", "input_label"}
-    POST /api/attention   {"text": "..."} -> a result (:mod:`qkv.explore.results`), or {"error": "..."}
+    POST /api/attention   {"text": "..."} (an image model: {"image": "data:image/png;base64,..."})
+                          -> a result (:mod:`qkv.explore.results`), or {"error": "..."}
 
 Python's ``ThreadingHTTPServer`` answers requests concurrently, one thread each; the model is loaded once and
 runs one input at a time (a lock), so a second visitor waits for the first one's run instead of failing. A bad
@@ -13,6 +14,8 @@ way. It listens on 127.0.0.1 unless told otherwise.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import errno
 import json
 import logging
@@ -29,14 +32,14 @@ from .results import InputError
 log = logging.getLogger("qkv")
 
 MAX_CHARS = 2000  # longest text a request may carry (the token limit of .results applies after)
-MAX_BODY = 64 * 1024  # bytes
+MAX_BODY = 4 * 1024 * 1024  # bytes (an image travels base64-encoded)
 
 
 @dataclass
 class Explorer:
     """What the server explores: ``run(text) -> result`` and the page's ``info``."""
 
-    run: Callable[[str], dict[str, Any]]
+    run: Callable[[str | bytes], dict[str, Any]]  # text, or an image file's bytes when info["kind"] is "image"
     info: dict[str, Any]
 
     def __post_init__(self) -> None:
@@ -50,6 +53,8 @@ class Explorer:
             request = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise InputError(f"the request is not JSON ({err}); send {{\"text\": \"...\"}}") from None
+        if self.info["kind"] == "image":
+            return self._run(_image_bytes(request))
         if not isinstance(request, dict) or not isinstance(request.get("text"), str):
             raise InputError('the request needs a "text" string: send {"text": "..."}')
         text = request["text"].strip()
@@ -57,8 +62,22 @@ class Explorer:
             raise InputError("the text is empty: type a sentence")
         if len(text) > MAX_CHARS:
             raise InputError(f"the text is {len(text)} characters long; at most {MAX_CHARS}: shorten it")
+        return self._run(text)
+
+    def _run(self, value: str | bytes) -> dict[str, Any]:
         with self.lock:
-            return self.run(text)
+            return self.run(value)
+
+
+def _image_bytes(request: Any) -> bytes:
+    """The file in a request ``{"image": "data:image/png;base64,..."}``."""
+    value = request.get("image") if isinstance(request, dict) else None
+    if not isinstance(value, str) or not value.startswith("data:image/") or "," not in value:
+        raise InputError('the request needs an "image": a data URL of a PNG or JPEG (data:image/png;base64,...)')
+    try:
+        return base64.b64decode(value.split(",", 1)[1], validate=True)
+    except binascii.Error:
+        raise InputError("the image's data URL is not valid base64") from None
 
 
 class _Handler(BaseHTTPRequestHandler):
