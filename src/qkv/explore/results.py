@@ -51,7 +51,8 @@ def label(tokenizer: Tokenizer, token_id: int) -> str:
         text = tokenizer.itos[token_id]
     else:
         text = tokenizer.decode([token_id])
-    return text.replace("\n", "↵").replace("\t", "⇥")
+    text = text.replace("\n", "↵").replace("\t", "⇥")
+    return text.replace(" ", "␣") if text and not text.strip() else text  # a token of spaces only
 
 
 def weights(layers: list[Tensor]) -> list:
