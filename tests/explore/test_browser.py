@@ -21,6 +21,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 try:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:
@@ -104,7 +105,12 @@ def test_the_served_page_shows_the_models_attention(browser, lm_server, lm_dir, 
     shown = _detail(browser, 1, 2)
     steps = expected["steps"]  # at the last step: every row that wrote a token (the last one read the last token)
     _check_numbers(shown, expected["views"][0]["attention"][1][2], steps["first"] + len(steps["tokens"]))
-    assert browser.find_elements(By.CSS_SELECTOR, "#head-view line.attn")
+    lines = browser.find_elements(By.CSS_SELECTOR, "#head-view line.attn")
+    assert lines and {line.get_attribute("data-head") for line in lines} == {"2"}  # the clicked head alone
+    token = browser.find_element(By.CSS_SELECTOR, '.query-token[data-index="3"]')
+    ActionChains(browser).move_to_element(token).perform()
+    shown = [line for line in lines if "dim" not in line.get_attribute("class")]
+    assert shown and {line.get_attribute("data-query") for line in shown} == {"3"}  # hovering isolates a row
     labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#head-view .query-token")]
     assert "猫" in labels  # Chinese labels are drawn
     screenshot = os.environ.get("QKV_EXPLORER_SCREENSHOT") or str(tmp_path / "explorer.png")

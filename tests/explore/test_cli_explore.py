@@ -37,7 +37,8 @@ def test_mistakes_end_in_one_line(lm_dir, tmp_path):
     one_line_error(qkv("explore", cwd=tmp_path), "give one model: --model DIR")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", cwd=tmp_path),
                    "--export needs --text (or --image for an image model)")
-    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path), "--text and --image go with --export FILE.html")
+    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path),
+                   "--text and --image go with --export FILE.html")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.txt", "--text", "hi", cwd=tmp_path),
                    "--export writes an HTML page: name it FILE.html, not x.txt")
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "no/x.html", "--text", "hi", cwd=tmp_path),
