@@ -8,7 +8,7 @@ from qkv import GPT, GPTConfig, Transformer, TransformerConfig
 from qkv.checkpoint import save_checkpoint
 from qkv.tokenizers import CharTokenizer
 
-TEXT = "the cat sat on the mat. 猫坐在垫子上。"
+TEXT = "the cat sat on the mat.\n猫坐在垫子上。"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import torch
 
 from qkv.checkpoint import load_checkpoint
 from qkv.explore import InputError, lm_result, page, translation_result
-from qkv.explore.results import MAX_TOKENS
+from qkv.explore.results import MAX_TOKENS, label
 from qkv.generation import LMDecoder, generate
 from qkv.tasks.translation import translate_ids
 
@@ -29,8 +29,8 @@ def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir
     decoder = LMDecoder(model, [prompt])
     output = generate(decoder, start=decoder.start, max_new_tokens=6)[0]
     steps, view = result["steps"], result["views"][0]
-    assert steps["first"] == len(prompt) - 1 and steps["tokens"] == [tok.itos[i] for i in output]
-    assert view["queries"] == view["keys"] == [tok.itos[i] for i in prompt + output]
+    assert steps["first"] == len(prompt) - 1 and steps["tokens"] == [label(tok, i) for i in output]
+    assert view["queries"] == view["keys"] == [label(tok, i) for i in prompt + output]
     with torch.no_grad():
         logits, attention = model(torch.tensor([prompt + output]), return_attention=True)
     _close(view["attention"], torch.stack([a[0] for a in attention]))  # (layers, heads, T, T)
@@ -39,6 +39,7 @@ def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir
         probs = logits[0, len(prompt) - 1 + step].softmax(-1)
         assert candidates[0]["p"] == pytest.approx(probs.max().item(), abs=5e-5)
     assert view["stepped"] and json.loads(json.dumps(result)) == result  # plain JSON
+    assert (label(tok, tok.stoi[" "]), label(tok, tok.stoi["\n"])) == ("␣", "↵")  # made visible
 
 
 def test_a_translator_shows_encoder_decoder_and_cross_attention(translator_dir):
@@ -48,7 +49,7 @@ def test_a_translator_shows_encoder_decoder_and_cross_attention(translator_dir):
     source = toks["src"].encode("the cat")
     output = translate_ids(model, [source])[0]
     views = {v["id"]: v for v in result["views"]}
-    assert result["steps"]["tokens"] == [toks["tgt"].itos[i] for i in output] + ["</s>"]
+    assert result["steps"]["tokens"] == [label(toks["tgt"], i) for i in output] + ["</s>"]
     with torch.no_grad():
         _, attention = model(torch.tensor([source]), torch.tensor([[1, *output]]), return_attention=True)
     for view_id, key in (("encoder", "encoder"), ("decoder", "decoder_self"), ("cross", "decoder_cross")):
