@@ -59,3 +59,24 @@ def png(tmp_path_factory):
     gradient = (torch.arange(120).reshape(12, 10, 1) * 2).repeat(1, 1, 3).to(torch.uint8).numpy()
     Image.fromarray(gradient).save(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def clip_dir(tmp_path_factory):
+    """A CLIP of 8 × 8 grey images with a character tokenizer, its class names and templates in its meta."""
+    from qkv.config import CLIPConfig, CLIPTextConfig, ViTConfig
+    from qkv.models.clip import CLIP
+    from qkv.tokenizers import EOS_ID
+
+    torch.manual_seed(0)
+    tok = CharTokenizer.train(["a photo of a cat dog"])
+    vision = ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=2, embed_norm=True,
+                       patch_bias=False, activation="quick_gelu")
+    text = CLIPTextConfig(vocab_size=tok.vocab_size, eos_id=EOS_ID, d_model=16, n_heads=2, n_layers=1,
+                          max_seq_len=24)
+    model = CLIP(CLIPConfig(vision=vision, text=text, projection_dim=8)).eval()
+    path = tmp_path_factory.mktemp("explore") / "clip"
+    save_checkpoint(path, model, tokenizers={"text": tok},
+                    meta={"labels": ["c", "d"], "class_names": ["cat", "dog"], "templates": ["a photo of a {}"],
+                          "mean": [0.5], "std": [0.25]})
+    return path

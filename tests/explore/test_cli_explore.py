@@ -63,3 +63,11 @@ def test_export_an_image_classifier_and_image_mistakes(vit_dir, lm_dir, png, tmp
     (tmp_path / "fake.png").write_text("not an image")
     one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", "fake.png", cwd=tmp_path),
                    "cannot read the image")
+
+
+def test_export_a_clip_with_its_zero_shot_classes(clip_dir, png, tmp_path):
+    ok(qkv("explore", "--model", clip_dir, "--export", "c.html", "--image", png, cwd=tmp_path))
+    data = _data(tmp_path / "c.html")
+    assert data["kind"] == "image" and len(data["views"][0]["attention"]) == 2  # the image tower's two layers
+    top = data["steps"]["top"][0]
+    assert sorted(c["token"] for c in top) == ["cat", "dog"] and abs(sum(c["p"] for c in top) - 1) < 1e-3

@@ -80,6 +80,9 @@ def _image_explorer(ckpt, name: str, device):
     vit = model.vit if ckpt.arch == "vit-classifier" else model.vision
     cfg, meta = vit.config, ckpt.meta
     size, mean, std = (cfg.image_size, cfg.image_size), meta["mean"], meta["std"]
+    labels = meta["labels"] if ckpt.arch == "vit-classifier" else meta["class_names"]
+    probabilities = _zero_shot(model, ckpt.tokenizers["text"], meta) if ckpt.arch == "clip" else \
+        (lambda pixels: model(normalize(pixels[None].to(device), mean, std))[0].softmax(-1))
 
     @torch.no_grad()
     def run(data: bytes):
@@ -87,13 +90,29 @@ def _image_explorer(ckpt, name: str, device):
             pixels = image_from_bytes(data, channels=cfg.channels, size=size)
         except DataError as err:
             raise InputError(str(err)) from None
-        if ckpt.arch != "vit-classifier":
-            return image_result(vit, pixels, mean=mean, std=std, name=name)
-        probs = model(normalize(pixels[None].to(device), mean, std))[0].softmax(-1)
-        return image_result(vit, pixels, mean=mean, std=std, name=name, labels=meta["labels"], probs=probs)
+        return image_result(vit, pixels, mean=mean, std=std, name=name, labels=labels, probs=probabilities(pixels))
 
     example = png_data_url(torch.full((cfg.channels, *size), 128, dtype=torch.uint8))
     return run, _info(name, "image", example, f"Image ({cfg.image_size}×{cfg.image_size}, any PNG or JPEG is resized)")
+
+
+def _zero_shot(clip, tokenizer, meta: dict):
+    """A CLIP's zero-shot probabilities of its training's class names (under its held-out templates) for one
+    image, ``pixels (C, H, W) -> (n_classes,)``."""
+    import torch
+
+    from ..models.clip import MAX_LOGIT_SCALE
+    from ..tasks.contrastive import embed_images, text_classifier
+
+    with torch.no_grad():
+        classifier = text_classifier(clip, tokenizer, meta["class_names"], meta["templates"])
+    scale = clip.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE).item()
+
+    def probabilities(pixels):
+        image = embed_images(clip, pixels[None], mean=meta["mean"], std=meta["std"]).cpu()
+        return (image @ classifier.T * scale)[0].softmax(-1)
+
+    return probabilities
 
 
 def _info(model: str, kind: str, example: str, input_label: str = "Text") -> dict:
