@@ -31,7 +31,10 @@ def _explorer(args: argparse.Namespace, device):
 
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (a qkv run) or --pretrained smollm2|minilm|FILE.gguf|HF_DIR")
-    new_tokens = min(args.new_tokens, MAX_TOKENS - 8)
+    new_tokens = args.new_tokens
+    if new_tokens > MAX_TOKENS - 8:
+        raise ValueError(f"--new-tokens {new_tokens} leaves no room for a prompt: the explorer shows at most "
+                         f"{MAX_TOKENS} tokens in all; give at most {MAX_TOKENS - 8}")
     if args.pretrained and args.pretrained.lower() in MINILM_NAMES:
         enc = load_sentence_encoder(args.pretrained)
         return (partial(encoder_result, enc.model.to(device), enc.tokenizer, name=enc.name),
