@@ -51,8 +51,10 @@ def label(tokenizer: Tokenizer, token_id: int) -> str:
         text = tokenizer.itos[token_id]
     else:
         text = tokenizer.decode([token_id])
+    if not text and hasattr(tokenizer, "hf"):  # a piece that decodes to nothing alone, such as a word boundary
+        text = tokenizer.hf.id_to_token(token_id) or ""
     text = text.replace("\n", "↵").replace("\t", "⇥")
-    return text.replace(" ", "␣") if text and not text.strip() else text  # a token of spaces only
+    return "␣" if text and not text.strip(" ▁Ġ") else text  # a space, or a word-boundary mark, alone
 
 
 def weights(layers: list[Tensor]) -> list:
