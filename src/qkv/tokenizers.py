@@ -391,6 +391,21 @@ def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [tokenizer.encode(t) for t in texts]
 
 
+def token_label(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token's text as attention pictures and the explorer label it (a word piece, a BPE piece, a byte-level
+    piece decoded), with line breaks, tabs and a lone space or word boundary made visible."""
+    if hasattr(tokenizer, "id_to_token"):
+        text = tokenizer.id_to_token(token_id)
+    elif hasattr(tokenizer, "itos"):
+        text = tokenizer.itos[token_id]
+    else:
+        text = tokenizer.decode([token_id])
+    if not text and hasattr(tokenizer, "hf"):  # a piece that decodes to nothing alone, such as a word boundary
+        text = tokenizer.hf.id_to_token(token_id) or ""
+    text = text.replace("\n", "↵").replace("\t", "⇥")
+    return "␣" if text and not text.strip(" ▁Ġ") else text  # a space, or a word-boundary mark, alone
+
+
 def train_tokenizer(kind: str, texts: Sequence[str], *, vocab_size: int = 8000, byte_level: bool = False) -> Tokenizer:
     """Train a tokenizer of ``kind`` on ``texts``.
 

@@ -10,9 +10,10 @@ import torch
 
 from qkv.checkpoint import load_checkpoint
 from qkv.explore import InputError, lm_result, page, translation_result
-from qkv.explore.results import MAX_TOKENS, label
+from qkv.explore.results import MAX_TOKENS
 from qkv.generation import LMDecoder, generate
 from qkv.tasks.translation import translate_ids
+from qkv.tokenizers import token_label as label
 
 
 def _close(shown, expected):

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..device import device_of
-from ..tokenizers import BOS_ID, Tokenizer
+from ..tokenizers import BOS_ID, Tokenizer, token_label
 
 MAX_TOKENS = 64  # longest input (tokens) and longest input + output of a language model
 NEW_TOKENS = 16  # how far a language model continues the input
@@ -40,21 +40,6 @@ TOP_K = 5  # candidates shown per step
 
 class InputError(ValueError):
     """An input the explorer cannot show: the page gets the message."""
-
-
-def label(tokenizer: Tokenizer, token_id: int) -> str:
-    """A token's text as the page labels it (a word piece, a BPE piece, a byte-level piece decoded), with line
-    breaks and tabs made visible."""
-    if hasattr(tokenizer, "id_to_token"):
-        text = tokenizer.id_to_token(token_id)
-    elif hasattr(tokenizer, "itos"):
-        text = tokenizer.itos[token_id]
-    else:
-        text = tokenizer.decode([token_id])
-    if not text and hasattr(tokenizer, "hf"):  # a piece that decodes to nothing alone, such as a word boundary
-        text = tokenizer.hf.id_to_token(token_id) or ""
-    text = text.replace("\n", "↵").replace("\t", "⇥")
-    return "␣" if text and not text.strip(" ▁Ġ") else text  # a space, or a word-boundary mark, alone
 
 
 def weights(layers: list[Tensor]) -> list:
@@ -79,7 +64,7 @@ def _check_length(n_tokens: int, limit: int, what: str) -> None:
 def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int) -> list[list[dict[str, Any]]]:
     """Each row's ``TOP_K`` most likely next tokens with their probabilities, ``logits (T, V)``."""
     p, ids = logits[:, :vocab_size].float().softmax(-1).topk(min(TOP_K, vocab_size), dim=-1)
-    return [[{"token": label(tokenizer, i), "p": round(q, 4)} for q, i in zip(ps, row, strict=True)]
+    return [[{"token": token_label(tokenizer, i), "p": round(q, 4)} for q, i in zip(ps, row, strict=True)]
             for ps, row in zip(p.tolist(), ids.tolist(), strict=True)]
 
 
@@ -93,7 +78,7 @@ def encoder_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: s
     ids = frame(tokenizer, [text], max_length)[0]
     model.eval()
     attention = model(torch.tensor([ids], device=device_of(model)), return_attention=True).attention
-    tokens = [label(tokenizer, i) for i in ids]
+    tokens = [token_label(tokenizer, i) for i in ids]
     return {"model": name, "kind": "encoder", "input": text, "steps": None, "image": None,
             "views": [_view("self", "Self-attention", tokens, tokens, attention)]}
 
@@ -112,7 +97,7 @@ def lm_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str, n
     output = generate(decoder, start=decoder.start, max_new_tokens=new_tokens, stop_ids=stop_ids)[0]
     ids = prompt + output
     logits, attention = model(torch.tensor([ids], device=device_of(model)), return_attention=True)
-    tokens = [label(tokenizer, i) for i in ids]
+    tokens = [token_label(tokenizer, i) for i in ids]
     first = len(prompt) - 1  # the prompt's last token is the query that writes the first new one
     top = _steps(logits[0, first : len(ids) - 1], tokenizer, model.config.vocab_size)
     return {"model": name, "kind": "lm", "input": text, "image": None,
@@ -134,8 +119,8 @@ def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text:
     tgt_in = torch.tensor([[BOS_ID, *output]], device=device_of(model))  # row i reads token i, writes token i + 1
     logits, attention = model(src, tgt_in, return_attention=True)
     tgt = tokenizers["tgt"]
-    src_labels = [label(tokenizers["src"], i) for i in source]
-    written = [label(tgt, i) for i in output] + ["</s>"]
+    src_labels = [token_label(tokenizers["src"], i) for i in source]
+    written = [token_label(tgt, i) for i in output] + ["</s>"]
     read = ["<s>", *written[:-1]]
     top = _steps(logits[0], tgt, model.config.tgt_vocab_size)
     return {"model": name, "kind": "translation", "input": text, "image": None,

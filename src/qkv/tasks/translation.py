@@ -24,7 +24,7 @@ from ..distributed import SINGLE, Group
 from ..generation import IncrementalDecoder, beam_search, greedy
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
-from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all
+from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all, token_label
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +112,9 @@ def cross_attention(model: nn.Module, tokenizers: dict[str, Tokenizer], source: 
                          f"0 to {len(layers) - 1} (or -1 for the last)")
     weights = layers[layer][0].mean(0)  # (T, S): average over heads
     tgt_tok = tokenizers["tgt"]
-    target_labels = [_label(tgt_tok, i) for i in target_ids] + ["</s>"]
-    source_labels = [_label(tokenizers["src"], i) for i in src_ids]
+    target_labels = [token_label(tgt_tok, i) for i in target_ids] + ["</s>"]
+    source_labels = [token_label(tokenizers["src"], i) for i in src_ids]
     return weights, target_labels, source_labels
-
-
-def _label(tokenizer: Tokenizer, token_id: int) -> str:
-    if hasattr(tokenizer, "itos"):
-        return tokenizer.itos[token_id]
-    return tokenizer.hf.id_to_token(token_id)
 
 
 @dataclass
