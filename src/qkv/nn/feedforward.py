@@ -58,4 +58,4 @@ class FeedForward(nn.Module):
             hidden = self.act(self.up(x))  # (B, T, d_ff)
         else:
             hidden = self.act(self.gate(x)) * self.up(x)  # (B, T, d_ff)
-        return self.down(self.dropout(hidden))
+        return self.down(self.dropout(hidden) if self.training else hidden)  # dropout: the identity in eval

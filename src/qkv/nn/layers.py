@@ -23,12 +23,15 @@ from .attention import KVCache, MultiHeadAttention
 
 
 def _residual(x: Tensor, norm: nn.Module, dropout: nn.Module, norm_first: bool, sublayer) -> tuple:
-    """Apply ``sublayer`` inside a residual connection; returns (new x, the sublayer's extra output)."""
+    """Apply ``sublayer`` inside a residual connection; returns (new x, the sublayer's extra output).
+
+    Dropout is the identity outside training, so it is not called then (a decoding step saves a module call a
+    sub-layer)."""
     if norm_first:
         out, extra = sublayer(norm(x))
-        return x + dropout(out), extra
+        return x + (dropout(out) if dropout.training else out), extra
     out, extra = sublayer(x)
-    return norm(x + dropout(out)), extra
+    return norm(x + (dropout(out) if dropout.training else out)), extra
 
 
 class EncoderLayer(nn.Module):

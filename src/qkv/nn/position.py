@@ -113,10 +113,12 @@ class RotaryEmbedding(nn.Module):
         self._last: tuple[Tensor, tuple[Tensor, Tensor]] | None = None  # (positions, their cos and sin)
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Angles for ``positions``, shaped to broadcast over heads: ``(1 or B, 1, T, Dh/2)``.
+        """Cosines and sines of ``positions``' angles, laid out as :meth:`forward` multiplies them and shaped to
+        broadcast over heads: ``(1 or B, 1, T, Dh/2)`` for the interleaved layout; for "rotate half",
+        ``(cos, cos)`` and ``(-sin, sin)`` side by side, ``(1 or B, 1, T, Dh)``.
 
         One module serves every layer, and a forward pass hands all of them the same ``positions`` tensor: the
-        cosines and sines of the last one are kept, so a decoding step computes them once, not twice a layer.
+        tables of the last one are kept, so a decoding step computes them once, not twice a layer.
         """
         compiling = torch.compiler.is_compiling()  # a compiled graph computes them once anyway
         if not compiling and self._last is not None and self._last[0] is positions:
@@ -125,7 +127,8 @@ class RotaryEmbedding(nn.Module):
         if angle.dim() == 2:
             angle = angle[None]  # (1, T, Dh/2)
         angle = angle[:, None]  # (B or 1, 1, T, Dh/2)
-        result = angle.cos(), angle.sin()
+        cos, sin = angle.cos(), angle.sin()
+        result = (cos, sin) if self.interleaved else (torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1))
         if not compiling:
             self._last = (positions, result)
         return result
@@ -137,7 +140,7 @@ class RotaryEmbedding(nn.Module):
             a, b = xf[..., 0::2], xf[..., 1::2]  # (B, H, T, Dh/2) each
             out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).flatten(-2)
         else:
-            a, b = xf.chunk(2, dim=-1)
-            out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+            # pairs (a, b) = (x_i, x_{i+Dh/2}): rolling by Dh/2 puts b beside a and a beside b, so one product
+            # with (cos, cos) and one with (-sin, sin) give (a cos - b sin, b cos + a sin): four operations
+            out = xf * cos + xf.roll(self.head_dim // 2, dims=-1) * sin
         return out.type_as(x)
-
