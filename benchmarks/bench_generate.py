@@ -171,9 +171,11 @@ def main() -> None:
           f"(prefill, decode, batch 8)   greedy = qkv fp32")
     for name, r in results.items():
         same = next((i for i, (a, b) in enumerate(zip(r["tokens"], reference["tokens"], strict=True)) if a != b), n)
-        ratios = ", ".join(f"{r[k] / base[k]:.2f}x" for k in ("prefill_tok_s", "decode_tok_s", "batch8_tok_s"))
-        print(f"{name:18s} {r['prefill_tok_s']:14.0f} {r['decode_tok_s']:13.1f} {r['batch8_tok_s']:14.1f}   "
-              f"{ratios:36s} {same}/{n} tokens")
+        keys = ("prefill_tok_s", "decode_tok_s") + (("batch8_tok_s",) if args.batch8 else ())
+        ratios = ", ".join(f"{r[k] / base[k]:.2f}x" for k in keys)
+        batch8 = f"{r['batch8_tok_s']:14.1f}" if args.batch8 else f"{'-':>14s}"  # --no-batch8: not timed
+        print(f"{name:18s} {r['prefill_tok_s']:14.0f} {r['decode_tok_s']:13.1f} {batch8}   {ratios:36s} "
+              f"{same}/{n} tokens")
     cpp = llama_bench(args.llama_bench, str(path), len(prompt), n) if DEVICE.type == "cpu" else None
     if cpp:
         results["llama.cpp Q4_1"] = cpp
