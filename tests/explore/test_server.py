@@ -4,6 +4,7 @@ kind of bad request answered with a status and a one-line error while the server
 import http.client
 import json
 import socket
+import struct
 import threading
 import time
 
@@ -137,3 +138,23 @@ def test_an_image_model_takes_an_image_as_a_data_url(image_server):
         status, answer = _post(server, payload)
         assert status == 400 and answer["error"].startswith(message)
     assert len(received) == 1
+
+
+def test_a_client_that_leaves_before_the_answer_costs_one_log_line(caplog):
+    big = {"model": "m", "kind": "encoder", "input": "x" * 8_000_000, "views": [], "steps": None, "image": None}
+    srv = make_server(Explorer(lambda text: big, {"model": "m", "kind": "encoder", "example": ""}), "127.0.0.1", 0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level("INFO", logger="qkv"):
+            s = socket.create_connection(srv.server_address[:2], timeout=10)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+            s.sendall(b'POST /api/attention HTTP/1.1\r\nHost: x\r\nContent-Length: 12\r\n\r\n{"text":"a"}')
+            s.close()
+            deadline = time.time() + 10
+            while "ended early" not in caplog.text and time.time() < deadline:
+                time.sleep(0.05)
+        assert "a request from 127.0.0.1 ended early" in caplog.text and "Traceback" not in caplog.text
+        assert _post(srv, {"text": "still here"})[0] == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()

@@ -19,6 +19,7 @@ import binascii
 import errno
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,13 +108,16 @@ class _Handler(BaseHTTPRequestHandler):
                        {"error": f"the request is {length} bytes; at most {MAX_BODY}: send a shorter text"})
             return
         try:
-            self._json(HTTPStatus.OK, self.explorer.answer(self.rfile.read(length)))
+            result = self.explorer.answer(self.rfile.read(length))
         except InputError as err:
             self._json(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+            return
         except Exception as err:  # the model failed on this input: say so, keep serving
             log.exception("explore: the model failed")
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR,
                        {"error": f"the model failed on this input: {type(err).__name__}: {err}"})
+            return
+        self._json(HTTPStatus.OK, result)  # a client gone by now is the server's handle_error's business
 
     def _json(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
         body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
@@ -131,6 +135,14 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("explore: " + format, *args)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True  # Ctrl-C does not wait for open connections
+
+    def handle_error(self, request, client_address) -> None:
+        # a browser that closed the connection before the answer was written (a reload): one line, no traceback
+        log.info("explore: a request from %s ended early: %s", client_address[0], sys.exc_info()[1])
+
+
 def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -> ThreadingHTTPServer:
     """A server for ``explorer`` bound to ``host:port`` (port 0: any free one), not yet serving.
 
@@ -139,11 +151,10 @@ def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -
     """
     handler = type("Handler", (_Handler,), {"explorer": explorer})
     try:
-        server = ThreadingHTTPServer((host, port), handler)
+        server = _Server((host, port), handler)
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             raise OSError(f"port {port} on {host} is taken (another qkv explore?): choose another with --port, or "
                           "--port 0 for any free one") from None
         raise OSError(f"cannot listen on {host}:{port}: {err.strerror or err}") from None
-    server.daemon_threads = True
     return server
