@@ -188,14 +188,17 @@ def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -
 
 
 def add_commands(sub) -> None:
+    from ..device import DEVICES, PRECISIONS
+    from ..explore.results import NEW_TOKENS
+
     p = command(sub, "explore", "every layer and head of a model's attention in the browser, offline")
     model = p.add_argument_group("model")
     model.add_argument("--model", metavar="DIR",
                        help="a qkv run or checkpoint: translation, language model, BERT, ViT classifier, CLIP")
     model.add_argument("--pretrained", metavar="NAME",
                        help="smollm2, minilm, a GGUF file or a Hugging Face folder (see qkv generate)")
-    model.add_argument("--new-tokens", type=integer(1), default=16,
-                       help="language models: how many tokens to continue the text (16)")
+    model.add_argument("--new-tokens", type=integer(1), default=NEW_TOKENS,
+                       help=f"language models: how many tokens to continue the text ({NEW_TOKENS})")
     serve = p.add_argument_group("server (the default)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     serve.add_argument("--port", type=integer(0), default=8000, help="port (8000; 0: any free one)")
@@ -203,8 +206,6 @@ def add_commands(sub) -> None:
     export.add_argument("--export", metavar="FILE.html", help="write one self-contained page for --text and exit")
     export.add_argument("--text", help="the input the exported page shows")
     export.add_argument("--image", metavar="FILE", help="an image model's input the exported page shows (PNG, JPEG)")
-    from ..device import DEVICES, PRECISIONS
-
     device = p.add_argument_group("device")
     device.add_argument("--device", default="auto", help=f"{DEVICES} (default auto: a CUDA GPU when there is one)")
     device.add_argument("--precision", default="auto", choices=PRECISIONS,

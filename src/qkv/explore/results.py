@@ -25,6 +25,8 @@ Weights are rounded to 4 decimals (the page shows 3): 30 layers × 9 heads × 64
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -61,11 +63,16 @@ def _check_length(n_tokens: int, limit: int, what: str) -> None:
         raise InputError(f"the {what} is {n_tokens} tokens long; the explorer shows at most {limit}: shorten it")
 
 
-def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int) -> list[list[dict[str, Any]]]:
-    """Each row's ``TOP_K`` most likely next tokens with their probabilities, ``logits (T, V)``."""
-    p, ids = logits[:, :vocab_size].float().softmax(-1).topk(min(TOP_K, vocab_size), dim=-1)
-    return [[{"token": token_label(tokenizer, i), "p": round(q, 4)} for q, i in zip(ps, row, strict=True)]
+def _top(probs: Tensor, name: Callable[[int], str]) -> list[list[dict[str, Any]]]:
+    """Each row's ``TOP_K`` most likely choices with their probabilities, ``probs (T, V)``; ``name`` labels one."""
+    p, ids = probs.float().topk(min(TOP_K, probs.size(-1)), dim=-1)
+    return [[{"token": name(i), "p": round(q, 4)} for q, i in zip(ps, row, strict=True)]
             for ps, row in zip(p.tolist(), ids.tolist(), strict=True)]
+
+
+def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int) -> list[list[dict[str, Any]]]:
+    """Each row's most likely next tokens, ``logits (T, V)`` (columns past the vocabulary are padding)."""
+    return _top(logits[:, :vocab_size].float().softmax(-1), partial(token_label, tokenizer))
 
 
 @torch.no_grad()
@@ -150,9 +157,8 @@ def image_result(vit: nn.Module, pixels: Tensor, *, mean: list[float], std: list
     tokens = ["[CLS]"] + [f"{r},{c}" for r in range(grid[0]) for c in range(grid[1])]  # patches by row, column
     steps = None
     if labels is not None and probs is not None:
-        p, ids = probs.float().topk(min(TOP_K, len(labels)))
-        top = [{"token": labels[i], "p": round(q, 4)} for q, i in zip(p.tolist(), ids.tolist(), strict=True)]
-        steps = {"first": 0, "tokens": [top[0]["token"]], "top": [top]}  # [CLS]'s row decides the class
+        top = _top(probs[None], labels.__getitem__)
+        steps = {"first": 0, "tokens": [top[0][0]["token"]], "top": top}  # [CLS]'s row decides the class
     return {"model": name, "kind": "image", "input": "image", "steps": steps,
             "views": [_view("self", "Self-attention", tokens, tokens, attention)],
             "image": {"src": png_data_url(pixels), "grid": grid, "first_patch": 1}}
