@@ -87,6 +87,11 @@ class Checkpoint:
     path: Path
     trainer_state: dict[str, Any] | None = field(default=None, repr=False)
 
+    @property
+    def name(self) -> str:
+        """What to call the model: its run directory's name for a run's best/ or last/, else its folder's."""
+        return self.path.parent.name if self.path.name in ("best", "last") else self.path.name
+
 
 def architecture_of(model: nn.Module) -> str:
     for name, (cls, _) in ARCHITECTURES.items():

@@ -27,7 +27,7 @@ def _explorer(args: argparse.Namespace, device):
     """``(run(text) -> result, info)`` for --model or --pretrained, the model loaded once, on ``device``."""
     from ..explore import encoder_result, lm_result, translation_result
     from ..explore.results import MAX_TOKENS
-    from ..interop.sentence import MINILM_NAMES, load_sentence_encoder
+    from ..interop.sentence import MINILM_NAMES, encoder_from_checkpoint, load_sentence_encoder
 
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (a qkv run) or --pretrained smollm2|minilm|FILE.gguf|HF_DIR")
@@ -49,7 +49,7 @@ def _explorer(args: argparse.Namespace, device):
     from ..checkpoint import load_checkpoint
 
     ckpt = load_checkpoint(args.model)
-    name = ckpt.path.parent.name if ckpt.path.name in ("best", "last") else ckpt.path.name
+    name = ckpt.name
     if ckpt.arch == "gpt":
         run = partial(lm_result, ckpt.model.to(device), ckpt.tokenizers["text"], name=name, new_tokens=new_tokens)
         return run, _info(name, "lm", "ROMEO:")
@@ -57,7 +57,7 @@ def _explorer(args: argparse.Namespace, device):
         run = partial(translation_result, ckpt.model.to(device), ckpt.tokenizers, name=name)
         return run, _info(name, "translation", ckpt.meta.get("example", "Ein Mann fährt Fahrrad."), "Source sentence")
     if ckpt.arch.startswith("bert"):
-        enc = load_sentence_encoder(args.model)
+        enc = encoder_from_checkpoint(ckpt)
         return (partial(encoder_result, enc.model.to(device), enc.tokenizer, name=name),
                 _info(name, "encoder", "The cat sat on the mat."))
     if ckpt.arch in ("vit-classifier", "clip"):

