@@ -46,6 +46,8 @@ def test_mistakes_end_in_one_line(lm_dir, tmp_path):
     one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", "--text", "x" * 60, cwd=tmp_path),
                    "the prompt is 60 tokens long; the explorer shows at most 48: shorten it")
     one_line_error(qkv("explore", "--model", tmp_path / "none", cwd=tmp_path), "none")
+    one_line_error(qkv("explore", "--model", lm_dir, "--port", "70000", cwd=tmp_path),
+                   "argument --port: must be an integer")
     one_line_error(qkv("explore", "--model", lm_dir, "--new-tokens", "60", cwd=tmp_path),
                    "--new-tokens 60 leaves no room for a prompt", "give at most 56")
     assert not (tmp_path / "x.html").exists()

@@ -201,7 +201,7 @@ def add_commands(sub) -> None:
                        help=f"language models: how many tokens to continue the text ({NEW_TOKENS})")
     serve = p.add_argument_group("server (the default)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
-    serve.add_argument("--port", type=integer(0), default=8000, help="port (8000; 0: any free one)")
+    serve.add_argument("--port", type=integer(0, 65535), default=8000, help="port (8000; 0: any free one)")
     export = p.add_argument_group("export (instead of a server)")
     export.add_argument("--export", metavar="FILE.html", help="write one self-contained page for --text and exit")
     export.add_argument("--text", help="the input the exported page shows")
