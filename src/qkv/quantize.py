@@ -138,7 +138,8 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("outlier_columns", torch.zeros(outliers, dtype=torch.long))
             self.register_buffer("outlier_weights", torch.zeros(outliers, out_features))  # (W - Ŵ)[:, cols]ᵀ
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self._packed: tuple[Tensor, ...] | None = None  # the kernel's layout, made on first use
+        self._product: Callable[[Tensor], Tensor] | None = None  # the kernel call, made on first use
+        self.exact_largest = False  # an output layer: see _exact_largest (set by quantize)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, mode: str, group_size: int = DEFAULT_GROUP_SIZE, *,
@@ -172,68 +173,98 @@ class QuantizedLinear(nn.Module):
                 layer.bias.copy_(linear.bias.detach().float())
         return layer.to(linear.weight.device)
 
-    def dequantized(self) -> Tensor:
+    def dequantized(self, outputs: Tensor | None = None) -> Tensor:
         """The fp32 weight the codes stand for, ``(out_features, in_features)``, outlier columns included: the
-        reference the kernel is tested against."""
-        weights = self._decoded()
+        reference the kernel is tested against. Only the rows of ``outputs`` if given."""
+        weights = self._decoded(outputs)
         if self.outliers:
-            weights = weights.index_add(1, self.outlier_columns, self.outlier_weights.T)
+            extra = self.outlier_weights.T if outputs is None else self.outlier_weights.T[outputs]
+            weights = weights.index_add(1, self.outlier_columns, extra)
         return weights
 
-    def _decoded(self) -> Tensor:
-        """The codes times their scales (outlier columns zero)."""
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        """The codes times their scales (outlier columns zero): every row, or the rows of ``outputs``."""
+        codes, scales = self.codes, self.scales
+        zeros = self.zeros if self.mode == "int4" else None
+        if outputs is not None:
+            codes, scales = codes[outputs], scales[outputs]
+            zeros = zeros[outputs] if zeros is not None else None
         if self.mode == "int8":
-            return self.codes.float() * self.scales.float()[:, None]
-        codes = unpack_nibbles(self.codes).float().view(self.out_features, -1, self.group_size)
-        weights = (codes - 8) * self.scales.float()[..., None] + self.zeros.float()[..., None]
-        return weights.view(self.out_features, self.in_features)
+            return codes.float() * scales.float()[:, None]
+        codes = unpack_nibbles(codes).float().view(codes.size(0), -1, self.group_size)
+        weights = (codes - 8) * scales.float()[..., None] + zeros.float()[..., None]
+        return weights.view(codes.size(0), self.in_features)
+
+    def _exact_largest(self, x: Tensor, y: Tensor) -> Tensor:
+        """``y`` (from the kernel, in bf16) with each row's largest outputs computed again in fp32: those within
+        2⁻⁶ of the row's maximum, which holds every output that could be the largest before the bf16 rounding
+        (bf16 keeps 8 significant bits). x ``(rows, in_features)`` fp32, y ``(rows, out_features)`` fp32, bias
+        included."""
+        top = y.amax(dim=-1, keepdim=True)
+        rows, outputs = (y >= top - top.abs() * 2**-6).nonzero(as_tuple=True)
+        exact = (x[rows] * self.dequantized(outputs)).sum(-1)
+        if self.bias is not None:
+            exact = exact + self.bias[outputs]
+        return y.index_put((rows, outputs), exact)
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
-        self._packed = None  # new codes: repack on next use
+        self._product = None  # new codes: repack on next use
         super()._load_from_state_dict(*args, **kwargs)
 
-    def _int8_layout(self) -> Tensor:
-        pad = -self.in_features % INT8_WIDTH_STEP
-        if not pad:
-            return self.codes
-        if self._packed is None:
-            self._packed = (F.pad(self.codes, (0, pad)),)  # columns of zeros
-        return self._packed[0]
+    def _apply(self, fn, *args, **kwargs):  # moved or cast: the kernel call must see the new buffers
+        self._product = None
+        return super()._apply(fn, *args, **kwargs)
 
-    def _int4_layout(self) -> tuple[Tensor, ...]:
-        if self._packed is None:
-            rows = -self.out_features % 16  # the kernel takes outputs in sixteens: pad with rows of zeros
-            codes = F.pad(unpack_nibbles(self.codes).to(torch.int32), (0, 0, 0, rows), value=8)  # (out', in)
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-            scales_and_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, rows))
-            scales_and_zeros = scales_and_zeros.transpose(0, 1).contiguous()
-            self._packed = (packed, scales_and_zeros)  # the kernel's (out', in/2) uint8; (n_groups, out', 2)
-        return self._packed
+    def _cpu_product(self) -> Callable[[Tensor], Tensor]:
+        """The function ``(rows, in_features) bf16 -> (rows, out_features) bf16`` that runs PyTorch's kernel on the
+        codes in its own layout, made once: a decoding step calls each layer once a token, so work that does not
+        depend on the input (repacking, padding, looking up buffers) is done here, not there."""
+        if self._product is None:
+            self._product = self._int8_product() if self.mode == "int8" else self._int4_product()
+        return self._product
+
+    def _int8_product(self) -> Callable[[Tensor], Tensor]:
+        codes, scales, kernel = self.codes, self.scales, torch.ops.aten._weight_int8pack_mm
+        pad = -self.in_features % INT8_WIDTH_STEP
+        padded = F.pad(codes, (0, pad)) if pad else codes  # columns of zeros
+        widen = codes.numel() <= WIDEN_MAX_WEIGHTS
+
+        def product(x: Tensor) -> Tensor:
+            if widen and x.size(0) >= WIDEN_ROWS:
+                return F.linear(x, codes.to(torch.bfloat16) * scales[:, None])  # weights rounded to bf16
+            return kernel(F.pad(x, (0, pad)) if pad else x, padded, scales)
+
+        return product
+
+    def _int4_product(self) -> Callable[[Tensor], Tensor]:
+        rows = -self.out_features % 16  # the kernel takes outputs in sixteens: pad with rows of zeros
+        codes = F.pad(unpack_nibbles(self.codes).to(torch.int32), (0, 0, 0, rows), value=8)  # (out', in)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # the kernel's (out', in/2) uint8
+        scales_and_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, rows))
+        scales_and_zeros = scales_and_zeros.transpose(0, 1).contiguous()  # (n_groups, out', 2)
+        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
+        group_size, out_features = self.group_size, self.out_features
+
+        def product(x: Tensor) -> Tensor:
+            y = kernel(x, packed, group_size, scales_and_zeros)
+            return y[:, :out_features] if rows else y
+
+        return product
 
     def forward(self, x: Tensor) -> Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
-        if x.device.type != "cpu":  # the kernels below are the CPU's; elsewhere, widen the weights
-            y = (x2.float() @ self._decoded().to(x.device).T).to(torch.bfloat16)
-        elif self.mode == "int8" and x2.size(0) >= WIDEN_ROWS and self.codes.numel() <= WIDEN_MAX_WEIGHTS:
-            y = F.linear(x2, self.codes.to(torch.bfloat16) * self.scales[:, None])  # weights rounded to bf16
-        elif self.mode == "int8":
-            codes = self._int8_layout()
-            if codes.size(1) != self.in_features:
-                x2 = F.pad(x2, (0, codes.size(1) - self.in_features))
-            y = torch.ops.aten._weight_int8pack_mm(x2, codes, self.scales)
-        else:
-            packed, scales_and_zeros = self._int4_layout()
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group_size, scales_and_zeros)
-            if self.out_features % 16:
-                y = y[:, : self.out_features]
-        y = y.to(x.dtype)
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        if x.is_cpu:
+            y = self._cpu_product()(rows).to(x.dtype)
+        else:  # the kernels above are the CPU's; elsewhere, widen the weights
+            y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)
         if self.outliers:
             y = torch.addmm(y, x.reshape(-1, self.in_features).index_select(1, self.outlier_columns),
                             self.outlier_weights)
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*shape[:-1], self.out_features)
+        if self.exact_largest:
+            y = self._exact_largest(x.reshape(-1, self.in_features).float(), y.float()).to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         group = f", group_size={self.group_size}" if self.mode == "int4" else ""
@@ -278,14 +309,37 @@ def input_magnitudes(model: nn.Module, run: Callable[[], object]) -> dict[str, T
     return {name: total / counts[name] for name, total in sums.items()}
 
 
+def stack_projections(model: nn.Module) -> dict[str, str]:
+    """Stack each self-attention's W^Q, W^K, W^V and each gated feed-forward's W_g, W_1 into one layer (in place;
+    see :meth:`qkv.nn.MultiHeadAttention.stack_projections`). Returns, for each new layer's name, the name of a
+    layer it replaced: they read the same input."""
+    from .nn.feedforward import FeedForward
+    from .nn.layers import DecoderLayer, EncoderLayer
+
+    replaced = {}
+    for name, module in list(model.named_modules()):
+        prefix = f"{name}." if name else ""
+        if isinstance(module, (EncoderLayer, DecoderLayer)) and module.self_attn.qkv_proj is None:
+            module.self_attn.stack_projections()
+            if module.self_attn.qkv_proj is not None:
+                replaced[f"{prefix}self_attn.qkv_proj"] = f"{prefix}self_attn.q_proj"
+        elif isinstance(module, FeedForward) and module.gate_up is None:
+            module.stack_projections()
+            if module.gate_up is not None:
+                replaced[f"{prefix}gate_up"] = f"{prefix}gate"
+    return replaced
+
+
 def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
              magnitudes: dict[str, Tensor] | None = None, outliers: int = DEFAULT_OUTLIERS) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantizedLinear`; returns the model.
 
-    ``mode`` "none" leaves it as it is. With ``magnitudes`` (from :func:`input_magnitudes`), each layer found
-    there keeps the ``outliers`` input columns with the largest inputs in fp32 (see the module's text). Every
-    layer is checked before any is replaced, so a width that does not fit the group size leaves the model
-    untouched.
+    ``mode`` "none" leaves it as it is. Otherwise self-attention's Q, K, V projections and a gated feed-forward's
+    gate and up projections are first stacked into one layer each (:func:`stack_projections`: the same numbers,
+    fewer products a decoding step). With ``magnitudes`` (from :func:`input_magnitudes` on the model as it was
+    given), each layer found there keeps the ``outliers`` input columns with the largest inputs in fp32 (see the
+    module's text). Every layer is checked before any is replaced, so a width that does not fit the group size
+    leaves the model untouched.
 
     Raises:
         ValueError: an unknown mode, or an int4 group size that does not divide a layer's width.
@@ -294,18 +348,22 @@ def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZ
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "none":
         return model
-    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     output = getattr(model, "output_layer", None)
     if mode == "int4":
-        for name, m in linears:
-            if name != output:
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Linear) and name != output:
                 check_int4(name, m.in_features, group_size)
+    replaced = stack_projections(model)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     for name, linear in linears:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         layer_mode = "int8" if mode == "int4" and name == output else mode
         columns = None
-        if magnitudes is not None and name in magnitudes and outliers:
-            columns = magnitudes[name].topk(min(outliers, linear.in_features)).indices.sort().values
-        setattr(parent, child, QuantizedLinear.from_linear(linear, layer_mode, group_size, outlier_columns=columns))
+        source = replaced.get(name, name)
+        if magnitudes is not None and source in magnitudes and outliers:
+            columns = magnitudes[source].topk(min(outliers, linear.in_features)).indices.sort().values
+        layer = QuantizedLinear.from_linear(linear, layer_mode, group_size, outlier_columns=columns)
+        layer.exact_largest = name == output  # greedy decoding's choice, as fp32 weights would make it
+        setattr(parent, child, layer)
     return model

@@ -312,3 +312,25 @@ def test_bad_inputs_raise_with_shapes():
         mha(torch.randn(3, 7, D), key_padding_mask=torch.ones(3, 7))
     with pytest.raises(TypeError, match="attn_mask must be bool"):
         mha(torch.randn(3, 7, D), attn_mask=torch.zeros(7, 7))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_stacked_projections_give_the_same_attention_cached_and_not(bias):
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 32)
+    rope = RotaryEmbedding(8, base=100.0)
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2, causal=True, bias=bias, rotary=rope).eval()
+    with torch.no_grad():
+        full, weights = mha(x, need_weights=True)
+        cache, steps = KVCache(), []
+        for t in range(7):
+            steps.append(mha(x[:, t : t + 1], cache=cache)[0])
+        mha.stack_projections()
+        assert mha.q_proj is None and mha.qkv_proj.out_features == 32 + 2 * 16
+        torch.testing.assert_close(mha(x)[0], full, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(mha(x, need_weights=True)[1], weights, atol=1e-6, rtol=1e-5)
+        cache = KVCache()
+        stacked_steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in range(7)]
+    torch.testing.assert_close(torch.cat(stacked_steps, 1), torch.cat(steps, 1), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="stacked for self-attention"):
+        mha(x, torch.randn(2, 3, 32))

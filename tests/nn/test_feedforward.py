@@ -36,3 +36,13 @@ def test_ffn_is_position_wise():
 def test_unknown_activation():
     with pytest.raises(ValueError, match=r"activation must be one of .* got 'tanh'"):
         FeedForward(8, 16, activation="tanh")
+
+
+def test_stacked_gate_and_up_give_the_same_output():
+    torch.manual_seed(0)
+    ffn, x = FeedForward(16, 40, activation="swiglu", bias=True), torch.randn(3, 5, 16)
+    with torch.no_grad():
+        expected = ffn(x)
+        ffn.stack_projections()
+        assert ffn.gate is None and ffn.up is None and ffn.gate_up.out_features == 80
+        torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=1e-5)

@@ -192,10 +192,68 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if gated else None
         self.rotary = rotary
+        self.qkv_proj: nn.Module | None = None  # W^Q, W^K, W^V as one layer, after stack_projections()
 
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, Dh)
+
+    def stack_projections(self) -> None:
+        """Replace W^Q, W^K and W^V by one layer whose rows are theirs, stacked (``qkv_proj``): self-attention only.
+
+        The same numbers, in one product instead of three, and rotary positions turn Q and K in one operation
+        instead of two. Decoding one token multiplies by small matrices, and each product and each small
+        operation has a fixed cost on a CPU: :func:`qkv.quantize.quantize` stacks them. Does nothing if they are
+        stacked already or are not plain ``nn.Linear`` layers.
+        """
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if self.qkv_proj is not None or any(type(p) is not nn.Linear for p in projections):
+            return
+        weight = torch.cat([p.weight.detach() for p in projections])
+        stacked = nn.Linear(weight.size(1), weight.size(0), bias=self.q_proj.bias is not None,
+                            device=weight.device, dtype=weight.dtype)
+        with torch.no_grad():
+            stacked.weight.copy_(weight)
+            if stacked.bias is not None:
+                stacked.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
+        self.qkv_proj, self.q_proj, self.k_proj, self.v_proj = stacked, None, None, None
+
+    def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
+                 cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Q ``(B, H, T_q, Dh)``, and K and V ``(B, H_kv, T_k, Dh)`` with every cached position: heads split,
+        rotary positions applied, the new keys and values appended to ``cache``."""
+        is_cross = key_value is not None
+        b, t_q, _ = query.shape
+        if self.qkv_proj is not None:
+            if is_cross:
+                raise ValueError("this attention's projections are stacked for self-attention; do not pass key_value")
+            h, h_kv = self.n_heads, self.n_kv_heads
+            qkv = self.qkv_proj(query).view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)
+            qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
+            if self.rotary is not None:
+                qk = self.rotary(qk, self._positions(positions, cache, t_q, query.device))
+            q, k = qk[:, :h], qk[:, h:]
+        else:
+            q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
+            if is_cross and cache is not None and len(cache):
+                return q, cache.k, cache.v  # the encoder output has not changed since the first step
+            source = key_value if is_cross else query
+            k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
+            v = self._split_heads(self.v_proj(source), self.n_kv_heads)
+            if self.rotary is not None and not is_cross:
+                positions = self._positions(positions, cache, t_q, query.device)
+                q, k = self.rotary(q, positions), self.rotary(k, positions)
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return q, k, v
+
+    @staticmethod
+    def _positions(positions: Tensor | None, cache: KVCache | None, t_q: int, device: torch.device) -> Tensor:
+        """The queries' positions: as given, else continuing from the cache."""
+        if positions is not None:
+            return positions
+        past = len(cache) if cache is not None else 0
+        return torch.arange(past, past + t_q, device=device)
 
     def _structural_mask(self, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
         if self.window is not None:
@@ -243,20 +301,7 @@ class MultiHeadAttention(nn.Module):
             )
         b, t_q, _ = query.shape
 
-        q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
-        if is_cross and cache is not None and len(cache):
-            k, v = cache.k, cache.v  # the encoder output has not changed since the first step
-        else:
-            source = key_value if is_cross else query
-            k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
-            v = self._split_heads(self.v_proj(source), self.n_kv_heads)
-            if self.rotary is not None and not is_cross:
-                if positions is None:
-                    past = len(cache) if cache is not None else 0
-                    positions = torch.arange(past, past + t_q, device=query.device)
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
-            if cache is not None:
-                k, v = cache.append(k, v)
+        q, k, v = self._project(query, key_value, positions, cache)
         t_k = k.size(2)
 
         # The common square causal case needs no mask tensor: the fused kernel applies it itself.

@@ -52,9 +52,28 @@ class FeedForward(nn.Module):
         self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None  # W_g
         self.down = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = nn.Dropout(dropout)
+        self.gate_up: nn.Module | None = None  # W_g and W_1 as one layer, after stack_projections()
+
+    def stack_projections(self) -> None:
+        """Replace the gate W_g and W_1 by one layer whose rows are theirs, stacked (``gate_up``): the same
+        numbers in one product instead of two (see :meth:`MultiHeadAttention.stack_projections`). Does nothing
+        without a gate, if they are stacked already, or if they are not plain ``nn.Linear`` layers."""
+        if self.gate is None or self.gate_up is not None or type(self.gate) is not nn.Linear or \
+                type(self.up) is not nn.Linear:
+            return
+        stacked = nn.Linear(self.up.in_features, 2 * self.up.out_features, bias=self.up.bias is not None,
+                            device=self.up.weight.device, dtype=self.up.weight.dtype)
+        with torch.no_grad():
+            stacked.weight.copy_(torch.cat([self.gate.weight, self.up.weight]))
+            if stacked.bias is not None:
+                stacked.bias.copy_(torch.cat([self.gate.bias, self.up.bias]))
+        self.gate_up, self.gate, self.up = stacked, None, None
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate is None:
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            hidden = self.act(gate) * up  # (B, T, d_ff)
+        elif self.gate is None:
             hidden = self.act(self.up(x))  # (B, T, d_ff)
         else:
             hidden = self.act(self.gate(x)) * self.up(x)  # (B, T, d_ff)
