@@ -52,6 +52,12 @@ change of a cosine similarity and raise SmolLM2's greedy agreement with fp32, fo
 columns raise their rows' largest weight, and with it every step. With int4 on SmolLM2 it does not help either:
 the groups already sit on the GGUF file's own 4-bit levels, which zeroed columns would move.
 
+**A decoding step.** :func:`quantize` first stacks each self-attention's Q, K and V projections, and a gated
+feed-forward's gate and up projections, into one layer each (:func:`stack_projections`: rows stacked, so the codes
+and outputs are those of the separate layers): fewer, larger products, each with a fixed cost on a CPU. The output
+layer recomputes each row's largest outputs in fp32 from its codes (:meth:`QuantizedLinear._exact_largest`): the
+bf16 output rounds logits near 16 to steps of 1/16, enough to tie the two best tokens and flip greedy's choice.
+
 The codes are saved in a layout of qkv's own (int8 rows; int4 as two codes a byte, low nibble first) and
 repacked into the kernel's layout when loaded, so a saved model does not depend on PyTorch's internal layout.
 """
