@@ -258,18 +258,18 @@ class QuantizedLinear(nn.Module):
         return product
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()
+        flat = x.reshape(-1, self.in_features)
+        rows = flat.to(torch.bfloat16).contiguous()
         if x.is_cpu:
             y = self._cpu_product()(rows).to(x.dtype)
         else:  # the kernels above are the CPU's; elsewhere, widen the weights
             y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)
         if self.outliers:
-            y = torch.addmm(y, x.reshape(-1, self.in_features).index_select(1, self.outlier_columns),
-                            self.outlier_weights)
+            y = torch.addmm(y, flat.index_select(1, self.outlier_columns), self.outlier_weights)
         if self.bias is not None:
             y = y + self.bias
         if self.exact_largest:
-            y = self._exact_largest(x.reshape(-1, self.in_features).float(), y.float()).to(x.dtype)
+            y = self._exact_largest(flat.float(), y.float()).to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -325,14 +325,10 @@ def stack_projections(model: nn.Module) -> dict[str, str]:
     replaced = {}
     for name, module in list(model.named_modules()):
         prefix = f"{name}." if name else ""
-        if isinstance(module, (EncoderLayer, DecoderLayer)) and module.self_attn.qkv_proj is None:
-            module.self_attn.stack_projections()
-            if module.self_attn.qkv_proj is not None:
-                replaced[f"{prefix}self_attn.qkv_proj"] = f"{prefix}self_attn.q_proj"
-        elif isinstance(module, FeedForward) and module.gate_up is None:
-            module.stack_projections()
-            if module.gate_up is not None:
-                replaced[f"{prefix}gate_up"] = f"{prefix}gate"
+        if isinstance(module, (EncoderLayer, DecoderLayer)) and module.self_attn.stack_projections():
+            replaced[f"{prefix}self_attn.qkv_proj"] = f"{prefix}self_attn.q_proj"
+        elif isinstance(module, FeedForward) and module.stack_projections():
+            replaced[f"{prefix}gate_up"] = f"{prefix}gate"
     return replaced
 
 

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
 from .position import RotaryEmbedding
+from .stacked import stack_linears
 
 
 def scaled_dot_product_attention(
@@ -198,25 +199,19 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, Dh)
 
-    def stack_projections(self) -> None:
+    def stack_projections(self) -> bool:
         """Replace W^Q, W^K and W^V by one layer whose rows are theirs, stacked (``qkv_proj``): self-attention only.
 
         The same numbers, in one product instead of three, and rotary positions turn Q and K in one operation
         instead of two. Decoding one token multiplies by small matrices, and each product and each small
-        operation has a fixed cost on a CPU: :func:`qkv.quantize.quantize` stacks them. Does nothing if they are
-        stacked already or are not plain ``nn.Linear`` layers.
+        operation has a fixed cost on a CPU: :func:`qkv.quantize.quantize` stacks them. Returns whether it did:
+        not if they are stacked already or are not plain ``nn.Linear`` layers.
         """
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        if self.qkv_proj is not None or any(type(p) is not nn.Linear for p in projections):
-            return
-        weight = torch.cat([p.weight.detach() for p in projections])
-        stacked = nn.Linear(weight.size(1), weight.size(0), bias=self.q_proj.bias is not None,
-                            device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            stacked.weight.copy_(weight)
-            if stacked.bias is not None:
-                stacked.bias.copy_(torch.cat([p.bias.detach() for p in projections]))
+        stacked = None if self.qkv_proj is not None else stack_linears((self.q_proj, self.k_proj, self.v_proj))
+        if stacked is None:
+            return False
         self.qkv_proj, self.q_proj, self.k_proj, self.v_proj = stacked, None, None, None
+        return True
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
                  cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:

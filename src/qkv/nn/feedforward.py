@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .stacked import stack_linears
+
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact, erf-based (BERT)
@@ -54,20 +56,15 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.gate_up: nn.Module | None = None  # W_g and W_1 as one layer, after stack_projections()
 
-    def stack_projections(self) -> None:
+    def stack_projections(self) -> bool:
         """Replace the gate W_g and W_1 by one layer whose rows are theirs, stacked (``gate_up``): the same
-        numbers in one product instead of two (see :meth:`MultiHeadAttention.stack_projections`). Does nothing
-        without a gate, if they are stacked already, or if they are not plain ``nn.Linear`` layers."""
-        if self.gate is None or self.gate_up is not None or type(self.gate) is not nn.Linear or \
-                type(self.up) is not nn.Linear:
-            return
-        stacked = nn.Linear(self.up.in_features, 2 * self.up.out_features, bias=self.up.bias is not None,
-                            device=self.up.weight.device, dtype=self.up.weight.dtype)
-        with torch.no_grad():
-            stacked.weight.copy_(torch.cat([self.gate.weight, self.up.weight]))
-            if stacked.bias is not None:
-                stacked.bias.copy_(torch.cat([self.gate.bias, self.up.bias]))
+        numbers in one product instead of two (see :meth:`MultiHeadAttention.stack_projections`). Returns whether
+        it did: not without a gate, if they are stacked already, or if they are not plain ``nn.Linear`` layers."""
+        stacked = None if self.gate is None or self.gate_up is not None else stack_linears((self.gate, self.up))
+        if stacked is None:
+            return False
         self.gate_up, self.gate, self.up = stacked, None, None
+        return True
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gate_up is not None:
