@@ -42,3 +42,24 @@ def test_a_missing_cjk_font_is_said_once(tmp_path, caplog):
         loss_curves(ROWS, tmp_path / "loss.png")
     assert not [w for w in caught if "Glyph" in str(w.message)]
     assert len([r for r in caplog.records if "CJK" in r.getMessage()]) <= 1
+
+
+def test_a_cjk_font_installed_after_matplotlibs_cache_is_found(monkeypatch):
+    """matplotlib caches its font list when it first runs; a font installed later (the README's order: run
+    the demo, then install the font) must still be found, not reported missing."""
+    import pytest
+    from matplotlib import font_manager
+
+    from qkv import viz
+
+    manager = font_manager.fontManager
+    if viz._first_cjk(manager) is None:
+        pytest.skip("no CJK font installed (apt-get install fonts-wqy-microhei)")
+    cjk_files = {f.fname for f in manager.ttflist if f.name in viz.CJK_FONTS}
+    stale = [f for f in manager.ttflist if f.fname not in cjk_files]  # the cache as it was before the font
+    monkeypatch.setattr(manager, "ttflist", stale)
+    viz._cjk_font.cache_clear()
+    try:
+        assert viz._font_family(["年"]) is not None
+    finally:
+        viz._cjk_font.cache_clear()

@@ -8,6 +8,7 @@ missing glyphs show as boxes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
@@ -38,21 +39,43 @@ def _needs_cjk(labels: Sequence[str]) -> bool:
 def _font_family(labels: Sequence[str]) -> list[str] | None:
     if not _needs_cjk(labels):
         return None
+    name = _cjk_font()
+    if name is None:
+        _warn_no_cjk_font()
+        return None
+    return [name, "DejaVu Sans"]
+
+
+@functools.cache
+def _cjk_font() -> str | None:
+    """The first of :data:`CJK_FONTS` that matplotlib can use. matplotlib keeps its list of fonts in a cache
+    made the first time it ran, so a font installed after that is not in it: the system's font files
+    (fontconfig's list) that the cache lacks are added before giving up."""
     from matplotlib import font_manager
 
-    installed = {f.name for f in font_manager.fontManager.ttflist}
-    for name in CJK_FONTS:
-        if name in installed:
-            return [name, "DejaVu Sans"]
-    _warn_no_cjk_font()
-    return None
+    manager = font_manager.fontManager
+    found = _first_cjk(manager)
+    if found is None:
+        known = {f.fname for f in manager.ttflist}
+        for path in font_manager.findSystemFonts():
+            if path not in known:
+                with contextlib.suppress(Exception):  # a file matplotlib cannot parse is simply not a candidate
+                    manager.addfont(path)
+        found = _first_cjk(manager)
+    return found
+
+
+def _first_cjk(manager) -> str | None:
+    installed = {f.name for f in manager.ttflist}
+    return next((name for name in CJK_FONTS if name in installed), None)
 
 
 @functools.cache
 def _warn_no_cjk_font() -> None:
     """Once per process (matplotlib itself would warn once per missing glyph, see attention_heatmap)."""
-    log.warning("no CJK font found (tried %s); Chinese labels will show as boxes. "
-                "On Debian: apt-get install fonts-wqy-microhei", ", ".join(CJK_FONTS[:3]))
+    log.warning("no CJK font installed (tried %s, in matplotlib's font list and the system's font files); "
+                "Chinese labels will show as boxes. On Debian: apt-get install fonts-wqy-microhei",
+                ", ".join(CJK_FONTS[:3]))
 
 
 def attention_heatmap(
