@@ -28,7 +28,8 @@ def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir
     result = lm_result(model, tok, "the 猫", name="lm", new_tokens=6)
     prompt = tok.encode("the 猫")
     decoder = LMDecoder(model, [prompt])
-    output = generate(decoder, start=decoder.start, max_new_tokens=6)[0]
+    never = sorted(tok.special_ids)  # qkv's decoding never writes them: no share of the shown distribution
+    output = generate(decoder, start=decoder.start, max_new_tokens=6, suppress_ids=never)[0]
     steps, view = result["steps"], result["views"][0]
     assert steps["first"] == len(prompt) - 1 and steps["tokens"] == [label(tok, i) for i in output]
     assert view["queries"] == view["keys"] == [label(tok, i) for i in prompt + output]
@@ -37,7 +38,7 @@ def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir
     _close(view["attention"], torch.stack([a[0] for a in attention]))  # (layers, heads, T, T)
     for step, (candidates, token) in enumerate(zip(steps["top"], steps["tokens"], strict=True)):
         assert candidates[0]["token"] == token  # greedy: the most likely candidate is the one written
-        probs = logits[0, len(prompt) - 1 + step].softmax(-1)
+        probs = logits[0, len(prompt) - 1 + step].index_fill(-1, torch.tensor(never), float("-inf")).softmax(-1)
         assert candidates[0]["p"] == pytest.approx(probs.max().item(), abs=5e-5)
     assert view["stepped"] and json.loads(json.dumps(result)) == result  # plain JSON
     assert (label(tok, tok.stoi[" "]), label(tok, tok.stoi["\n"])) == ("␣", "↵")  # made visible
@@ -57,6 +58,27 @@ def test_a_translator_shows_encoder_decoder_and_cross_attention(translator_dir):
         _close(views[view_id]["attention"], torch.stack([a[0] for a in attention[key]]))
     assert len(views["cross"]["queries"]) == len(output) + 1 and len(views["cross"]["keys"]) == len(source)
     assert views["decoder"]["queries"][0] == "<s>" and not views["encoder"]["stepped"]
+
+
+def test_a_steps_candidates_are_what_decoding_chooses_from(translator_dir):
+    """Padding, <s> and <unk> are never written by decoding, so they are never shown as candidates, and the
+    probabilities shown are those of the distribution decoding chooses from."""
+    from qkv.tasks.translation import NOT_TEXT
+
+    ckpt = load_checkpoint(translator_dir)
+    model, toks = ckpt.model, ckpt.tokenizers
+    result = translation_result(model, toks, "the cat", name="t")
+    output = translate_ids(model, [toks["src"].encode("the cat")])[0]
+    with torch.no_grad():
+        logits = model(torch.tensor([toks["src"].encode("the cat")]), torch.tensor([[1, *output]]))[0]
+    never = torch.tensor(NOT_TEXT)
+    special = {label(toks["tgt"], i) for i in NOT_TEXT}
+    raw_top = logits[:, : model.config.tgt_vocab_size].softmax(-1).topk(5, dim=-1).indices
+    assert any(i in NOT_TEXT for i in raw_top.flatten().tolist())  # without the rule, they would be shown
+    for step, candidates in enumerate(result["steps"]["top"]):
+        assert not special & {c["token"] for c in candidates}
+        probs = logits[step, : model.config.tgt_vocab_size].index_fill(-1, never, float("-inf")).softmax(-1)
+        assert candidates[0]["p"] == pytest.approx(probs.max().item(), abs=5e-5)
 
 
 def test_inputs_it_cannot_show_are_clear_errors(lm_dir):

@@ -25,7 +25,7 @@ Weights are rounded to 4 decimals (the page shows 3): 30 layers × 9 heads × 64
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any
 
@@ -70,9 +70,14 @@ def _top(probs: Tensor, name: Callable[[int], str]) -> list[list[dict[str, Any]]
             for ps, row in zip(p.tolist(), ids.tolist(), strict=True)]
 
 
-def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int) -> list[list[dict[str, Any]]]:
-    """Each row's most likely next tokens, ``logits (T, V)`` (columns past the vocabulary are padding)."""
-    return _top(logits[:, :vocab_size].float().softmax(-1), partial(token_label, tokenizer))
+def _steps(logits: Tensor, tokenizer: Tokenizer, vocab_size: int, never: Collection[int]) -> list[list[dict[str, Any]]]:
+    """Each row's most likely next tokens, ``logits (T, V)`` (columns past the vocabulary are padding), from the
+    distribution decoding chooses from: the tokens it never writes (``never``: padding, <s>, <unk>) have no
+    share of it."""
+    logits = logits[:, :vocab_size].float()
+    if never:
+        logits = logits.index_fill(-1, torch.tensor(sorted(never), device=logits.device), float("-inf"))
+    return _top(logits.softmax(-1), partial(token_label, tokenizer))
 
 
 @torch.no_grad()
@@ -101,12 +106,14 @@ def lm_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str, n
     _check_length(len(prompt), MAX_TOKENS - new_tokens, "prompt")
     model.eval()
     decoder = LMDecoder(model, [prompt])
-    output = generate(decoder, start=decoder.start, max_new_tokens=new_tokens, stop_ids=stop_ids)[0]
+    never = set(getattr(tokenizer, "special_ids", ())) - set(stop_ids)  # as qkv generate: see language_model.py
+    output = generate(decoder, start=decoder.start, max_new_tokens=new_tokens, stop_ids=stop_ids,
+                      suppress_ids=never)[0]
     ids = prompt + output
     logits, attention = model(torch.tensor([ids], device=device_of(model)), return_attention=True)
     tokens = [token_label(tokenizer, i) for i in ids]
     first = len(prompt) - 1  # the prompt's last token is the query that writes the first new one
-    top = _steps(logits[0, first : len(ids) - 1], tokenizer, model.config.vocab_size)
+    top = _steps(logits[0, first : len(ids) - 1], tokenizer, model.config.vocab_size, never)
     return {"model": name, "kind": "lm", "input": text, "image": None,
             "views": [_view("self", "Self-attention (causal)", tokens, tokens, attention, stepped=True)],
             "steps": {"first": first, "tokens": tokens[first + 1 :], "top": top}}
@@ -117,7 +124,7 @@ def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text:
                        name: str) -> dict[str, Any]:
     """A translation Transformer's greedy translation of ``text`` (qkv's decoding), then one pass over the
     source and the translation for the three kinds of attention and each step's candidates."""
-    from ..tasks.translation import position_limit, translate_ids
+    from ..tasks.translation import NOT_TEXT, position_limit, translate_ids
 
     source = tokenizers["src"].encode(text)
     _check_length(len(source), min(MAX_TOKENS, (position_limit(model) or MAX_TOKENS) - 2), "sentence")
@@ -129,7 +136,7 @@ def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text:
     src_labels = [token_label(tokenizers["src"], i) for i in source]
     written = [token_label(tgt, i) for i in output] + ["</s>"]
     read = ["<s>", *written[:-1]]
-    top = _steps(logits[0], tgt, model.config.tgt_vocab_size)
+    top = _steps(logits[0], tgt, model.config.tgt_vocab_size, NOT_TEXT)
     return {"model": name, "kind": "translation", "input": text, "image": None,
             "views": [_view("encoder", "Encoder self-attention", src_labels, src_labels, attention["encoder"]),
                       _view("decoder", "Decoder self-attention", read, read, attention["decoder_self"], stepped=True),
