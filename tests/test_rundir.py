@@ -109,3 +109,54 @@ def test_out_must_be_a_directory(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match="is a file; give a directory"):
         start(tmp_path / "file", resume=False)
+    (tmp_path / "link").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(ValueError, match=rf"--out {tmp_path / 'link'} is a symbolic link to {tmp_path / 'nowhere'}, "
+                                         "which does not exist; create that directory, or give another --out"):
+        start(tmp_path / "link", resume=False)
+    (tmp_path / "nowhere").mkdir()
+    with claim(tmp_path / "link", resume=False) as out:  # a link to a directory is the user's choice of place
+        assert (out / MARK).is_file() and (tmp_path / "nowhere" / MARK).is_file()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+@pytest.mark.parametrize("name", [MARK, "log.csv", "loss.png", "test.src.txt", "best"])
+def test_a_run_never_writes_through_a_symbolic_link(tmp_path, name, resume):
+    run, target = tmp_path / "run", tmp_path / "someone-elses-file"
+    with claim(run, resume=False):  # an earlier run, stopped after its first checkpoint when resumed
+        if resume:
+            (run / "last").mkdir()
+            (run / "last" / "config.json").write_text("{}")
+    target.write_text("not the run's")
+    (run / name).unlink(missing_ok=True)
+    (run / name).symlink_to(target)
+    with pytest.raises(ValueError, match=rf"--out {run} holds symbolic links \({name} -> {target}\); a run writes its "
+                                         "files by name .*: remove the links, or choose a new --out"):
+        start(run, resume=resume)
+    assert target.read_text() == "not the run's" and (run / name).is_symlink()
+
+
+def test_a_mark_that_became_a_link_after_the_check_is_not_followed(tmp_path, monkeypatch):
+    import qkv.rundir
+
+    run, target = tmp_path / "run", tmp_path / "someone-elses-file"
+    run.mkdir()
+    target.write_text("not the run's")
+    (run / MARK).symlink_to(target)
+    monkeypatch.setattr(qkv.rundir, "_refuse_links", lambda out: None)  # the link appears between check and open
+    with pytest.raises(ValueError, match=rf"cannot open {run / MARK}: .*\(a symbolic link is never followed\)"):
+        start(run, resume=False)
+    assert target.read_text() == "not the run's"
+
+
+def test_the_command_line_refuses_a_run_directory_with_a_link_and_writes_nothing(tmp_path):
+    from clitools import LM_TINY, one_line_error, qkv
+
+    (tmp_path / "text.txt").write_text("the cat sat on the mat.\n" * 50)
+    with claim(tmp_path / "run", resume=False):  # an earlier run that stopped before its first checkpoint
+        pass
+    (tmp_path / "elsewhere.png").write_bytes(b"the user's picture")
+    (tmp_path / "run" / "loss.png").symlink_to(tmp_path / "elsewhere.png")
+    one_line_error(qkv("train", "lm", "--text", "text.txt", *LM_TINY, "--max-steps", "2", "--out", "run",
+                       cwd=tmp_path), "holds symbolic links (loss.png -> ", "remove the links, or choose a new --out")
+    assert (tmp_path / "elsewhere.png").read_bytes() == b"the user's picture"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [MARK, "loss.png"]

@@ -13,7 +13,9 @@ then the values row by row. :func:`read_idx` reads it (gzipped or not) with the 
 from __future__ import annotations
 
 import gzip
+import math
 import struct
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,32 +45,67 @@ class ImageSet:
 def read_idx(path: str | Path) -> Tensor:
     """The array in an IDX file of unsigned bytes (``.gz`` or plain) as a uint8 tensor.
 
+    The header is checked before the values are read: the values are read only up to the size its dimensions
+    announce, so a forged header cannot make qkv allocate more than the file holds.
+
     Raises:
-        DataError: a missing file, or one that is not an IDX file of unsigned bytes.
+        DataError: a missing file, one that is not an IDX file of unsigned bytes, a header cut short, dimensions
+            with no values (none, or a zero), or values that do not fill the dimensions exactly; a gzip file that
+            is corrupt.
     """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            data = f.read()
+            dims, need = _idx_header(path, f.read(4), f)
+            values = _read_at_most(f, need + 1)  # one more than needed: extra values are an error too
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (OSError, EOFError) as err:
+    except (OSError, EOFError, zlib.error) as err:  # BadGzipFile is an OSError; a cut gzip stream an EOFError
         raise DataError(f"{path}: cannot read it ({err})") from None
-    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
-        raise DataError(f"{path}: not an IDX file of unsigned bytes (magic {data[:4].hex()}, expected 000008xx)")
-    dims = struct.unpack(f">{data[3]}I", data[4 : 4 + 4 * data[3]])
-    values = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * len(dims))
-    if values.size != int(np.prod(dims)):
-        raise DataError(f"{path}: {values.size} values for the dimensions {dims}; the file is cut short")
-    return torch.from_numpy(values.reshape(dims).copy())
+    if len(values) < need:
+        raise DataError(f"{path}: {len(values)} values for the dimensions {dims}, which need {need}; the file is "
+                        "cut short")
+    if len(values) > need:
+        raise DataError(f"{path}: more values than the dimensions {dims} need ({need}); its header is wrong")
+    return torch.frombuffer(values, dtype=torch.uint8).reshape(dims)
+
+
+def _read_at_most(f, n: int) -> bytearray:
+    """Up to ``n`` bytes of ``f``, read a piece at a time: ``f.read(n)`` would allocate ``n`` bytes at once, however
+    few the file holds."""
+    data = bytearray()
+    while len(data) < n and (piece := f.read(min(1 << 24, n - len(data)))):
+        data += piece
+    return data
+
+
+def _idx_header(path: Path, magic: bytes, f) -> tuple[tuple[int, ...], int]:
+    """The dimensions in an IDX header whose magic number is ``magic`` (the rest read from ``f``), and the number
+    of values they need."""
+    if len(magic) < 4 or magic[:2] != b"\0\0" or magic[2] != 0x08:
+        raise DataError(f"{path}: not an IDX file of unsigned bytes (magic {magic.hex()}, expected 000008xx)")
+    header = f.read(4 * magic[3])
+    if len(header) < 4 * magic[3]:
+        raise DataError(f"{path}: the header announces {magic[3]} dimensions but the file ends after "
+                        f"{len(header) // 4}; the file is cut short")
+    dims = struct.unpack(f">{magic[3]}I", header)
+    if not dims or 0 in dims:
+        raise DataError(f"{path}: the dimensions {dims} hold no values; an IDX file of images or labels has some")
+    size = path.stat().st_size if path.suffix != ".gz" else None
+    need = math.prod(dims)  # a Python int: no overflow, however large the dimensions
+    if size is not None and need > size - 4 - len(header):
+        raise DataError(f"{path}: the dimensions {dims} need {need} values, but the file holds only "
+                        f"{size - 4 - len(header)}; the file is cut short or its header is wrong")
+    return dims, need
 
 
 def load_fashion_mnist(split: str, root: str | Path = FASHION_MNIST_DIR) -> ImageSet:
     """Fashion-MNIST's ``"train"`` (60,000) or ``"test"`` (10,000) images, 28×28 grey, 10 classes.
 
     Raises:
-        DataError: the dataset is not installed (the message says how to install it).
+        DataError: the dataset is not installed (the message says how to install it); the images and labels
+            files do not agree (shapes, counts) or a label is not one of the 10 classes.
     """
     prefix = {"train": "train", "test": "t10k"}[split]
     root = Path(root)
@@ -76,7 +113,16 @@ def load_fashion_mnist(split: str, root: str | Path = FASHION_MNIST_DIR) -> Imag
     if not images.exists():
         raise DataError(f"Fashion-MNIST is not installed ({images} is missing): sudo apt-get install "
                         "dataset-fashion-mnist")
-    return ImageSet(read_idx(images)[:, None], read_idx(labels).long(), list(FASHION_MNIST_CLASSES))
+    pixels, targets = read_idx(images), read_idx(labels)
+    if pixels.dim() != 3 or targets.dim() != 1:
+        raise DataError(f"{images} holds {tuple(pixels.shape)} and {labels} {tuple(targets.shape)}; expected "
+                        "(images, height, width) and (labels,)")
+    if len(pixels) != len(targets):
+        raise DataError(f"{images} holds {len(pixels)} images but {labels} {len(targets)} labels; they must agree")
+    if int(targets.max()) >= len(FASHION_MNIST_CLASSES):
+        raise DataError(f"{labels}: label {int(targets.max())} is not a class; Fashion-MNIST's labels are 0 to "
+                        f"{len(FASHION_MNIST_CLASSES) - 1}")
+    return ImageSet(pixels[:, None], targets.long(), list(FASHION_MNIST_CLASSES))
 
 
 def load_digits(split: str, *, test_fraction: float = 0.2, seed: int = 0) -> ImageSet:
@@ -107,23 +153,22 @@ def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None 
             without it, a file with another channel count or size is an error.
 
     Raises:
-        DataError: a missing file, an unsupported type, a file Pillow cannot read, or (``convert=False``) one
-            of another size or channel count.
+        DataError: a missing file, an unsupported type, a file that is not a whole PNG or JPEG image (see
+            :func:`decode_image`), or (``convert=False``) one of another size or channel count.
     """
-    from PIL import Image, UnidentifiedImageError
-
     path = Path(path)
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise DataError(f"{path}: not a PNG or JPEG file (expected {', '.join(IMAGE_SUFFIXES)})")
     try:
-        with Image.open(path) as image:
-            if not convert:
-                _check_image(path, image, channels, size)
-            return _pixels(image, channels, size)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise DataError(f"{path}: cannot read the image ({err})") from None
+    except OSError as err:
+        raise DataError(f"{path}: cannot read the image ({err.strerror or err})") from None
+    image = decode_image(data, name=str(path))
+    if not convert:
+        _check_image(path, image, channels, size)
+    return _pixels(image, channels, size)
 
 
 def image_from_bytes(data: bytes, *, channels: int, size: tuple[int, int] | None = None) -> Tensor:
@@ -131,19 +176,74 @@ def image_from_bytes(data: bytes, *, channels: int, size: tuple[int, int] | None
     to ``size`` as :func:`read_image` does.
 
     Raises:
-        DataError: bytes Pillow cannot read as an image.
+        DataError: bytes that are not a whole PNG or JPEG image (see :func:`decode_image`).
+    """
+    return _pixels(decode_image(data, name="the upload"), channels, size)
+
+
+def decode_image(data: bytes, *, name: str):
+    """The bytes of a PNG or JPEG file as a Pillow image, decoded whole: the one place where qkv opens an image.
+
+    Pillow is asked for those two formats alone, so that no other decoder ever sees the bytes (Pillow hands EPS
+    files to Ghostscript); its decompression-bomb limit (``Image.MAX_IMAGE_PIXELS``) is an error, not a warning;
+    and a file that holds fewer pixels than its header announces is refused rather than padded with black.
+
+    Raises:
+        DataError: one line naming ``name``, for any of these, or bytes Pillow cannot decode.
     """
     import io
+    import warnings
 
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image, ImageFile, UnidentifiedImageError
 
+    ImageFile.LOAD_TRUNCATED_IMAGES = False  # process-wide; qkv never wants a cut image filled in
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format not in ("PNG", "JPEG"):
-                raise DataError(f"the image is a {image.format} file; send a PNG or JPEG")
-            return _pixels(image, channels, size)
-    except (UnidentifiedImageError, OSError) as err:
-        raise DataError(f"cannot read the image ({err}); send a PNG or JPEG") from None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=["PNG", "JPEG"])
+            image.load()
+    except UnidentifiedImageError:
+        raise DataError(f"{name}: cannot read the image: it is not a PNG or JPEG file (qkv reads only those)"
+                        ) from None
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
+        raise DataError(f"{name}: the image is too large to decode safely ({err}); shrink it first") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
+        raise DataError(f"{name}: cannot read the image ({err})") from None
+    if image.format == "PNG":
+        _check_png_complete(data, name)
+    return image
+
+
+# (x0, y0, dx, dy) of Adam7's seven passes: an interlaced PNG stores each as its own small image.
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # colour type -> samples per pixel
+
+
+def _check_png_complete(data: bytes, name: str) -> None:
+    """Refuse a PNG whose compressed pixels end before its header's height: Pillow fills the rest with zeros
+    without a word (a zlib stream that ends cleanly is not "truncated" to it).
+
+    Counts the decompressed bytes chunk by chunk, never holding more than a megabyte of them."""
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", data[16:29])
+    bits = depth * _PNG_CHANNELS.get(colour, 4)
+    rows = [(height, width)] if not interlace else [
+        (-(-(height - y0) // dy), -(-(width - x0) // dx)) for x0, y0, dx, dy in _ADAM7]
+    expected = sum(h * (1 + -(-w * bits // 8)) for h, w in rows if h and w)  # a filter byte leads each row
+    inflate, got, at = zlib.decompressobj(), 0, 8
+    while at + 8 <= len(data) and got < expected:
+        length, kind = struct.unpack(">I4s", data[at : at + 8])
+        if kind == b"IDAT":
+            pending = data[at + 8 : at + 8 + length]
+            while pending and got < expected and not inflate.eof:
+                try:
+                    got += len(inflate.decompress(pending, 1 << 20))
+                except zlib.error as err:
+                    raise DataError(f"{name}: cannot read the image ({err})") from None
+                pending = inflate.unconsumed_tail
+        at += 12 + length
+    if got < expected:
+        raise DataError(f"{name}: cannot read the image: the file holds {got:,} of the {expected:,} bytes of pixels "
+                        f"its header announces for {width}x{height} pixels (it is cut short)")
 
 
 def _pixels(image, channels: int, size: tuple[int, int] | None) -> Tensor:

@@ -15,6 +15,9 @@ The rules, all applied by :func:`claim` before anything is written:
   holding anything else is never touched.
 * Leftovers of a save interrupted by a kill are cleaned up: ``.NAME.tmp-PID`` folders are deleted, and a
   ``.NAME.old`` whose ``NAME`` is missing (killed between the two renames of a save) is put back.
+* Nothing is written through a symbolic link. A run writes its files by name (the mark, ``log.csv``,
+  ``loss.png``, ``test.src.txt``, ...), and writing to a name that is a link would overwrite the file it points
+  to, anywhere on the disk: a directory with a link among its entries is refused, naming the link.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ def claim(out: str | Path, *, resume: bool) -> Iterator[Path]:
     anything but the mark was written.
 
     Raises:
-        ValueError: if ``out`` is a file, holds files that are not a qkv run's, holds a model and ``resume``
-            is false, has nothing to resume and ``resume`` is true, or another process is training into it.
+        ValueError: if ``out`` is a file or a link to nowhere, holds files that are not a qkv run's or symbolic
+            links, holds a model and ``resume`` is false, has nothing to resume and ``resume`` is true, or another
+            process is training into it.
     """
     out = Path(out)
     key = out.resolve()
@@ -53,8 +57,12 @@ def claim(out: str | Path, *, resume: bool) -> Iterator[Path]:
         return
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory for the run")
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"--out {out} is a symbolic link to {os.readlink(out)}, which does not exist; create that "
+                         "directory, or give another --out")
     created = not out.exists()
     _refuse_foreign(out)
+    _refuse_links(out)
     out.mkdir(parents=True, exist_ok=True)
     _held[key] = _lock(out)
     try:
@@ -84,9 +92,23 @@ def _refuse_foreign(out: Path) -> None:
                          "empty directory, so that nothing in it is overwritten")
 
 
+def _refuse_links(out: Path) -> None:
+    if not out.is_dir():
+        return
+    links = sorted(p for p in out.iterdir() if p.is_symlink())
+    if links:
+        shown = ", ".join(f"{p.name} -> {os.readlink(p)}" for p in links[:3]) + (" ..." if len(links) > 3 else "")
+        raise ValueError(f"--out {out} holds symbolic links ({shown}); a run writes its files by name and would "
+                         "overwrite what a link points to: remove the links, or choose a new --out")
+
+
 def _lock(out: Path) -> int:
     """An exclusive, non-blocking lock on the run's mark; returns the open descriptor that holds it."""
-    fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:  # O_NOFOLLOW: a link put in the mark's place since _refuse_links looked is not followed either
+        fd = os.open(out / MARK, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as err:
+        raise ValueError(f"cannot open {out / MARK}: {err.strerror or err} (a symbolic link is never followed); "
+                         "remove it, or choose a new --out") from None
     try:
         import fcntl
     except ImportError:  # not POSIX: no advisory locks, the other rules still hold
