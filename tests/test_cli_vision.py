@@ -77,7 +77,7 @@ def test_classify_image_files_a_test_set_and_picked_test_images(work, vit_run):
 def test_attention_draws_the_cls_attention_and_rollout(work, vit_run, tmp_path):
     proc = ok(qkv("classify-image", "--model", vit_run, "digit0.png", "digit2.png", "--attention",
                   tmp_path / "att.png", "--image", "1", cwd=work))
-    assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and "attention of image 1" in proc.stderr
+    assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and "attention of digit2.png" in proc.stderr
 
 
 def test_wrong_images_are_one_clear_line(work, vit_run):

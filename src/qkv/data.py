@@ -32,12 +32,22 @@ def read_text(path: str | Path) -> str:
         raise DataError(f"{path}: is a directory, expected a text file") from None
     except (OSError, EOFError, zlib.error) as err:  # permissions, truncated, corrupt or non-gzip .gz files
         raise DataError(f"{path}: cannot read: {getattr(err, 'strerror', None) or err}") from None
+    return decode_text(raw, str(path))
+
+
+def decode_text(raw: bytes, name: str) -> str:
+    """UTF-8 bytes as text, without a leading byte-order mark; ``name`` (a file, "stdin") says where they came
+    from in the error.
+
+    Raises:
+        DataError: naming the first line that is not valid UTF-8.
+    """
     try:
         return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(
-            f"{path}: line {line} is not valid UTF-8 (byte 0x{raw[err.start]:02x}); convert the file to UTF-8"
+            f"{name}: line {line} is not valid UTF-8 (byte 0x{raw[err.start]:02x}); convert it to UTF-8"
         ) from None
 
 

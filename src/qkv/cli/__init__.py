@@ -10,6 +10,7 @@ training run stopped by a signal saves first and exits 128 + its number.
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import os
 import sys
@@ -26,8 +27,9 @@ TRAINERS = {"lm": lm.train_parser, "mlm": bert.mlm_parser, "classify": bert.clas
             "vit": vision.vit_parser, "swin": vision.swin_parser, "clip": vision.clip_parser}
 
 
-def _add_debug(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
+def _add_debug(parser: argparse.ArgumentParser, *, default=False) -> None:
+    parser.add_argument("--debug", action="store_true", default=default,
+                        help="show the traceback of an error, not one line")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,16 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     for module in (demo, translation, lm, bert, vision, explore, tour):
         module.add_commands(sub)
     for command_parser in sub.choices.values():
-        _add_debug(command_parser)
+        # SUPPRESS: a subcommand's default would overwrite the `qkv --debug COMMAND` that the main parser read
+        _add_debug(command_parser, default=argparse.SUPPRESS)
     return parser
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """The options of ``qkv [--debug] COMMAND ...``; ``--debug`` also works after the command."""
+    debug = argv[:1] == ["--debug"]
+    if debug:  # taken off first, so that `qkv --debug train lm` still reaches train lm's parser
+        argv = argv[1:]
     if argv[:1] == ["train"] and argv[1:2] and argv[1] in TRAINERS:
         parser = TRAINERS[argv[1]]()
         _add_debug(parser)
-        return parser.parse_args(argv[2:])
-    return build_parser().parse_args(argv)
+        args = parser.parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
+    args.debug = args.debug or debug
+    return args
 
 
 def _one_line(command: str, err: BaseException) -> int:
@@ -65,14 +75,40 @@ def _one_line(command: str, err: BaseException) -> int:
     return status
 
 
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when file descriptor 1 was closed (``qkv ... >&-``), where Python would set it to None and
+    print() would drop every line without a word: writing to it is an error instead."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        raise OSError("stdout is closed, so the output cannot be written; redirect it to a file (> FILE) instead of "
+                      "closing it")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``qkv``: the console script. Ctrl-C at any point, importing torch included, ends in one line and status
+    130 (this module imports nothing heavy, so the handler below is in place within milliseconds of the start)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("qkv: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     args = parse(list(sys.argv[1:] if argv is None else argv))
     rank = os.environ.get("RANK", "0")  # under torchrun, rank 0 speaks for the run
     logging.basicConfig(level=logging.INFO if rank == "0" else logging.WARNING, format="qkv: %(message)s",
                         stream=sys.stderr)
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     try:
-        return args.run(args) or 0
+        status = args.run(args) or 0
+        sys.stdout.flush()  # a write that fails (a full disk, a closed pipe) fails here, inside the boundary
+        return status
     except KeyboardInterrupt:
         print(f"qkv {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -15,6 +15,7 @@ from .common import (
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
+    checked_arguments,
     command,
     place,
     read_inputs,
@@ -126,7 +127,7 @@ def search_cmd(args: argparse.Namespace) -> None:
     from ..data import read_lines
     from ..tasks.embeddings import search
 
-    queries = [q.strip() for q in args.query if q.strip()]
+    queries = [q.strip() for q in checked_arguments(args.query) if q.strip()]
     if not queries:
         raise ValueError("nothing to search for: give a query")
     first_line: dict[str, int] = {}  # each distinct line once, with its first line number
@@ -155,7 +156,10 @@ def search_cmd(args: argparse.Namespace) -> None:
 def similarity_cmd(args: argparse.Namespace) -> None:
     from ..tasks.embeddings import cosine_similarity
 
-    texts = [t.strip() for t in args.texts]
+    if len(args.texts) != 2:
+        raise ValueError(f"qkv similarity compares two sentences, got {len(args.texts)}; give two, each in quotes: "
+                         "qkv similarity 'A dog runs.' 'A puppy plays.'")
+    texts = [t.strip() for t in checked_arguments(args.texts)]
     if not all(texts):
         raise ValueError("both sentences must have some text")
     device, _, amp = runtime(args)
@@ -286,7 +290,7 @@ def _train_mlm(args: argparse.Namespace, s: dict) -> int:
     max_length = min(s["max_length"], cfg.max_seq_len)
     train_ids = encode_for_mlm(tokenizer, train_text.splitlines(), max_length)
     valid_ids = encode_for_mlm(tokenizer, valid_text.splitlines(), max_length)
-    model = build_model(BERTForMaskedLM, cfg, training=True)
+    model = build_model(BERTForMaskedLM, cfg, training=True, batch=(s["batch_size"], max_length))
     if encoder is not None:
         _copy_encoder(model, encoder)
     log.info("model: %.2fM parameters; %d training and %d validation sequences of up to %d tokens (WordPiece, "
@@ -294,7 +298,8 @@ def _train_mlm(args: argparse.Namespace, s: dict) -> int:
              tokenizer.vocab_size)
     task = MaskedLMTask(model, tokenizer, train_ids, valid_ids, batch_size=s["batch_size"],
                         probability=s["mask_prob"], seed=s["seed"],
-                        meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name})
+                        meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name,
+                              "data_files": s["data_files"]})
     status = report(Trainer(task, opts).run(), out)
     sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
     if sample is not None and not status and current().main:  # what the model learnt: guess a held-out word
@@ -363,7 +368,7 @@ def _train_classify(args: argparse.Namespace, s: dict) -> int:
             base = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
         cfg = BERTClassifierConfig(**{**base.to_dict(), "pooler": base.pooler or s["pooling"] == "pooler",
                                       "n_labels": len(labels), "pooling": s["pooling"]})
-    model = build_model(BERTClassifier, cfg, training=True)
+    model = build_model(BERTClassifier, cfg, training=True, batch=(s["batch_size"], s["max_length"]))
     if encoder is not None:
         _copy_encoder(model, encoder)
     max_length = min(s["max_length"], cfg.max_seq_len)
@@ -371,7 +376,7 @@ def _train_classify(args: argparse.Namespace, s: dict) -> int:
              model.num_parameters() / 1e6, len(train), len(valid), labels)
     task = ClassifyTask(model, tokenizer, labels, train, valid, batch_size=s["batch_size"], max_length=max_length,
                         seed=s["seed"], meta={"command": "train classify", "args": {k: s[k] for k in CLASSIFY_DEFAULTS},
-                                              "title": out.name})
+                                              "title": out.name, "data_files": s["data_files"]})
     return report(Trainer(task, opts).run(), out)
 
 
@@ -411,7 +416,8 @@ def add_commands(sub) -> None:
     srch.set_defaults(run=search_cmd)
 
     sim = command(sub, "similarity", "cosine similarity of two sentences")
-    sim.add_argument("texts", nargs=2, metavar="SENTENCE")
+    # "*", not 2: argparse's own message for one sentence ("required: SENTENCE") does not say that two are needed
+    sim.add_argument("texts", nargs="*", metavar="SENTENCE", help="two sentences, each in quotes")
     _add_encoder_arguments(sim)
     sim.set_defaults(run=similarity_cmd)
 

@@ -155,7 +155,7 @@ def _export_input(args: argparse.Namespace, info: dict) -> tuple[str | bytes, st
         if not args.image:
             raise ValueError(f"{info['model']} is an image model: export with --image FILE.png, not --text")
         path = Path(args.image)
-        if not path.is_file():
+        if not path.exists():  # not is_file(): a pipe (--image <(curl ...)) is read as well
             raise ValueError(f"--image {path}: no such file")
         return path.read_bytes(), path.name
     if not args.text:

@@ -116,14 +116,15 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
                                     train_text.splitlines(keepends=True), vocab_size=s["vocab_size"], byte_level=True)
         cfg = _model_config(s, tokenizer.vocab_size)
     train_ids, valid_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, valid_text)
-    model = build_model(GPT, cfg, training=True)
+    model = build_model(GPT, cfg, training=True, batch=(s["batch_size"], cfg.max_seq_len))
     log.info("model: %.2fM parameters (%.2fM without embeddings); %s tokens for training, %s for validation "
              "(%s tokenizer, vocabulary %d)", model.num_parameters() / 1e6,
              model.num_parameters(exclude_embeddings=True) / 1e6, f"{len(train_ids):,}", f"{len(valid_ids):,}",
              tokenizer.kind, tokenizer.vocab_size)
     task = LanguageModelTask(model, tokenizer, train_ids, valid_ids, context=cfg.max_seq_len,
                              batch_size=s["batch_size"], seed=s["seed"], eval_windows=eval_windows(s, current().world),
-                             meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name})
+                             meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name,
+                                   "data_files": s["data_files"]})
     status = report(Trainer(task, opts).run(), out)
     if status or not current().main:
         return status
@@ -218,8 +219,9 @@ class _Stream:
     """Prints a row's continuation as it is produced. Tokens are decoded together, so characters split over
     several byte-level tokens appear once complete."""
 
-    def __init__(self, tokenizer, out=sys.stdout) -> None:
-        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out, [], ""
+    def __init__(self, tokenizer, out=None) -> None:
+        # sys.stdout as it is now, not as it was when this module was imported (main() may have replaced it)
+        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out or sys.stdout, [], ""
 
     def __call__(self, row: int, token: int) -> None:
         self.ids.append(token)

@@ -57,6 +57,10 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
 
 def _vision_run(args: argparse.Namespace, defaults: dict, command: str):
     """:func:`training_run`, with a --data folder made absolute first (it is stored, for --resume)."""
+    data = args.data if args.data is not None else IMAGE_DEFAULTS["data"]
+    if args.test_data is not None and data in DATASETS and not args.resume:  # a resumed run was checked at its start
+        raise ValueError(f"--test-data {args.test_data}: --data {data} has its own test split, which is what is "
+                         "scored; drop --test-data, or give --data a folder of class subfolders")
     for key in ("data", "test_data"):
         value = getattr(args, key, None)
         if value is not None and value not in DATASETS:
@@ -147,7 +151,7 @@ def _train_image_classifier(args: argparse.Namespace, s: dict, family: str, defa
     from ..checkpoint import load_checkpoint
     from ..distributed import current
     from ..images import channel_stats
-    from ..memory import build_model
+    from ..memory import build_model, padded_images
     from ..tasks.image_classify import ImageClassifyTask
     from ..training import Trainer
 
@@ -161,7 +165,8 @@ def _train_image_classifier(args: argparse.Namespace, s: dict, family: str, defa
     else:
         model_cls, cfg = _classifier(family, s, train)
         mean, std = channel_stats(train.pixels)
-    model = build_model(model_cls, cfg, training=True)
+    model = build_model(model_cls, cfg, training=True, batch=(s["batch_size"], None),
+                        inputs=padded_images(s["batch_size"], cfg, pad))
     log.info("model: %s, %.2fM parameters", model_cls.__name__, model.num_parameters() / 1e6)
     task = ImageClassifyTask(model, train, valid, batch_size=s["batch_size"], pad=pad, flip=flip, mean=mean, std=std,
                              seed=s["seed"], meta={"command": args.command, "title": out.name,
@@ -226,7 +231,7 @@ def _train_clip(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..distributed import current
     from ..images import channel_stats
-    from ..memory import build_model
+    from ..memory import build_model, padded_images
     from ..models import CLIP
     from ..tasks.captions import CaptionSet
     from ..tasks.contrastive import ContrastiveTask
@@ -245,7 +250,8 @@ def _train_clip(args: argparse.Namespace, s: dict) -> int:
         tokenizer = BPETokenizer.train(captions.training_text(), vocab_size=s["vocab_size"], min_frequency=1)
         cfg = _clip_config(s, train, tokenizer.vocab_size)
         mean, std = channel_stats(train.pixels)
-    model = build_model(CLIP, cfg, training=True)
+    model = build_model(CLIP, cfg, training=True, batch=(s["batch_size"], None),
+                        inputs=padded_images(s["batch_size"], cfg.vision, pad))
     log.info("model: CLIP, %.2fM parameters; %d training captions (%d templates), %d held-out templates, BPE "
              "vocabulary %d", model.num_parameters() / 1e6, len(captions.training_text()),
              len(captions.train_templates), len(captions.held_out_templates), tokenizer.vocab_size)
@@ -317,9 +323,11 @@ def _inputs(args: argparse.Namespace, meta: dict):
     return torch.stack(pixels), list(args.images), None, None
 
 
-def _attention_picture(args: argparse.Namespace, vit, pixels, titles: list[str], mean, std) -> None:
-    """--attention: the [CLS] attention of image --image, per layer and head, and the rollout; ``titles`` says
-    what each image is and what the model made of it."""
+def _attention_picture(args: argparse.Namespace, vit, pixels, names: list[str], titles: list[str], mean, std
+                       ) -> None:
+    """--attention: the [CLS] attention of image --image, per layer and head, and the rollout; ``names`` says
+    which image each is (a file, or ``digits[9]``: the dataset's index), ``titles`` also what the model made of
+    it."""
     import torch
 
     from ..images import normalize
@@ -340,7 +348,7 @@ def _attention_picture(args: argparse.Namespace, vit, pixels, titles: list[str],
     grid = (image.size(2) // vit.config.patch_size, image.size(3) // vit.config.patch_size)
     path = image_attention(image[0], cls_attention(attention, grid=grid), attention_rollout(attention, grid=grid),
                            args.attention, title=titles[args.image])
-    print(f"attention of image {args.image}: {path}", file=sys.stderr)
+    print(f"attention of {names[args.image]}: {path}", file=sys.stderr)
 
 
 def classify_image_cmd(args: argparse.Namespace) -> None:
@@ -352,7 +360,7 @@ def classify_image_cmd(args: argparse.Namespace) -> None:
     if ckpt.arch not in ("vit-classifier", "swin-classifier"):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not an image classifier (see qkv train vit)")
     pixels, names, truth, _ = _inputs(args, ckpt.meta)
-    labels, mean, std = ckpt.meta["labels"], ckpt.meta["mean"], ckpt.meta["std"]
+    labels, mean, std = ckpt.meta["labels"], ckpt.meta["mean"], ckpt.meta["std"]  # checked against the model
     with amp:
         model = place(ckpt.model, device, args)
         probs = predict_images(model, pixels, mean=mean, std=std)
@@ -365,48 +373,80 @@ def classify_image_cmd(args: argparse.Namespace) -> None:
     backbone = ckpt.model.vit if ckpt.arch == "vit-classifier" else ckpt.model.swin
     titles = [f"{name}: {labels[k]} {row[k]:.2f}" for name, row, k in zip(names, probs, best.tolist(), strict=True)]
     with amp:
-        _attention_picture(args, backbone, pixels.to(device), titles, mean, std)
+        _attention_picture(args, backbone, pixels.to(device), names, titles, mean, std)
+
+
+def _label_classes(labels: list[str], classes: list[str], meta: dict, data: str) -> list[int]:
+    """With --data and --labels, the dataset class each label stands for, so that an accuracy compares like with
+    like: labels that name classes (the dataset's names, or the caption names of the model's own data, in any
+    case) stand for those, and only those classes' images are scored; labels that name none of them rename the
+    classes in order, when there is one per class. Anything else is refused."""
+    names = {name.lower(): i for i, name in enumerate(classes)}
+    if classes == meta.get("labels"):
+        names.update({name.lower(): i for i, name in enumerate(meta.get("class_names", ()))})
+    found = [names.get(label.lower()) for label in labels]
+    if None not in found and len(set(found)) == len(found):
+        return found
+    if set(found) == {None} and len(labels) == len(classes):
+        log.info("--labels name none of %s's classes: read as their new names, in order (%s)", data,
+                 ", ".join(f"{c}={label}" for c, label in zip(classes, labels, strict=True)))
+        return list(range(len(classes)))
+    unknown = [label for label, i in zip(labels, found, strict=True) if i is None]
+    problem = f"{unknown[0]!r} is none of them" if unknown else "a class is named twice"
+    raise ValueError(f"--labels: an accuracy on {data} needs labels that each name one of its {len(classes)} classes "
+                     f"({', '.join(classes)}) or one new name per class, in that order; {problem}. Drop --labels to "
+                     "use the dataset's classes, or add --index to label chosen images")
 
 
 def zero_shot_cmd(args: argparse.Namespace) -> None:
+    import torch
+
     from ..checkpoint import load_checkpoint
     from ..models.clip import MAX_LOGIT_SCALE
+    from ..tasks.captions import check_template
     from ..tasks.contrastive import embed_images, text_classifier
 
     labels = [label.strip() for label in (args.labels or "").split(",")]
     if args.labels is not None and not all(labels):
         raise ValueError(f"--labels {args.labels!r} has an empty label; give names separated by commas, e.g. "
                          "--labels 'sneaker,sandal,bag'")
+    for template in args.template or ():
+        check_template(template, "--template")
     device, _, amp = runtime(args)
     ckpt = load_checkpoint(args.model)
     meta = ckpt.meta
     if ckpt.arch != "clip":
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a CLIP (see qkv train clip)")
+    templates = args.template or [check_template(t, f"{ckpt.path}: the config's template") for t in meta["templates"]]
     pixels, names, truth, classes = _inputs(args, meta)
+    scoring = truth is not None and args.index is None
     if args.labels is None:
         if truth is None:
             raise ValueError("no labels: give the class names with --labels 'a,b,c'")
         labels = meta["class_names"] if classes == meta["labels"] else classes
-    templates = args.template or meta["templates"]
-    bad = [t for t in templates if "{}" not in t]
-    if bad:
-        raise ValueError(f"--template {bad[0]!r} has no {{}} where the label goes, e.g. 'a photo of a {{}}.'")
+        label_classes = list(range(len(labels)))
+    elif scoring:
+        label_classes = _label_classes(labels, classes, meta, args.data)
     with amp:
         model = place(ckpt.model, device, args).eval()
         classifier = text_classifier(model, ckpt.tokenizers["text"], labels, templates)
         sims = embed_images(model, pixels, mean=meta["mean"], std=meta["std"]) @ classifier.t()
     probs = (sims * model.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE).item()).softmax(-1)
     best = probs.argmax(-1)
-    if truth is not None and args.index is None:
-        print(f"zero-shot accuracy: {(best == truth).float().mean().item():.2%} on {len(truth):,} {args.data} test "
-              f"images, labels {labels}, {len(templates)} templates")
+    if scoring:
+        target = torch.tensor(label_classes)  # label i -> the dataset class it stands for
+        scored = torch.isin(truth, target)  # only the images of classes some label stands for
+        accuracy = (target[best] == truth)[scored].float().mean().item()
+        of = f" of the {len(labels)} classes --labels names" if len(labels) < len(classes) else ""
+        print(f"zero-shot accuracy: {accuracy:.2%} on {int(scored.sum()):,} {args.data} test images{of}, labels "
+              f"{labels}, {len(templates)} templates")
     else:
         for name, row, k in zip(names, probs, best.tolist(), strict=True):
             print(f"{labels[k]}\t{row[k]:.3f}\t{name}")
     titles = [f"{name}: zero-shot '{labels[k]}' {row[k]:.2f}" for name, row, k in zip(names, probs, best.tolist(),
                                                                                         strict=True)]
     with amp:
-        _attention_picture(args, model.vision, pixels.to(device), titles, meta["mean"], meta["std"])
+        _attention_picture(args, model.vision, pixels.to(device), names, titles, meta["mean"], meta["std"])
 
 
 # --- registration ----------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ mean rather than memorised the training sentences:
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,30 @@ HELD_OUT_TEMPLATES = (
     "a blurry photo of a {}.", "there is a {} in this picture.", "a close-up photo of the {}.",
     "a catalogue picture of a {}.", "a dark image of a {}.", "a photo of my {}.",
 )
+
+
+def check_template(template: str, what: str = "template") -> str:
+    """``template`` if it has exactly one ``{}``, where a label goes (literal braces written ``{{`` and ``}}``),
+    so that ``template.format(label)`` works; ``what`` names it in the error (``"--template"``).
+
+    Raises:
+        ValueError: for no hole, several, a named or numbered one (``{label}``, ``{0}``), a conversion or format
+            spec, or a lone brace.
+    """
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template)
+                  if name is not None]
+    except ValueError as err:  # a lone { or }
+        raise ValueError(f"{what} {template!r} is not a template ({err}): write the label's place as {{}} and a "
+                         "literal brace as {{ or }}") from None
+    if not fields:
+        raise ValueError(f"{what} {template!r} has no {{}} where the label goes, e.g. 'a photo of a {{}}.'")
+    if fields != [("", "", None)]:
+        holes = ", ".join("{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+                          for name, spec, conv in fields)
+        raise ValueError(f"{what} {template!r} must have exactly one {{}} where the label goes (it has {holes}), "
+                         "e.g. 'a photo of a {}.'; write a literal brace as {{ or }}")
+    return template
 
 
 @dataclass(frozen=True)

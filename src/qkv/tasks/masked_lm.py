@@ -138,6 +138,11 @@ class MaskedLMTask:
         # Validation is masked once, with its own seed: every evaluation scores the same hidden tokens.
         g = torch.Generator().manual_seed(seed * 100_003 - 1)
         self._valid = [self._batch(self.valid[i : i + batch_size], g) for i in range(0, len(self.valid), batch_size)]
+        if not sum(b.n_tokens for b in self._valid):  # else validation would report a loss of 0 on nothing
+            tokens = sum(len(s) - 2 for s in self.valid)  # [CLS] and [SEP] are never hidden
+            raise ValueError(f"the validation text is {tokens} token(s), too little to hide any at {probability:.0%}: "
+                             f"give at least {math.ceil(20 / probability)} tokens of validation (a few lines), with "
+                             "more text, a larger --valid-fraction or --valid-text FILE")
 
     def _batch(self, sequences: Sequence[Sequence[int]], generator: torch.Generator) -> MaskedBatch:
         ids = pad(sequences, self.tokenizer.pad_id)  # (B, T)
