@@ -45,3 +45,20 @@ def test_presets():
     assert GPTConfig.from_preset("llama", vocab_size=100).norm == "rms"
     with pytest.raises(ValueError, match="unknown GPTConfig preset 'gpt5'"):
         GPTConfig.from_preset("gpt5")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("dropout", "0.1", r"dropout must be a finite number, got str '0.1'"),
+    ("norm_eps", None, r"norm_eps must be a finite number, got NoneType None"),
+    ("rope_base", float("nan"), r"rope_base must be a finite number, got float nan"),
+    ("bias", "yes", r"bias must be true or false, got str 'yes'"),
+    ("n_kv_heads", 2.0, r"n_kv_heads must be an int or null, got float 2.0"),
+    ("norm", 1, r"norm must be a string, got int 1"),
+])
+def test_a_json_config_of_the_wrong_types_is_refused_naming_the_field(field, value, message):
+    """A checkpoint's config.json is read with from_dict: a value of another type used to pass, or fail later
+    inside a comparison ('<=' not supported between 'str' and 'int')."""
+    data = GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=1).to_dict()
+    with pytest.raises(TypeError, match=message):
+        GPTConfig.from_dict({**data, field: value})
+    assert GPTConfig.from_dict(json.loads(json.dumps(data))) == GPTConfig(**data)

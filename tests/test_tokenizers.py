@@ -197,3 +197,18 @@ def test_load_tokenizer_wrong_shape_names_the_file(tmp_path, content):
     with pytest.raises(ValueError) as err:
         load_tokenizer(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("chars, message", [
+    ("abc", r"\"chars\" must be a list of one-character strings, got str"),
+    ([1, 2], r"\"chars\" must be a list of one-character strings, got list"),
+    (["ab", "c"], r"\"chars\" must be a list of one-character strings"),
+    (["a", "b", "a"], r"\"chars\" lists 1 character\(s\) twice"),
+])
+def test_a_character_tokenizer_file_with_a_bad_alphabet_is_refused(tmp_path, chars, message):
+    """A string in place of the list used to load as one token per letter; a duplicate gave an id nothing encodes
+    to, so the vocabulary no longer matched the model's."""
+    path = tmp_path / "tokenizer.src.json"
+    path.write_text(json.dumps({"kind": "char", "chars": chars}))
+    with pytest.raises(ValueError, match=rf"tokenizer\.src\.json is not a qkv tokenizer file: {message}"):
+        load_tokenizer(path)

@@ -3,29 +3,34 @@ trainer's state.
 
     run/best/                    run/last/            (the same files, plus)
       config.json                  trainer_state.pt     optimizer, step, RNG: torch.load(weights_only=True)
-      model.safetensors
+      model.safetensors            (its sha256 and the tokenizers' kinds and sizes are in config.json)
       tokenizer.src.json
       tokenizer.tgt.json
 
 Nothing is unpickled as code: weights are safetensors and the trainer state loads with ``weights_only=True``.
 A checkpoint directory is written beside its final place and swapped in with a rename, so a crash while
 saving leaves the previous checkpoint intact (what a kill leaves behind is cleaned up by
-:func:`qkv.rundir.claim`). Loading refuses what cannot be used: a config whose model would not fit in memory,
-unreadable or corrupted weights, and weights that are not finite.
+:func:`qkv.rundir.claim`). Loading trusts no file beyond what it can check, and refuses what cannot be used: a
+config that is not valid (its task's fields included: labels, image statistics, templates), a config whose model
+would not fit in memory, weights whose bytes differ from the checksum recorded when they were saved, tensors
+whose dtype or shape is not the model's, weights that are not finite, and tokenizers whose kind or size does not
+fit the model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from .config import (
     BERTClassifierConfig,
@@ -70,6 +75,16 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
 }
 
 CONFIG, WEIGHTS, TRAINER_STATE = "config.json", "model.safetensors", "trainer_state.pt"
+# What config.json records about the other files, to check them when loading; not part of the meta.
+CHECKSUM, TOKENIZERS = "weights_sha256", "tokenizers"
+# The tokenizer kinds each family's code can run with (an encoder frames its input with WordPiece's [CLS] and
+# [SEP]); a checkpoint saved since kinds were recorded must have the very kind it was saved with.
+TOKENIZER_KINDS = {"transformer": ("char", "bpe"), "lstm": ("char", "bpe"), "gpt": ("char", "bpe", "pretrained"),
+                   "bert": ("wordpiece",), "bert-mlm": ("wordpiece",), "bert-classifier": ("wordpiece",),
+                   "clip": ("char", "bpe")}
+# qkv trains these to the size the config then records; wordpiece and pretrained ones may come with a pretrained
+# model whose embedding table has spare rows.
+EXACT_SIZE_KINDS = ("char", "bpe")
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +153,11 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
     from safetensors.torch import save_model
 
     tmp.mkdir()
-    config = {"arch": architecture_of(model), "model": model.config.to_dict(), **(meta or {})}
-    (tmp / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
     save_model(model, str(tmp / WEIGHTS))  # shared (tied) tensors are stored once
+    config = {"arch": architecture_of(model), "model": model.config.to_dict(), **(meta or {}),
+              CHECKSUM: file_sha256(tmp / WEIGHTS),
+              TOKENIZERS: {side: {"kind": t.kind, "vocab_size": t.vocab_size} for side, t in tokenizers.items()}}
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
     # safetensors creates its file private (0600); give it the mode the umask gave its siblings
     os.chmod(tmp / WEIGHTS, (tmp / CONFIG).stat().st_mode & 0o777)
     for side, tokenizer in tokenizers.items():
@@ -148,6 +165,15 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER_STATE)
     _fsync_dir(tmp)
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes, hex: about 0.1 s for 100 MB, little beside reading the weights."""
+    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def _first_line(err: BaseException) -> str:
@@ -185,22 +211,22 @@ def load_checkpoint(path: str | Path, *, with_trainer_state: bool = False) -> Ch
     """Rebuild the model from its config and load its weights; no code is executed from the files.
 
     Raises:
-        CheckpointError: for a missing, unreadable or foreign config, a config whose model does not fit in
-            memory, missing, unreadable or corrupted weights, weights that are not finite, or (with
+        CheckpointError: for a missing, unreadable, foreign or invalid config, a config whose model does not
+            fit in memory, missing, unreadable, corrupted or changed weights, tensors of another dtype or shape
+            than the model's, weights that are not finite, tokenizers that do not fit the model, or (with
             ``with_trainer_state``) a missing or unsafe trainer state.
     """
     directory = resolve(path)
-    arch, model_cls, config, meta = _read_config(directory / CONFIG)
+    arch, model_cls, config, meta, recorded = _read_config(directory / CONFIG)
     try:
         with skip_init():  # every weight is overwritten by the strict load below
             model = build_model(model_cls, config, what=f"the model of {directory / CONFIG}")
     except ValueError as err:
         raise CheckpointError(str(err)) from None
-    _load_weights(model, directory / WEIGHTS)
+    _load_weights(model, directory / WEIGHTS)  # first: a wrong dtype or a NaN is a more precise message
+    _check_digest(directory / WEIGHTS, recorded.get(CHECKSUM))
     model.eval()
-    tokenizers = {
-        f.name.split(".")[1]: load_tokenizer(f) for f in sorted(directory.glob("tokenizer.*.json"))
-    }
+    tokenizers = _load_tokenizers(directory, arch, config, recorded.get(TOKENIZERS))
     trainer_state = _load_trainer_state(directory) if with_trainer_state else None
     return Checkpoint(model, arch, meta, tokenizers, directory, trainer_state)
 
@@ -215,8 +241,9 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return _read_config(resolve(path) / CONFIG)[3]
 
 
-def _read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any]]:
-    """(architecture, model class, model config, the rest of config.json) of a checkpoint."""
+def _read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any], dict[str, Any]]:
+    """(architecture, model class, model config, the task's meta, what was recorded of the other files) of a
+    checkpoint."""
     try:
         config = read_json(path)
     except ValueError as err:
@@ -233,7 +260,84 @@ def _read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any]]
         model_config = config_cls.from_dict(fields)
     except (ValueError, TypeError) as err:
         raise CheckpointError(f"{path}: {err}") from None
-    return arch, model_cls, model_config, {k: v for k, v in config.items() if k not in ("arch", "model")}
+    meta = {k: v for k, v in config.items() if k not in ("arch", "model", CHECKSUM, TOKENIZERS)}
+    _check_meta(meta, arch, model_config, path)
+    return arch, model_cls, model_config, meta, {k: config[k] for k in (CHECKSUM, TOKENIZERS) if k in config}
+
+
+# The tasks whose commands read fields of the meta, and the architectures they train.
+_TASK_ARCHITECTURES = {"classify": ("bert-classifier",), "classify-image": ("vit-classifier", "swin-classifier"),
+                       "contrastive": ("clip",)}
+
+
+def _check_meta(meta: dict[str, Any], arch: str, config: Any, path: Path) -> None:
+    """The fields a task's commands read from its checkpoints (labels, image statistics, templates), checked
+    once here so that a damaged config.json is one clear error, not a KeyError or a label printed letter by
+    letter."""
+    task = meta.get("task")
+    if task in _TASK_ARCHITECTURES and arch not in _TASK_ARCHITECTURES[task]:
+        raise CheckpointError(f"{path}: task {task!r} trains {' or '.join(_TASK_ARCHITECTURES[task])} models, not "
+                              f"{arch!r}; the checkpoint's config was changed or damaged")
+    image = {"classify-image": config, "contrastive": getattr(config, "vision", None)}.get(task)
+    if task == "classify":
+        _meta_list(meta, "labels", str, path, length=config.n_labels)
+        _meta_number(meta, "max_length", path, integer=True, minimum=3)
+    if image is not None:
+        classes = image.n_classes if task == "classify-image" else None
+        _meta_list(meta, "labels", str, path, length=classes)
+        shape = _meta_list(meta, "image_shape", int, path, length=3)
+        if shape[0] != image.channels or min(shape) < 1:
+            raise CheckpointError(f"{path}: \"image_shape\" must be [channels, height, width] with "
+                                  f"{image.channels} channels (the model's), got {shape}")
+        for name in ("mean", "std"):
+            values = _meta_list(meta, name, float, path, length=image.channels)
+            if name == "std" and min(values) <= 0:
+                raise CheckpointError(f"{path}: \"std\" must be positive for each channel, got {values}")
+    if task == "contrastive":
+        _meta_list(meta, "class_names", str, path, length=len(meta["labels"]))
+        _meta_list(meta, "templates", str, path)
+
+
+_META_TYPES = {str: "strings", int: "integers", float: "numbers"}
+
+
+def _meta_list(meta: dict[str, Any], name: str, kind: type, path: Path, *, length: int | None = None) -> list:
+    """``meta[name]``, checked to be a non-empty list of ``kind`` (of ``length`` items when given)."""
+    value = meta.get(name)
+    is_kind = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < float("inf")
+               ) if kind is float else (lambda v: isinstance(v, kind) and not isinstance(v, bool))
+    expected = f"a list of {length or 'one or more'} {_META_TYPES[kind]}"
+    ok = isinstance(value, list) and len(value) == (length or len(value) or 1) and all(map(is_kind, value))
+    if not ok:
+        shown = "nothing" if name not in meta else f"{type(value).__name__} {_short(value)}"
+        raise CheckpointError(f"{path}: \"{name}\" must be {expected}, got {shown}; the checkpoint's config "
+                              "was changed or damaged: use the run's other checkpoint (best/ or last/) or retrain")
+    return value
+
+
+def _meta_number(meta: dict[str, Any], name: str, path: Path, *, integer: bool, minimum: float) -> None:
+    value = meta.get(name)
+    ok = isinstance(value, int if integer else (int, float)) and not isinstance(value, bool) and value >= minimum
+    if not ok:
+        shown = "nothing" if name not in meta else f"{type(value).__name__} {_short(value)}"
+        raise CheckpointError(f"{path}: \"{name}\" must be {'an integer' if integer else 'a number'} >= "
+                              f"{minimum}, got {shown}")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _check_digest(path: Path, recorded: Any) -> None:
+    """The weights' bytes are those saved: a flipped bit or an edited file would otherwise load silently."""
+    if recorded is None:  # saved before checksums were recorded
+        log.debug("%s: no checksum recorded (an older checkpoint); its bytes are not checked", path)
+        return
+    if file_sha256(path) != recorded:
+        raise CheckpointError(f"{path} is corrupted or was changed since it was saved (its sha256 differs from the "
+                              f"one recorded in {CONFIG}); use the run's other checkpoint (best/ or last/), or "
+                              "retrain")
 
 
 def _load_weights(model: nn.Module, path: Path) -> None:
@@ -248,14 +352,106 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     except OSError as err:  # a directory, no permission, ...
         raise CheckpointError(f"{path} cannot be read: {err.strerror or err}") from None
     try:
+        _check_header(model, path)
         load_model(model, str(path), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:
         raise CheckpointError(f"{path} is corrupted or does not fit the config: {_first_line(err)}") from None
-    bad = [name for name, tensor in model.state_dict().items()
-           if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    check_finite(model.state_dict().items(), f"{path} holds",
+                 "the model is unusable; resume from or use an earlier checkpoint")
+
+
+def _check_header(model: nn.Module, path: Path) -> None:
+    """Each stored tensor's dtype and shape, as its header says, against the model's, before anything is copied:
+    a copy would turn integers into floats without a word."""
+    from safetensors import safe_open
+
+    expected = model.state_dict()
+    with safe_open(str(path), "pt") as f:
+        stored_names = f.keys()  # a safe_open handle is not iterable
+        for name in (n for n in stored_names if n in expected):  # load_model's strict check names the rest
+            stored, want = f.get_slice(name), expected[name]
+            dtype, shape = stored.get_dtype(), list(stored.get_shape())
+            if shape != list(want.shape) or not _same_kind(dtype, want.dtype):
+                kind = "a floating-point tensor" if want.is_floating_point() else f"a {want.dtype} tensor"
+                raise CheckpointError(f"{path} does not fit the config: tensor {name} is stored as {dtype} of shape "
+                                      f"{shape}, expected {kind} of shape {list(want.shape)}; the file is damaged "
+                                      "or not this model's: use the run's other checkpoint (best/ or last/), or "
+                                      "retrain")
+
+
+def _same_kind(stored: str, wanted: torch.dtype) -> bool:
+    """A floating-point parameter takes any floating-point dtype (widened or narrowed as it is copied); any
+    other tensor, its own dtype only."""
+    if wanted.is_floating_point:
+        return stored in _FLOAT_DTYPES
+    return _SAFETENSORS_DTYPES.get(stored) == wanted
+
+
+_FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
+_SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
+                       "I32": torch.int32, "I64": torch.int64}
+
+
+def check_finite(tensors: Iterable[tuple[str, Tensor]], holder: str, advice: str) -> None:
+    """Refuse weights that are NaN or infinite: a model holding one outputs garbage, or NaN everywhere.
+
+    Args:
+        tensors: (name, tensor) pairs; only floating-point tensors are checked, one at a time.
+        holder: what holds them, for the message (``"model.safetensors holds"``).
+        advice: what to do instead.
+
+    Raises:
+        ValueError: naming the first tensor that is not finite.
+    """
+    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
     if bad:
-        raise CheckpointError(f"{path} holds weights that are not finite (NaN or Inf) in {len(bad)} tensor(s), e.g. "
-                              f"{bad[0]}: the model is unusable; resume from or use an earlier checkpoint")
+        raise CheckpointError(f"{holder} weights that are not finite (NaN or Inf) in {len(bad)} tensor(s), e.g. "
+                              f"{bad[0]}: {advice}")
+
+
+def _load_tokenizers(directory: Path, arch: str, config: Any, recorded: Any) -> dict[str, Tokenizer]:
+    """The checkpoint's tokenizers, each checked to fit the model: its kind, and a vocabulary the size the
+    config (and the record made when saving) says; a swapped file would otherwise encode text the model was
+    never trained on."""
+    tokenizers = {f.name.split(".")[1]: load_tokenizer(f) for f in sorted(directory.glob("tokenizer.*.json"))}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    for side in recorded:
+        if side not in tokenizers:
+            raise CheckpointError(f"{directory} lacks tokenizer.{side}.json, which was saved with the model; use "
+                                  "the run's other checkpoint (best/ or last/), or retrain")
+    for side, tokenizer in tokenizers.items():
+        _check_tokenizer(directory / f"tokenizer.{side}.json", tokenizer, arch, _vocab_size(config, side),
+                         recorded.get(side))
+    return tokenizers
+
+
+def _vocab_size(config: Any, side: str) -> int | None:
+    """The model's vocabulary for the tokenizer of ``side``: ``src_vocab_size`` for "src", the text tower's for
+    CLIP, ``vocab_size`` for the rest."""
+    for holder in (config, getattr(config, "text", None)):
+        for name in (f"{side}_vocab_size", "vocab_size"):
+            if isinstance(getattr(holder, name, None), int):
+                return getattr(holder, name)
+    return None
+
+
+def _check_tokenizer(path: Path, tokenizer: Tokenizer, arch: str, model_vocab: int | None, recorded: Any) -> None:
+    kinds = TOKENIZER_KINDS.get(arch, ())
+    if isinstance(recorded, dict) and isinstance(recorded.get("kind"), str):
+        kinds = (recorded["kind"],)
+    size = tokenizer.vocab_size
+    # qkv sizes a new model's vocabulary to its tokenizer; a pretrained model's table may have spare rows
+    fits = model_vocab is None or (size == model_vocab if tokenizer.kind in EXACT_SIZE_KINDS else size <= model_vocab)
+    if kinds and tokenizer.kind not in kinds:
+        problem = f"is a {tokenizer.kind} tokenizer, but this {arch} model's is {' or '.join(kinds)}"
+    elif not fits:
+        problem = f"has {size} tokens, but the model's vocabulary has {model_vocab}"
+    elif isinstance(recorded, dict) and recorded.get("vocab_size") not in (None, size):
+        problem = f"has {size} tokens, but the one saved with the model had {recorded['vocab_size']}"
+    else:
+        return
+    raise CheckpointError(f"{path} {problem}: it does not fit the model (was it replaced?); use the tokenizer "
+                          "saved with the model")
 
 
 def _load_trainer_state(directory: Path) -> dict[str, Any]:

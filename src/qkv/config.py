@@ -8,6 +8,7 @@ fails at once with a message naming the field, the expected and the actual value
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -31,6 +32,27 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
 
 
+# A field's annotation -> the JSON values it takes (an int is a float too; a bool is not a number).
+_JSON_TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+_TYPE_NAMES = {"int": "an int", "float": "a finite number", "bool": "true or false", "str": "a string"}
+
+
+def _check_json_type(name: str, value: Any, annotation: str) -> None:
+    """``value`` (from JSON) against a field annotated ``int``, ``float | None``, ...; other annotations (tuples,
+    nested configs) are checked by the config itself."""
+    parts = [part.strip() for part in annotation.split("|")]
+    kinds = [part for part in parts if part != "None"]
+    if len(kinds) != 1 or kinds[0] not in _JSON_TYPES or (value is None and "None" in parts):
+        return
+    kind = kinds[0]
+    ok = isinstance(value, _JSON_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
+    if ok and kind == "float":
+        ok = math.isfinite(value)
+    if not ok:
+        expected = _TYPE_NAMES[kind] + (" or null" if "None" in parts else "")
+        raise TypeError(f"{name} must be {expected}, got {type(value).__name__} {value!r}")
+
+
 class Config:
     """What every config shares: a JSON-able dict round trip (for checkpoints) and named presets."""
 
@@ -41,11 +63,14 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
-        """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error, not silently dropped."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
+        """Build from a dict (e.g. a checkpoint's JSON); unknown keys are an error, not silently dropped, and
+        so is a value of another JSON type than its field's (``"dropout": "0.1"``, ``"bias": "yes"``)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(fields))
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {unknown}; expected some of {sorted(known)}")
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; expected some of {sorted(fields)}")
+        for name, value in data.items():
+            _check_json_type(name, value, str(fields[name].type))
         return cls(**data)
 
     @classmethod

@@ -53,6 +53,8 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = 
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"cannot read {path}: not valid JSON ({err})") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise ValueError(f"cannot read {path}: not valid JSON (nested too deeply)") from None
     if not isinstance(data, expect):
         expected = _JSON_NAMES.get(expect, expect.__name__)
         actual = _JSON_NAMES.get(type(data), type(data).__name__)

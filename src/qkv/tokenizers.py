@@ -41,6 +41,8 @@ from typing import Protocol
 from .files import read_json
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
+# The largest vocabulary qkv trains: four times the largest in use (Gemma's 256,000), a few MB of tables.
+MAX_VOCAB = 2**20
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
@@ -368,9 +370,13 @@ class WordPieceTokenizer:
 
 
 def _check_vocab_size(vocab_size: int) -> None:
-    # Checked before training: the tokenizers library takes 0 as "no limit" and overflows on a negative size.
+    # Checked before training: the tokenizers library takes 0 as "no limit", overflows on a negative size and
+    # aborts the process (not an exception) when it cannot allocate tables for a huge one.
     if vocab_size < 1:
         raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocab_size={vocab_size:,} is more tokens than qkv trains (at most {MAX_VOCAB:,}); choose "
+                         "a smaller vocabulary")
 
 
 def _check_learnt_size(hf_tokenizer, vocab_size: int, n_specials: int, alphabet: str) -> None:
@@ -431,7 +437,7 @@ def train_tokenizer(kind: str, texts: Sequence[str], *, vocab_size: int = 8000, 
 def tokenizer_from_dict(data: dict) -> Tokenizer:
     kind = data.get("kind")
     if kind == "char":
-        return CharTokenizer(data["chars"])
+        return CharTokenizer(_checked_chars(data.get("chars")))
     if kind == "bpe":
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -448,6 +454,16 @@ def tokenizer_from_dict(data: dict) -> Tokenizer:
 
         return WordPieceTokenizer(HFTokenizer.from_str(json.dumps(data["hf"])), specials=data["specials"])
     raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'bpe', 'char', 'pretrained' or 'wordpiece'")
+
+
+def _checked_chars(chars) -> list[str]:
+    """A character tokenizer's alphabet as saved: distinct one-character strings (a string in its place would
+    pass as a list of characters; an id per duplicate would leave ids no text encodes to)."""
+    if not isinstance(chars, list) or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+        raise ValueError(f"\"chars\" must be a list of one-character strings, got {type(chars).__name__}")
+    if len(set(chars)) != len(chars):
+        raise ValueError(f"\"chars\" lists {len(chars) - len(set(chars))} character(s) twice")
+    return chars
 
 
 def save_tokenizer(tokenizer: Tokenizer, path: str | Path) -> None:

@@ -413,3 +413,55 @@ def test_smollm2_tokenizer_specials_decode_and_round_trip(smollm2, tmp_path):
     assert (loaded.bos_id, loaded.eos_id, loaded.pad_id, loaded.stop_ids) == (1, 2, 2, {0, 2})
     for text in TEXTS + SPACES_BEFORE_DIGITS:
         assert loaded.encode(text) == tok.encode(text)
+
+
+# ------------------------------------------------------------------------ files trusted beyond their headers
+
+
+def test_weights_that_are_not_finite_are_refused(tiny, tmp_path):
+    hf, _ = tiny
+    tensors = gguf_tensors(hf)
+    tensors["blk.1.ffn_up.weight"][3, 5] = np.nan
+    path = write_gguf(tmp_path / "nan.gguf", tensors)
+    for load in (load_gpt_from_gguf, load_pretrained):
+        with pytest.raises(ValueError, match=r"nan\.gguf holds weights that are not finite \(NaN or Inf\) in 1 "
+                                             r"tensor\(s\), e\.g\. blk\.1\.ffn_up\.weight"):
+            load(path)
+
+
+@pytest.mark.parametrize(("merge", "message"), [
+    ("x y", r"tokenizer\.ggml\.merges\[3\] = 'x y' names 'xy', which is not in tokenizer\.ggml\.tokens"),
+    ("zzz t", r"tokenizer\.ggml\.merges\[3\] = 'zzz t' names 'zzz', which is not in tokenizer\.ggml\.tokens"),
+    ("Ġthe", r"tokenizer\.ggml\.merges\[3\] = 'Ġthe' is not two tokens separated by one space"),
+])
+def test_merges_that_name_unknown_tokens_are_one_line_errors_naming_the_file(tiny, tmp_path, monkeypatch, merge,
+                                                                             message):
+    hf, _ = tiny
+    monkeypatch.setitem(globals(), "MERGES", [*MERGES, merge])  # what write_gguf stores
+    path = write_gguf(tmp_path / "merges.gguf", gguf_tensors(hf))
+    with pytest.raises(ValueError, match=rf"merges\.gguf: {message}") as err:
+        load_pretrained(path)
+    assert "\n" not in str(err.value)
+
+
+def test_header_counts_beyond_the_file_are_named(tiny, tmp_path):
+    _, path = tiny
+    data = path.read_bytes()
+    counts = tmp_path / "counts.gguf"
+    counts.write_bytes(data[:8] + (2**40).to_bytes(8, "little") + data[16:])
+    with pytest.raises(ValueError, match=r"counts\.gguf is not a readable GGUF file: its header counts "
+                                         r"1099511627776 tensors and \d+ metadata entries, more than its \d+ bytes"):
+        read_gguf(counts)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("llama.embedding_length", "32", r"llama\.embedding_length must be an integer >= 1, got '32'"),
+    ("llama.attention.head_count", 0, r"llama\.attention\.head_count must be an integer >= 1, got 0"),
+    ("llama.rope.freq_base", "x", r"llama\.rope\.freq_base must be a positive number, got 'x'"),
+])
+def test_metadata_of_the_wrong_type_is_named(tiny, key, value, message):
+    """A string or a zero where a size belongs used to fail inside arithmetic (TypeError, ZeroDivisionError)."""
+    contents = read_gguf(tiny[1])
+    contents.metadata[key] = value
+    with pytest.raises(ValueError, match=rf"tiny\.gguf: {message}"):
+        load_gpt_from_gguf(contents)

@@ -21,6 +21,12 @@ VOCAB_MULTIPLE = 64  # embedding and output tables of new models padded to whole
 
 
 class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        # No prefixes of options: `--max-minute 2` is a typo, not --max-minutes (subcommands' parsers are
+        # made by this class too, so this holds for every parser of qkv)
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         """One line, not a usage dump: what was wrong and where to look."""
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -47,6 +53,11 @@ def _flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 
+# Where a run's checkpoints record its data files as they were when it started, for --resume to check:
+# {absolute path: {"size": bytes, "sha256": hex}}. Recipes store settings(...)[DATA_FILES] in their meta.
+DATA_FILES = "data_files"
+
+
 def _stored_args(out: Path, command: str) -> dict:
     """The options a run was started with, checked to belong to ``qkv {command}``."""
     from ..checkpoint import read_meta
@@ -59,7 +70,7 @@ def _stored_args(out: Path, command: str) -> dict:
     if made_by != command:
         raise ValueError(f"{out} is a `qkv {made_by}` run, not a `qkv {command}` one; resume it with "
                          f"`qkv {made_by} --out {out} --resume`")
-    return meta["args"]
+    return {**meta["args"], DATA_FILES: meta.get(DATA_FILES)}
 
 
 def settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()) -> dict:
@@ -67,18 +78,21 @@ def settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: S
 
     Every option of a train command defaults to None in its parser, so typed options can be told from the
     rest. File options named in ``paths`` are stored absolute, so ``--resume`` works from any directory. On
-    ``--resume`` a typed option outside :data:`RESUMABLE` must equal the stored one.
+    ``--resume`` a typed option outside :data:`RESUMABLE` must equal the stored one, and the data files must
+    be those the run started with (same size and sha256, where the run recorded them). The settings'
+    :data:`DATA_FILES` is that record, for the run's meta.
 
     Raises:
-        ValueError: for a run of another command, or a typed option that would change what the run is.
+        ValueError: for a run of another command, a typed option that would change what the run is, or (on
+            ``--resume``) a data file that changed since the run started.
     """
     typed = {k: v for k, v in vars(args).items() if k in defaults and v is not None}
     for key in paths:
         if typed.get(key) is not None:
             value = typed[key]
-            typed[key] = [str(Path(v).resolve()) for v in value] if isinstance(value, list) else str(
-                Path(value).resolve())
+            typed[key] = [_absolute(v) for v in value] if isinstance(value, list) else _absolute(value)
     stored = _stored_args(Path(args.out), command) if args.resume else {}
+    recorded = stored.pop(DATA_FILES, None)
     if args.resume:
         for key, value in typed.items():
             before = stored.get(key, defaults[key])
@@ -87,7 +101,36 @@ def settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: S
                                  "run keeps its data, tokenizer and model (only the budget, the optimizer's settings "
                                  f"and evaluation times can change); drop {_flag(key)}, or start a new run with "
                                  "another --out")
-    return {**defaults, **stored, **typed}
+    merged = {**defaults, **stored, **typed}
+    files = [f for key in paths for f in (merged[key] if isinstance(merged[key], list) else [merged[key]]) if f]
+    return {**merged, DATA_FILES: _data_files(files, recorded if isinstance(recorded, dict) else {})}
+
+
+def _data_files(files: Sequence[str], recorded: dict) -> dict:
+    """Size and sha256 of each regular file of the run's data (a pipe is read once, so never hashed), checked
+    against the record of the run's start where there is one (a run from before records none)."""
+    from ..checkpoint import file_sha256
+
+    now = {}
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            continue  # a pipe, or missing: reading the data says what is wrong
+        now[name] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
+        before = recorded.get(name)
+        if isinstance(before, dict) and before != now[name]:
+            change = (f"size {before.get('size')} -> {now[name]['size']} bytes" if before.get("size") !=
+                      now[name]["size"] else "same size, another sha256")
+            raise ValueError(f"{name} changed since the run started ({change}); resume with the original data, or "
+                             "start a new run with another --out")
+    return now
+
+
+def _absolute(path: str) -> str:
+    """A file option's path from the root. A pipe (``--src <(zcat train.de.gz)``, /dev/fd/63) keeps its name:
+    resolved, it would become /proc/PID/fd/pipe:[N], which names nothing that can be opened."""
+    p = Path(path)
+    return str(p.resolve() if p.is_file() else p.absolute())
 
 
 def _shown(value) -> str:
@@ -100,12 +143,15 @@ def training_run(args: argparse.Namespace, defaults: dict, *, command: str, path
     """What every ``qkv train`` command does first: check ``--device`` and ``--precision``, own ``--out`` for the
     whole run (see :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source,
     before anything random (tokenizer training, the model's initialisation) happens. Yields the settings."""
+    import time
+
     import torch
 
     from ..device import resolve_device, resolve_precision
     from ..distributed import setup
     from ..rundir import claim
 
+    args.started = time.monotonic()  # --max-minutes counts from here: reading data, tokenizers (train_options)
     device = resolve_device(args.device)  # a device this machine lacks: say so first
     resolve_precision(args.precision, device)
     group = setup(device.type)  # under torchrun: this process's rank; rank 0 owns --out and writes
@@ -235,7 +281,8 @@ def train_options(s: dict, args: argparse.Namespace, **fixed):
         chosen["min_lr_ratio"] = s["min_lr_ratio"]
     chosen["eval_at_minutes"] = tuple(s.get("eval_at_minutes") or ())
     return TrainOptions(**{**chosen, **fixed}, out=str(args.out), resume=args.resume, progress=not args.no_progress,
-                        device=args.device, precision=args.precision, compile=args.compile)
+                        device=args.device, precision=args.precision, compile=args.compile,
+                        started=getattr(args, "started", None))
 
 
 def report(result, out: Path) -> int:
@@ -275,11 +322,31 @@ def read_inputs(texts: list[str], input_file: str | None, what: str, *, keep_bla
     if input_file:
         lines = read_lines(input_file)
     elif texts:
-        lines = texts
+        lines = checked_arguments(texts)
     elif sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():
-        lines = sys.stdin.read().splitlines()
+        lines = _read_stdin().splitlines()
     else:
         lines = []
     if not any(line.strip() for line in lines):
         raise ValueError(f"nothing to {what}: give sentences as arguments, with --input FILE, or on stdin")
     return lines if keep_blank else [line.strip() for line in lines if line.strip()]
+
+
+def _read_stdin() -> str:
+    """stdin as UTF-8, checked: Python's own decoding of stdin may pass bad bytes on as lone surrogates
+    (``surrogateescape``), which the tokenizers then refuse without naming the line."""
+    from ..data import decode_text
+
+    buffer = getattr(sys.stdin, "buffer", None)
+    return sys.stdin.read() if buffer is None else decode_text(buffer.read(), "stdin")
+
+
+def checked_arguments(texts: list[str]) -> list[str]:
+    """Sentences from the command line, which Python decodes with ``surrogateescape``: bytes that are not
+    UTF-8 arrive as lone surrogates, refused here with the argument's number."""
+    for number, text in enumerate(texts, 1):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"sentence {number} of the arguments is not valid UTF-8; convert it to UTF-8") from None
+    return texts

@@ -205,7 +205,7 @@ def _train(args: argparse.Namespace, s: dict) -> int:
                            label_smoothing=s["label_smoothing"], bleu_samples=s["bleu_samples"],
                            target_language=target_lang, teacher_forcing=s["teacher_forcing"],
                            meta={"command": "train", "args": stored_args, "target_lang": target_lang,
-                                 "title": out.name})
+                                 "title": out.name, "data_files": s["data_files"]})
     return report(Trainer(task, opts).run(), out)
 
 

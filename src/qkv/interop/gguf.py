@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..checkpoint import check_finite
 from ..models import GPT
 from ..tokenizers import PretrainedTokenizer
 from .huggingface import load_gpt_from_hf
@@ -102,20 +104,24 @@ def read_gguf(path: str | Path, *, check_metadata: Callable[[dict[str, Any]], No
         Its metadata and tensors (see :class:`GGUFContents`).
 
     Raises:
-        ValueError: the file is missing or not a readable GGUF file, the ``gguf`` package is not installed, or
-            a tensor is stored in a type the ``gguf`` package cannot dequantize.
+        ValueError: the file is missing or not a readable GGUF file (its header counts more than the file
+            holds, it ends early), the ``gguf`` package is not installed, a tensor is stored in a type the
+            ``gguf`` package cannot dequantize, or a weight is not finite (NaN or Inf; the tensor is named).
     """
     gguf = _import_gguf()
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no GGUF file at {path}")
+    _check_counts(path)
     try:
         reader = gguf.GGUFReader(path)
         # contents() turns the reader's raw numpy views into Python values; "GGUF.*" are the reader's own
         # bookkeeping (version, counts), not the model's metadata.
         metadata = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("GGUF.")}
     except Exception as err:  # a bad magic number, a truncated table, ...: either way not a usable file
-        raise ValueError(f"{path} is not a readable GGUF file: {err}") from None
+        # the reader's messages can span lines; the CLI prints one
+        raise ValueError(f"{path} is not a readable GGUF file (damaged or truncated?): {' '.join(str(err).split())}"
+                         ) from None
     if check_metadata is not None:
         check_metadata(metadata)
 
@@ -136,8 +142,29 @@ def read_gguf(path: str | Path, *, check_metadata: Callable[[dict[str, Any]], No
         array = np.require(values, dtype=np.float32, requirements=["C", "W"]).reshape(shape)
         tensors[t.name] = torch.from_numpy(array)
         tensor_types[t.name] = kind
+    check_finite(tensors.items(), f"{path} holds", "the file is damaged or was badly converted; use another copy")
     logger.info("read %d tensors (%s) from %s", len(tensors), ", ".join(sorted(set(tensor_types.values()))), path)
     return GGUFContents(path=path, metadata=metadata, tensors=tensors, tensor_types=tensor_types)
+
+
+# The least a metadata entry takes (key length, value type, one byte of value) and a tensor's description
+# (name length, dimension count, type, data offset), in bytes: counts beyond what the file can hold are damage.
+_MIN_ENTRY, _MIN_TENSOR_INFO, _HEADER = 13, 24, 24
+
+
+def _check_counts(path: Path) -> None:
+    """The header's tensor and metadata counts against the file's size, before the reader trusts them."""
+    with open(path, "rb") as f:
+        head = f.read(_HEADER)
+    if len(head) < _HEADER or head[:4] != b"GGUF":
+        return  # the reader says what is wrong
+    # a big-endian file's version (a small number) reads as a multiple of 2**16 in little-endian order
+    order = ">" if struct.unpack("<I", head[4:8])[0] & 0xFFFF == 0 else "<"
+    n_tensors, n_entries = struct.unpack(f"{order}QQ", head[8:24])
+    size = path.stat().st_size
+    if n_tensors * _MIN_TENSOR_INFO + n_entries * _MIN_ENTRY > size - _HEADER:
+        raise ValueError(f"{path} is not a readable GGUF file: its header counts {n_tensors} tensors and {n_entries} "
+                         f"metadata entries, more than its {size} bytes can hold (truncated or damaged)")
 
 
 def _check_architecture(contents: GGUFContents) -> str:
@@ -162,23 +189,28 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
         A dict such as ``{"model_type": "llama", "hidden_size": 576, ...}``.
 
     Raises:
-        ValueError: for another architecture, a missing size, a mixture of experts, or rotary embeddings on
-            part of each head only.
+        ValueError: for another architecture, a missing size or one that is not a positive number (named), a
+            mixture of experts, or rotary embeddings on part of each head only.
     """
     arch = _check_architecture(contents)
     meta = contents.metadata
 
-    def get(key: str, default: Any = None) -> Any:
+    def get(key: str, default: Any = None, *, real: bool = False) -> Any:
+        """A size (an int >= 1), or with ``real`` a positive number: checked here, where the key can be named."""
         value = meta.get(f"{arch}.{key}", default)
         if value is None:
             raise ValueError(f"{contents.path}: the metadata has no {arch}.{key}")
+        if isinstance(value, bool) or not isinstance(value, (int, float) if real else int) or \
+                not 0 < value < float("inf"):
+            expected = "a positive number" if real else "an integer >= 1"
+            raise ValueError(f"{contents.path}: {arch}.{key} must be {expected}, got {value!r}")
         return value
 
     if meta.get(f"{arch}.expert_count", 0):
         raise ValueError(f"{contents.path}: a mixture of experts ({arch}.expert_count > 0) is not supported")
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
-    head_dim = meta.get(f"{arch}.attention.key_length", d_model // n_heads)
-    rotary_dim = meta.get(f"{arch}.rope.dimension_count", head_dim)
+    head_dim = get("attention.key_length", d_model // n_heads or 1)
+    rotary_dim = get("rope.dimension_count", head_dim)
     if rotary_dim != head_dim:
         raise ValueError(
             f"{contents.path}: rope.dimension_count={rotary_dim} differs from the head size {head_dim}; "
@@ -195,11 +227,11 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
         "intermediate_size": get("feed_forward_length"),
         "num_hidden_layers": get("block_count"),
         "num_attention_heads": n_heads,
-        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", n_heads),
+        "num_key_value_heads": get("attention.head_count_kv", n_heads),
         "head_dim": head_dim,
         "max_position_embeddings": get("context_length", 2048),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5, real=True)),
+        "rope_theta": float(get("rope.freq_base", 10000.0, real=True)),
         "hidden_act": "silu",
         # llama.cpp leaves out the output matrix of a model that reuses its token embedding.
         "tie_word_embeddings": "output.weight" not in contents.tensors,
@@ -340,7 +372,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
 
     Raises:
         ValueError: for a tokenizer other than byte-level BPE (``tokenizer.ggml.model`` ``"gpt2"``), an
-            unknown pre-tokenizer, or missing tokens/merges.
+            unknown pre-tokenizer, missing tokens/merges, a merge that is not two tokens of the vocabulary
+            (named), or token types that do not match the tokens.
     """
     from tokenizers import AddedToken, decoders, models
     from tokenizers import Tokenizer as HFTokenizer
@@ -359,12 +392,13 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
     tokens, merges = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.merges")
     if not tokens or not merges:
         raise ValueError("the GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-    hf = HFTokenizer(
-        models.BPE(vocab={token: i for i, token in enumerate(tokens)}, merges=[tuple(m.split(" ")) for m in merges])
-    )
+    vocab = _vocabulary(tokens)
+    hf = HFTokenizer(models.BPE(vocab=vocab, merges=_merge_pairs(merges, vocab)))
     hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
     hf.decoder = decoders.ByteLevel()
     types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise ValueError(f"tokenizer.ggml.token_type must give a type for each of the {len(tokens)} tokens")
     # Tokens already in the vocabulary keep their ids; being "added" makes them match whole in the text.
     # normalized=False: matched as written, not after the normalizer.
     hf.add_special_tokens([
@@ -381,6 +415,28 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
         eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
         pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
     )
+
+
+def _vocabulary(tokens: Any) -> dict[str, int]:
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError("tokenizer.ggml.tokens must be a list of strings")
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def _merge_pairs(merges: Any, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """``"Ġ t"`` -> ``("Ġ", "t")``, each merge checked against the vocabulary: the tokenizers library would
+    otherwise fail with its own exception, naming neither the file nor the merge."""
+    pairs = []
+    for i, merge in enumerate(merges if isinstance(merges, list) else [merges]):
+        pair = merge.split(" ") if isinstance(merge, str) else []
+        if len(pair) != 2:
+            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} is not two tokens separated by one space")
+        unknown = [t for t in (*pair, "".join(pair)) if t not in vocab]
+        if unknown:
+            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} names {unknown[0]!r}, which is not in "
+                             "tokenizer.ggml.tokens")
+        pairs.append((pair[0], pair[1]))
+    return pairs
 
 
 __all__ = [

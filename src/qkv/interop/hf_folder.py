@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ..checkpoint import check_finite
 from ..files import read_json
 from ..tokenizers import WORDPIECE_SPECIALS, PretrainedTokenizer, WordPieceTokenizer, default_stop_ids
 
@@ -53,7 +54,8 @@ def read_safetensors(folder: str | Path) -> dict[str, Tensor]:
 
     Raises:
         ValueError: for a folder without safetensors weights (pickled ``pytorch_model.bin`` only, or nothing),
-            an unreadable file or index, or shards that are missing or do not hold what the index lists.
+            an unreadable file or index, shards that are missing or do not hold what the index lists, a weight or
+            bias stored as integers, or weights that are not finite (each error names the tensor).
     """
     folder = Path(folder)
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
@@ -89,7 +91,24 @@ def read_safetensors(folder: str | Path) -> dict[str, Tensor]:
             f"the shards in {folder} do not match {index.name}: missing {sorted(expected - set(tensors))}, "
             f"unlisted {sorted(set(tensors) - expected)}"
         )
-    return {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+    _check_parameter_dtypes(tensors, folder)
+    tensors = {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+    check_finite(tensors.items(), f"{folder} holds", "the weights are damaged; use another copy of the model")
+    return tensors
+
+
+# The last part of a parameter's name (LayerNorm's were gamma and beta in older checkpoints); other tensors,
+# such as BERT's position_ids, are integer buffers.
+_PARAMETER_NAMES = ("weight", "bias", "gamma", "beta")
+
+
+def _check_parameter_dtypes(tensors: Mapping[str, Tensor], folder: Path) -> None:
+    """A parameter stored as integers would be copied into the model as garbage floats: a quantized folder
+    (int8 weights with their scales beside them), or a damaged header."""
+    for name, tensor in tensors.items():
+        if name.rpartition(".")[2] in _PARAMETER_NAMES and not tensor.is_floating_point():
+            raise ValueError(f"{folder}: tensor {name} is stored as {tensor.dtype}, expected floating-point weights "
+                             "(float32, float16 or bfloat16); qkv reads unquantized models only")
 
 
 def read_chat_template(folder: str | Path) -> str | None:
