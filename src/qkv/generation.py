@@ -145,6 +145,7 @@ class Sampling:
 
 
 GREEDY = Sampling(temperature=0.0)
+_TINY = torch.finfo(torch.float32).tiny
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
@@ -187,7 +188,11 @@ def next_token_logits(logits: Tensor, sampling: Sampling, seen: Tensor | None = 
         logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
     if sampling.greedy:
         return logits
-    logits = logits / sampling.temperature
+    # Shifted so the largest logit is 0 and every other < 0: divided by however small a temperature they stay
+    # <= 0 (at worst -inf, probability 0), never +inf or nan. The temperature is kept above float32's smallest
+    # normal number, which it is rounded to in the division: 1e-300 would become 0, and 0/0 is nan. In the
+    # limit the draw is uniform among the tied largest logits, as the softmax's limit is.
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(sampling.temperature, _TINY)
     if sampling.top_k is not None:
         logits = top_k_filter(logits, sampling.top_k)
     if sampling.top_p is not None:

@@ -50,9 +50,13 @@ def real(minimum: float | None = None, maximum: float | None = None, *, above: f
     return parse
 
 
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"  # 4294967295, not 4.29497e+09
+
+
 def _range(minimum=None, maximum=None, above=None, below=None) -> str:
-    low = f"{minimum:g}" if minimum is not None else f"{above:g}" if above is not None else None
-    high = f"{maximum:g}" if maximum is not None else f"{below:g}" if below is not None else None
+    low = _number(minimum) if minimum is not None else _number(above) if above is not None else None
+    high = _number(maximum) if maximum is not None else _number(below) if below is not None else None
     if low is not None and high is not None:
         return f" in {'[' if minimum is not None else '('}{low}, {high}{']' if maximum is not None else ')'}"
     if low is not None:
@@ -63,7 +67,9 @@ def _range(minimum=None, maximum=None, above=None, below=None) -> str:
 
 
 COUNT = integer(1)  # sizes, steps, beams: at least one
-SEED = integer(0)
+# What every seeded generator takes (torch to 2**64 - 1, NumPy's legacy seeds to 2**32 - 1), with room for the
+# seeds qkv derives from it (seed × 100,003 + epoch, and so on).
+SEED = integer(0, 2**32 - 1)
 POSITIVE = real(above=0)  # minutes, epochs, learning rates
 NON_NEGATIVE = real(minimum=0)  # clipping (0 disables), weight decay, length penalty
 PROBABILITY = real(minimum=0, below=1)  # dropout, label smoothing: [0, 1)

@@ -16,8 +16,8 @@ from typing import Any
 from torch import Tensor
 
 from ..config import CLIPConfig, CLIPTextConfig, ViTConfig
+from ..memory import build_model
 from ..models.clip import CLIP
-from ..models.common import skip_init
 from .hf_vit import _ACTIVATIONS, _side, _take_layer
 from .huggingface import _Checkpoint, _field
 
@@ -148,7 +148,6 @@ def load_clip_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     """
     cfg = clip_config_from_hf(hf_config)
     converted = clip_state_dict_from_hf(state_dict, cfg)
-    with skip_init():  # every weight is loaded next (strictly)
-        model = CLIP(cfg)
+    model = build_model(CLIP, cfg, what="the Hugging Face model", initialise=False)  # weights loaded next
     model.load_state_dict(converted, strict=True)
     return model.eval()

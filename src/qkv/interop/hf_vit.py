@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from ..config import ViTConfig
-from ..models.common import skip_init
+from ..memory import build_model
 from ..models.vit import ViT, ViTClassifier
 from .huggingface import _Checkpoint, _field
 
@@ -145,8 +145,8 @@ def _load_image_model(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     n_classes = head["weight"].size(0) if "weight" in head else None
     cfg = config_from_hf(hf_config, n_classes=n_classes)
     converted = state_dict_from_hf(state_dict, cfg)
-    with skip_init():  # every weight is loaded next (strictly)
-        model = classifier[0](cfg) if n_classes else backbone(cfg)
+    model = build_model(classifier[0] if n_classes else backbone, cfg, what="the Hugging Face model",
+                        initialise=False)  # every weight is loaded next (strictly)
     if n_classes:
         converted = {f"{classifier[1]}.{name}": t for name, t in converted.items()}
         converted |= {"head.weight": head["weight"], "head.bias": head.get("bias")}

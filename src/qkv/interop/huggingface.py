@@ -33,8 +33,8 @@ import torch
 from torch import Tensor
 
 from ..config import BERTConfig, GPTConfig, ModelConfig
+from ..memory import build_model
 from ..models import BERT, GPT
-from ..models.common import skip_init
 
 GPT_MODEL_TYPES = ("gpt2", "llama")
 
@@ -493,8 +493,7 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     """
     cfg = gpt_config_from_hf(hf_config)
     converted = gpt_state_dict_from_hf(state_dict, cfg, hf_config["model_type"])
-    with skip_init():  # every weight is loaded next (strictly)
-        model = GPT(cfg)
+    model = build_model(GPT, cfg, what="the Hugging Face model", initialise=False)  # weights loaded next
     model.load_state_dict(converted, strict=True)
     return model.eval()
 
@@ -518,8 +517,7 @@ def load_bert_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     cfg = bert_config_from_hf(hf_config)
     cfg.pooler = any(name.removeprefix("bert.").startswith("pooler.") for name in state_dict)
     converted = bert_state_dict_from_hf(state_dict, cfg)
-    with skip_init():  # every weight is loaded next (strictly)
-        model = BERT(cfg)
+    model = build_model(BERT, cfg, what="the Hugging Face model", initialise=False)  # weights loaded next
     model.load_state_dict(converted, strict=True)
     return model.eval()
 

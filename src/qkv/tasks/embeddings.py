@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..data import pad
 from ..device import device_of, to_device
+from ..memory import activation_bytes, check_fits
 from ..models import BERT, mean_pool
 from ..tokenizers import WordPieceTokenizer
 
@@ -102,6 +103,9 @@ def embed(
     order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))  # longest first, similar lengths together
     out = torch.empty(len(ids), model.config.d_model)
     device = device_of(model)
+    rows, longest = min(batch_size, len(ids)), len(ids[order[0]])  # the first batch is the largest
+    check_fits(activation_bytes(model.config, rows, longest, training=False),
+               f"encoding {rows:,} sentences of {longest:,} tokens at once", device=device)
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = pad([ids[i] for i in rows], tokenizer.pad_id)  # (B, T)

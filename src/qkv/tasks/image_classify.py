@@ -46,7 +46,8 @@ class EpochBatches(Sequence):
             return [self[k] for k in range(*index.indices(len(self)))]
         size = self.task.batch_size
         rows = self.order[index * size : (index + 1) * size]
-        g = torch.Generator().manual_seed((self.task.seed * 100_003 + self.epoch) * 1_000_003 + index)
+        # Folded into the 64 bits a generator takes: a large --seed would otherwise overflow it
+        g = torch.Generator().manual_seed(((self.task.seed * 100_003 + self.epoch) * 1_000_003 + index) % 2**64)
         return self.task.batch(self.task.train, rows, generator=g)
 
 

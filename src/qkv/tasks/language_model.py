@@ -23,6 +23,7 @@ from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..generation import LMDecoder, Sampling, generate
+from ..memory import check_decoding
 from ..tokenizers import Tokenizer, encode_all
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,8 @@ def complete(
     ids = [tokenizer.encode(p) for p in prompts]
     if any(not i for i in ids):
         raise ValueError("a prompt is empty (or has no known tokens); give some text to continue")
+    check_decoding(model.config, sequences=len(ids), beams=beam_size, device=device_of(model),
+                   length=min(model.config.max_seq_len, max(map(len, ids)) + max_new_tokens))
     decoder = LMDecoder(model, ids, use_cache=use_cache)
     stops = set(stop_ids or ())
     # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled

@@ -22,6 +22,7 @@ from ..data import TranslationBatch, clean_pairs, token_budget_batches, translat
 from ..device import device_of, move, to_device
 from ..distributed import SINGLE, Group
 from ..generation import IncrementalDecoder, beam_search, greedy
+from ..memory import check_decoding
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all, token_label
@@ -64,10 +65,12 @@ def translate_ids(
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
                                 eos_id=EOS_ID).src
+        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
+        check_decoding(model.config, sequences=len(indices), beams=beam_size, length=max(limit),
+                       device=device_of(model))
         src = to_device(src, device_of(model))
         # the Transformer with its KV cache, the LSTM with its carried state (h, c)
         decoder: IncrementalDecoder = model.start_decoding(src, use_cache=use_cache)
-        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         if beam_size > 1:
             hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
                                alpha=alpha, suppress_ids=NOT_TEXT)
