@@ -312,3 +312,25 @@ def test_a_model_failure_is_one_log_line_without_a_traceback(server, caplog):
         assert _post(server, {"text": "boom"})[0] == 500
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "Traceback" not in caplog.text
     assert "500 the model failed on this input: RuntimeError: the model broke" in caplog.text
+
+
+def test_an_ipv6_loopback_server_answers():
+    """`qkv explore --host ::1` lists ::1 as a local host, so it must be able to bind it."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    try:
+        srv = make_server(Explorer(_run, {"model": "m", "kind": "encoder", "example": ""}), "::1", 0)
+    except OSError as err:
+        if "Cannot assign" in str(err) or "not available" in str(err):
+            pytest.skip(f"IPv6 loopback not configured: {err}")
+        raise
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        port = srv.server_address[1]
+        with socket.create_connection(("::1", port), timeout=10) as s:
+            s.sendall(f"GET / HTTP/1.1\r\nHost: [::1]:{port}\r\nConnection: close\r\n\r\n".encode())
+            assert s.recv(64).startswith(b"HTTP/1.0 200")
+        assert srv.home == f"http://[::1]:{port}"
+    finally:
+        srv.shutdown()
+        srv.server_close()

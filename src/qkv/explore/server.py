@@ -25,6 +25,7 @@ import ipaddress
 import json
 import logging
 import re
+import socket
 import sys
 import threading
 import time
@@ -263,8 +264,10 @@ def make_server(explorer: Explorer, host: str = "127.0.0.1", port: int = 8000) -
         OSError: one line, when the port is taken or the host cannot be bound.
     """
     handler = type("Handler", (_Handler,), {"explorer": explorer})
+    # an IPv6 address (::1) needs an IPv6 socket; the class attribute is read when the socket is made
+    server_class = type("Server6", (_Server,), {"address_family": socket.AF_INET6}) if ":" in host else _Server
     try:
-        server = _Server((host, port), handler)
+        server = server_class((host, port), handler)
     except OSError as err:
         if err.errno == errno.EADDRINUSE:
             raise OSError(f"port {port} on {host} is taken (another qkv explore?): choose another with --port, or "
