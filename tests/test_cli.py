@@ -36,9 +36,10 @@ def run_copy(trained, copy_of) -> Path:
 
 
 def _csv_steps(path: Path) -> list[int]:
+    """The steps of the log's evaluation rows (a short run's training rows, which have an lr, come every step)."""
     header, *rows = path.read_text().splitlines()
-    column = header.split(",").index("step")
-    return [int(row.split(",")[column]) for row in rows]
+    column, lr = header.split(",").index("step"), header.split(",").index("lr")
+    return [int(row.split(",")[column]) for row in rows if not row.split(",")[lr]]
 
 
 # --- train ----------------------------------------------------------------------------------------------------

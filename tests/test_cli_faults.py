@@ -27,9 +27,10 @@ def _snapshot(checkpoint: Path) -> dict[str, bytes]:
 
 
 def _steps(run: Path, column: str = "step") -> list[int]:
+    """The steps of the log's evaluation rows (a short run's training rows, which have an lr, come every step)."""
     header, *rows = (run / "log.csv").read_text().splitlines()
-    index = header.split(",").index(column)
-    return [int(r.split(",")[index]) for r in rows if r.split(",")[index]]
+    index, lr = header.split(",").index(column), header.split(",").index("lr")
+    return [int(r.split(",")[index]) for r in rows if r.split(",")[index] and not r.split(",")[lr]]
 
 
 # --- data loss and silently wrong results ---------------------------------------------------------------------

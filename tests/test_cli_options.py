@@ -27,8 +27,9 @@ REFUSED = [
     (["train", "lm", "--out", "r", "--valid-fraction", "1"], "argument --valid-fraction: must be a finite number in "
                                                              "(0, 1)"),
     (["train", "mlm", "--out", "r", "--mask-prob", "0"], "argument --mask-prob: must be a finite number in (0, 1)"),
-    (["train", "classify", "--out", "r", "--seed", "-1"], "argument --seed: must be an integer >= 0"),
-    (["demo", "--minutes", "nan"], "argument --minutes: must be a finite number > 0, got 'nan'"),
+    (["train", "classify", "--out", "r", "--seed", "-1"], "argument --seed: must be an integer in [0, 4294967295]"),
+    (["demo", "--max-minutes", "nan"], "argument --max-minutes: must be a finite number > 0, got 'nan'"),
+    (["demo", "--steps", "0"], "argument --steps: must be an integer >= 1, got '0'"),
     (["tour", "--steps", "-5"], "argument --steps: must be an integer >= 1, got '-5'"),
     (["translate", "--model", "m", "--alpha", "nan"], "argument --alpha: must be a finite number >= 0, got 'nan'"),
     (["translate", "--model", "m", "--layer", "1.5"], "argument --layer: must be an integer, got '1.5'"),

@@ -1,6 +1,7 @@
 """Several processes with torchrun and DistributedDataParallel, on the CPU with Gloo: two processes with the
 same global batch follow one process's run, write one set of checkpoints and logs, and resume."""
 
+import socket
 import subprocess
 import sys
 
@@ -33,9 +34,12 @@ TRANSLATION = ["train", "--src", "train.de", "--tgt", "train.en", "--valid-src",
 
 @pytest.mark.parametrize("trainer", [LM, TRANSLATION], ids=["lm", "translation"])
 def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path, trainer):
-    ok(qkv(*trainer, "--out", tmp_path / "one", "--max-steps", "4", "--accum", "2", cwd=cli_work))
+    one = ok(qkv(*trainer, "--out", tmp_path / "one", "--max-steps", "4", "--accum", "2", cwd=cli_work))
     two = torchrun(*trainer, "--out", tmp_path / "two", "--max-steps", "4", cwd=cli_work)
     assert two.stdout.count("step budget reached after 4 steps") == 1  # rank 0 reports, once
+    validations = [[line for line in proc.stdout.splitlines() if line.startswith("step ")] for proc in (one, two)]
+    assert len(validations[1]) == len(validations[0]) > 0  # rank 0 prints them, rank 1 does not
+    assert "  step 4  -> " in two.stdout and "step 4.0" not in two.stdout  # the best's step is a count
     one_w = load_file(tmp_path / "one" / "last" / "model.safetensors")
     two_w = load_file(tmp_path / "two" / "last" / "model.safetensors")
     assert one_w.keys() == two_w.keys()
@@ -66,3 +70,17 @@ def test_an_inconsistent_launcher_environment_is_one_line(cli_work, tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "torchrun's environment is incomplete (LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set)" in proc.stderr
+
+
+def test_a_rank_whose_rank_0_never_comes_says_so_within_the_rendezvous_timeout(cli_work, tmp_path):
+    """RANK=1 of 2 with no rank 0 anywhere waited for ever; it gives up after QKV_RENDEZVOUS_TIMEOUT seconds."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**ENV, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "QKV_RENDEZVOUS_TIMEOUT": "2"}
+    proc = subprocess.run(command(*LM, "--out", tmp_path / "run", "--max-steps", "1"), cwd=cli_work, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"no rank 0 answered at 127.0.0.1:{port} within 2 s: start all 2 processes with torchrun" in proc.stderr
+    assert not (tmp_path / "run").exists()

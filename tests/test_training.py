@@ -110,17 +110,18 @@ def test_a_resumed_time_budget_counts_the_whole_run(tmp_path, monkeypatch):
     and stops when the minutes of all its invocations add up; an already spent budget is a clear error."""
     clock = FakeClock(monkeypatch, step_s=5, eval_s=10)
     first = Trainer(clock.task(), timed(tmp_path, 1.0)).run()
-    assert first.stopped_because == "time budget reached" and first.elapsed_s == 60
+    # steps of 5 s, evaluations of 10 s: the last step starts by 60 - 5 - 10 s, the last evaluation ends at 55 s
+    assert first.stopped_because == "time budget reached" and first.elapsed_s == 55
     before = log_rows(tmp_path, "lr")
     resumed = Trainer(clock.task(), timed(tmp_path, 2.0, resume=True)).run()
     assert resumed.stopped_because == "time budget reached"
     after = log_rows(tmp_path, "lr")[len(before):]
     assert after, "the resumed run took no step"
-    # the schedule goes on from half of the 2-minute budget, not from its peak again
-    assert float(after[0]["lr"]) == pytest.approx(1e-3 + 9e-3 * 0.5 * (1 + math.cos(math.pi * 60 / 120)), rel=1e-4)
+    # the schedule goes on from 55 s of the 2-minute budget, not from its peak again
+    assert float(after[0]["lr"]) == pytest.approx(1e-3 + 9e-3 * 0.5 * (1 + math.cos(math.pi * 55 / 120)), rel=1e-4)
     assert all(float(a["lr"]) >= float(b["lr"]) for a, b in itertools.pairwise(after))
-    assert resumed.elapsed_s == 120  # both invocations together, not 2 more minutes
-    assert float(log_rows(tmp_path, "val_loss")[-1]["elapsed_s"]) == 120
+    assert resumed.elapsed_s == 115  # both invocations together, not 2 more minutes
+    assert float(log_rows(tmp_path, "val_loss")[-1]["elapsed_s"]) == 115
     with pytest.raises(ValueError, match=r"already ran .* minutes.*raise --max-minutes"):
         Trainer(clock.task(), timed(tmp_path, 2.0, resume=True)).run()
 
@@ -266,3 +267,82 @@ def test_metrics_print_with_their_decimals():
 
     assert format_metrics({"val_loss": 1.00044, "val_bleu": 36.351, "val_ppl": 1234.5}) == \
         "val_loss 1.0004  val_bleu 36.3510  val_ppl 1234.5"
+    assert format_metrics({"val_loss": 1.0, "step": 30}) == "val_loss 1.0000  step 30"  # a count, not 30.0000
+
+
+def test_only_the_main_process_prints_validations(capsys):
+    """tqdm.write prints even from a disabled bar: every rank of a torchrun printed each validation line."""
+    from qkv.progress import Progress
+
+    for main in (True, False):
+        progress = Progress(None, unit="tokens", title="t", total=3, initial=0, show=False, log_every=1,
+                            max_minutes=None, main=main)
+        progress.evaluated(3, {"val_loss": 1.5})
+        progress.close()
+    assert capsys.readouterr().out == "step 3: val_loss 1.5000\n"
+
+
+def _scripted(task, evaluations):
+    """The task, its validations returning ``evaluations`` in turn, its best checkpoint chosen by exact match."""
+    results = iter(evaluations)
+    task.evaluate = lambda *group: next(results)
+    task.selection_metric, task.higher_is_better = "val_exact", True
+    return task
+
+
+def test_a_tie_of_the_selection_metric_falls_to_the_validation_loss(tmp_path):
+    """Validations with no exact match: the one with the lowest loss is the best (a strict > on the exact match
+    kept the first, at a loss of 3.84); a later tie with a higher loss does not replace it."""
+    scores = [{"val_loss": loss, "val_exact": 0.0} for loss in (3.84, 1.42, 1.50)]
+    result = Trainer(_scripted(make_task(dropout=0.0), scores), options(tmp_path, max_steps=12)).run()
+    assert result.best == {"val_loss": 1.42, "val_exact": 0.0, "step": 8}
+    assert load_checkpoint(tmp_path / "best").meta["step"] == 8
+
+
+def test_a_better_selection_metric_wins_whatever_its_loss(tmp_path):
+    scores = [{"val_loss": 1.0, "val_exact": 0.0}, {"val_loss": 2.0, "val_exact": 0.5}]
+    result = Trainer(_scripted(make_task(dropout=0.0), scores), options(tmp_path, max_steps=8)).run()
+    assert result.best["step"] == 8
+
+
+@pytest.mark.parametrize("steps, logged", [
+    (7, list(range(1, 8))), (30, [1, *range(3, 31, 3)]), (1000, [1, *range(50, 1001, 50)]),
+])
+def test_a_run_logs_its_first_step_and_about_ten_training_rows(tmp_path, monkeypatch, steps, logged):
+    """The training loss at the first step and every min(50, steps // 10) steps (at least every step): a run
+    shorter than 50 steps had no training row at all. Only the count matters: the steps are counted, not run."""
+    trainer = Trainer(make_task(dropout=0.0), TrainOptions(out=str(tmp_path), max_steps=steps, warmup=0,
+                                                           eval_every=10_000, progress=False))
+
+    def count(chunk, total):
+        trainer.step += 1
+        return 1.0, chunk[0].n_tokens, 1e-3
+
+    monkeypatch.setattr(trainer, "_step", count)
+    monkeypatch.setattr(trainer, "_evaluate_and_save", lambda progress: {"val_loss": 1.0})
+    trainer.run()
+    assert [int(r["step"]) for r in log_rows(tmp_path, "train_loss")] == logged
+
+
+@pytest.mark.parametrize("final_scoring", [0.0, 1.0])
+def test_a_time_budget_fits_the_last_step_evaluation_and_final_scoring(tmp_path, monkeypatch, final_scoring):
+    """Steps of 7 s and evaluations of 30 s under 2 minutes (the budget is no multiple of a step): the run stops
+    before the budget minus one step, its last evaluation and the caller's scoring after it (``final_scoring``
+    evaluations: a test set as large as the validation set). Stopping only when the evaluation would no longer
+    fit ran a step too many, and took 123 s."""
+    clock = FakeClock(monkeypatch, step_s=7, eval_s=30)
+    scoring = {"final_scoring": final_scoring} if final_scoring else {}  # without it: the options of before
+    result = Trainer(clock.task(), timed(tmp_path, 2.0, **scoring)).run()
+    assert result.stopped_because == "time budget reached"
+    assert result.elapsed_s + final_scoring * 30 <= 120
+    assert result.elapsed_s + final_scoring * 30 > 120 - 7 - 30  # not much earlier either
+
+
+def test_a_time_budget_counts_from_the_command_start(tmp_path, monkeypatch):
+    """A command that spent 40 s reading data and training a tokenizer before the trainer started (``started``)
+    has 80 s left of its 2 minutes: the user's minutes are the command's, not the loop's."""
+    clock = FakeClock(monkeypatch, step_s=5, eval_s=10)
+    clock.now = 40.0
+    result = Trainer(clock.task(), timed(tmp_path, 2.0, started=0.0)).run()
+    assert result.stopped_because == "time budget reached" and 120 - 5 - 10 < result.elapsed_s <= 120
+    assert float(log_rows(tmp_path, "lr")[0]["elapsed_s"]) == 45  # the first step ends 45 s into the command

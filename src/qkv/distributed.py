@@ -11,12 +11,15 @@ micro-batch); validation is split across the ranks and its sums gathered; rank 0
 logs, plots and progress, and decides when to evaluate and when to stop, so every rank does the same.
 
 NCCL connects GPUs, Gloo CPUs. Without torchrun's environment everything here is the single process
-:data:`SINGLE`, and the same code runs.
+:data:`SINGLE`, and the same code runs. A rank that finds no rank 0 (``RANK=1`` started by hand) gives up after
+60 seconds (``QKV_RENDEZVOUS_TIMEOUT``) and says what is missing, instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+RENDEZVOUS_TIMEOUT_S = 60.0  # how long a rank waits for rank 0's store to answer (QKV_RENDEZVOUS_TIMEOUT overrides)
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,7 @@ def setup(device_type: str) -> Group:
     Raises:
         ValueError: if the environment is inconsistent (some of torchrun's variables but not all, a rank
             outside the world).
+        ConnectionError: if rank 0 does not answer within the rendezvous timeout (see :func:`_wait_for_rank_0`).
     """
     present = {name: os.environ.get(name) for name in ENV}
     if all(value is None for value in present.values()):
@@ -105,8 +110,46 @@ def setup(device_type: str) -> Group:
     if not dist.is_initialized():
         if device_type == "cuda":
             torch.cuda.set_device(local)
+        if rank != 0:
+            _wait_for_rank_0(present["MASTER_ADDR"], present["MASTER_PORT"], world)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
     return Group(rank, world, local)
+
+
+def _rendezvous_timeout() -> float:
+    value = os.environ.get("QKV_RENDEZVOUS_TIMEOUT", str(RENDEZVOUS_TIMEOUT_S))
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"QKV_RENDEZVOUS_TIMEOUT must be a number of seconds > 0, got {value!r}")
+    return seconds
+
+
+def _wait_for_rank_0(address: str, port: str, world: int) -> None:
+    """Wait, for a bounded time, until the store at MASTER_ADDR:MASTER_PORT (rank 0's, or torchrun's) accepts a
+    connection; init_process_group then joins it.
+
+    init_process_group's own timeout would bound this wait too, but it is also every collective's: a short one
+    would end a run whose rank 0 takes a while to save a checkpoint. A plain socket is tried, not a TCPStore
+    client, whose failed attempts print C++ stack traces.
+    """
+    seconds = _rendezvous_timeout()
+    try:
+        port_number = int(port)
+    except ValueError:
+        raise ValueError(f"MASTER_PORT must be a port number, got {port!r}") from None
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection((address, port_number), timeout=max(0.1, deadline - time.monotonic())):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConnectionError(f"no rank 0 answered at {address}:{port} within {seconds:g} s: start all {world} "
+                                      f"processes with torchrun --nproc_per_node {world} -m qkv.cli ...") from None
+            time.sleep(0.2)  # rank 0 may not be listening yet: torchrun starts the processes together
 
 
 def current() -> Group:

@@ -19,8 +19,15 @@ from typing import Any
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    """``val_loss 1.0004  val_bleu 36.35``: four decimals below 100, so 1.00044 does not print as 1."""
-    return "  ".join(f"{k} {v:.4f}" if abs(v) < 100 else f"{k} {v:.1f}" for k, v in metrics.items())
+    """``step 30  val_loss 1.0004  val_bleu 36.35``: counts as counts; four decimals below 100, so 1.00044 does
+    not print as 1."""
+    return "  ".join(f"{k} {_number(v)}" for k, v in metrics.items())
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.4f}" if abs(value) < 100 else f"{value:.1f}"
 
 
 @dataclass
@@ -73,13 +80,16 @@ class Progress:
         unit: what a batch's ``n_tokens`` counts (``"target_tokens"``, ``"examples"``).
         total: the step budget, if there is one; ``initial`` the step the run starts from.
         show: draw the bar.
+        log_every: write a training row at the first step and every ``log_every`` steps.
+        main: print the validation lines (only rank 0 of a distributed run does).
     """
 
     def __init__(self, log: RunLog | None, *, unit: str, title: str, total: int | None, initial: int, show: bool,
-                 log_every: int, max_minutes: float | None, plot_title: str = "") -> None:
+                 log_every: int, max_minutes: float | None, plot_title: str = "", main: bool = True) -> None:
         from tqdm import tqdm
 
         self.log, self.unit, self.label, self.log_every = log, unit, unit.replace("_", " "), log_every
+        self.main = main
         self.max_minutes, self.plot_title = max_minutes, plot_title
         self.bar = tqdm(total=total, initial=initial, unit="step", disable=not show, dynamic_ncols=True, desc=title,
                         leave=True)
@@ -94,7 +104,8 @@ class Progress:
         return self.items / max(self.seconds, 1e-9)
 
     def step(self, *, step: int, epoch: int, loss: float, items: int, seconds: float, lr: float, run_s: float) -> None:
-        """One optimizer step done: advance the bar, and every ``log_every`` steps write a row."""
+        """One optimizer step done: advance the bar, and at the first step and every ``log_every`` steps write a
+        row."""
         self.items, self.seconds = self.items + items, self.seconds + seconds
         self.window_loss, self.window_items = self.window_loss + loss, self.window_items + items
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
@@ -104,7 +115,7 @@ class Progress:
         if self.max_minutes:
             postfix["left"] = f"{max(0.0, self.max_minutes - run_s / 60):.1f}m"
         self.bar.set_postfix(postfix, refresh=False)
-        if step % self.log_every == 0:
+        if step % self.log_every == 0 or step == 1:
             self.row({"step": step, "epoch": epoch, "lr": lr, "train_loss": self.window_loss / self.window_steps,
                       f"{self.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1)})
             self._reset_window()
@@ -123,7 +134,8 @@ class Progress:
         self.bar.set_postfix_str("evaluating and saving", refresh=True)
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> None:
-        self.bar.write(f"step {step}: {format_metrics(metrics)}")
+        if self.main:  # tqdm.write prints even from a disabled bar: once per run, not once per process
+            self.bar.write(f"step {step}: {format_metrics(metrics)}")
 
     def close(self) -> None:
         self.bar.close()

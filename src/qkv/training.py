@@ -11,8 +11,9 @@ batch's loss is, and how to evaluate. The loop does the rest, the same way for a
 * exact resume: the data order is a function of (seed, epoch) and the trainer state stores the step, the
   position in the epoch, the optimizer and the RNG, so an interrupted run continues as if never stopped;
 * a progress bar with throughput and ETA, a CSV log and a loss-curve PNG;
-* stopping on a step, epoch or wall-clock budget (the final evaluation and save included in it), or on
-  Ctrl-C / SIGTERM (after saving; the result says which signal, so the command can exit 130 / 143).
+* stopping on a step, epoch or wall-clock budget (from the command's start when it gives it; the final
+  evaluation and save, and the caller's scoring after the run, included in it), or on Ctrl-C / SIGTERM (after
+  saving; the result says which signal, so the command can exit 130 / 143).
 
 The run directory is claimed for the whole run (:func:`qkv.rundir.claim`): one process at a time.
 """
@@ -44,6 +45,7 @@ from .tokenizers import Tokenizer
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
+TIE_BREAKER = "val_loss"  # picks the best checkpoint when the selection metric ties (lower is better)
 FIRST_EVAL_SHARE = 0.25  # with a time budget, the first evaluation comes by this share of it (see _evaluation_due)
 
 
@@ -101,7 +103,9 @@ class TrainOptions:
     eval_every: int = 500
     eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
     stop_at: float | None = None  # stop once the task's selection metric reaches this value
-    log_every: int = 50
+    final_scoring: float = 0.0  # the caller's work after the run (a test set), in evaluations: reserved by max_minutes
+    started: float | None = None  # time.monotonic() when the command began: its setup counts in max_minutes too
+    log_every: int = 50  # at most: a run of N steps logs its first step and every min(log_every, N // 10)
     seed: int = 0
     resume: bool = False
     progress: bool = True
@@ -117,7 +121,7 @@ class TrainOptions:
             raise ValueError(f"schedule must be one of {list(SCHEDULES)}, got {self.schedule!r}")
         if self.accum < 1 or self.eval_every < 1 or self.log_every < 1 or self.warmup < 0:
             raise ValueError("accum, eval_every and log_every must be >= 1 and warmup >= 0")
-        for name in ("clip", "weight_decay", "min_lr_ratio"):
+        for name in ("clip", "weight_decay", "min_lr_ratio", "final_scoring"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value}")
@@ -241,6 +245,7 @@ class Trainer:
         self.tokens_seen = 0
         self.elapsed_before, self.started = 0.0, time.monotonic()  # wall-clock of earlier runs, start of this one
         self.eval_s: float | None = None  # how long the last evaluation and save took: reserved at the end
+        self.step_s = 0.0  # how long the last step took: the next one must fit in a time budget too
         self.log = RunLog(self.out / "log.csv")
 
     def run(self) -> TrainResult:
@@ -252,21 +257,29 @@ class Trainer:
         self._start()
         total = self._total_steps()
         title, main = self.task.meta.get("title", ""), self.group.main
+        # A short run still gets about ten training rows, not none.
+        log_every = self.opts.log_every if total is None else min(self.opts.log_every, max(1, total // 10))
         progress = Progress(self.log if main else None, unit=self.unit, title=title or "train", total=total,
-                            initial=self.step, show=self.opts.progress and main, log_every=self.opts.log_every,
-                            max_minutes=self.opts.max_minutes, plot_title=title)
-        self.started = time.monotonic()
+                            initial=self.step, show=self.opts.progress and main, log_every=log_every,
+                            max_minutes=self.opts.max_minutes, plot_title=title, main=main)
+        # The clock runs from the command's start when the caller gives it: reading data and training a tokenizer
+        # are part of the minutes a user asked for.
+        self.started = time.monotonic() if self.opts.started is None else self.opts.started
         self.last_eval: dict[str, float] | None = None
         self.model.train()
         reason = ""
+        first = self.step + 1
         with _StopFlag() as stop:
             log.info("training from step %d; Ctrl-C stops after the current step and saves", self.step)
             for chunk in self._chunks():
                 previous_s = self._run_s()
                 start = time.monotonic()
                 loss, items, lr = self._step(chunk, total)
-                progress.step(step=self.step, epoch=self.epoch, loss=loss, items=items, lr=lr,
-                              seconds=time.monotonic() - start, run_s=self._run_s())
+                seconds = time.monotonic() - start
+                if self.step > first:  # the first step warms up (allocations, --compile): no measure of the next
+                    self.step_s = seconds
+                progress.step(step=self.step, epoch=self.epoch, loss=loss, items=items, lr=lr, seconds=seconds,
+                              run_s=self._run_s())
                 reason = self._after_step(total, previous_s, stop.signal, progress)
                 if reason:
                     break
@@ -372,15 +385,21 @@ class Trainer:
             run_s >= FIRST_EVAL_SHARE * 60 * self.opts.max_minutes
 
     def _should_stop(self, total: int | None, run_s: float, interrupted_by: int | None) -> str:
-        """Why to stop now, or "". A time budget stops early enough for the final evaluation and save to fit
-        in it: as long as the last one took."""
+        """Why to stop now, or "". A time budget stops early enough for what follows to fit in it (see
+        :meth:`_reserve_s`)."""
         if interrupted_by is not None:
             return f"interrupted ({signal.Signals(interrupted_by).name})"
         if total is not None and self.step >= total:
             return "step budget reached"
-        if self.opts.max_minutes is not None and run_s + (self.eval_s or 0.0) >= 60 * self.opts.max_minutes:
+        if self.opts.max_minutes is not None and run_s + self._reserve_s() >= 60 * self.opts.max_minutes:
             return "time budget reached"
         return ""
+
+    def _reserve_s(self) -> float:
+        """The end of a time budget kept free, as long as each part last took: the next step (the decision to stop
+        comes after a step, so stopping one step later must fit too), the final evaluation and save, and the
+        caller's scoring after the run (``final_scoring`` evaluations)."""
+        return self.step_s + (self.eval_s or 0.0) * (1 + self.opts.final_scoring)
 
     def _reached_target(self, metrics: dict[str, float]) -> bool:
         value = metrics.get(self.task.selection_metric)
@@ -394,9 +413,11 @@ class Trainer:
         if opts.max_steps is not None and self.step >= opts.max_steps:
             raise ValueError(f"{self.out} already ran {self.step} steps, its whole max_steps={opts.max_steps}; "
                              "raise --max-steps to train on")
-        if opts.max_minutes is not None and done >= opts.max_minutes:
-            raise ValueError(f"{self.out} already ran {done:.1f} minutes, its whole max_minutes={opts.max_minutes:g}; "
-                             "raise --max-minutes to train on (the budget counts the run, not this invocation)")
+        # What is left must hold the final evaluation too, as long as the last one took (see _reserve_s).
+        if opts.max_minutes is not None and self.elapsed_before + (self.eval_s or 0.0) >= 60 * opts.max_minutes:
+            raise ValueError(f"{self.out} already ran {done:.1f} minutes of its max_minutes={opts.max_minutes:g}, "
+                             f"too few left for a step and an evaluation ({self.eval_s or 0:.0f} s); raise "
+                             "--max-minutes to train on (the budget counts the run, not this invocation)")
 
     # --- evaluation and checkpoints ---------------------------------------------------------------------
     def _evaluate_and_save(self, progress: Progress) -> dict[str, float]:
@@ -416,12 +437,16 @@ class Trainer:
         return metrics
 
     def _is_better(self, metrics: dict[str, float]) -> bool:
+        """Better by the task's selection metric; a tie (no exact match in two early validations) falls to the
+        validation loss, lower is better, so the more trained of two equally scored models is kept."""
         key = self.task.selection_metric
         if key not in metrics:
             return False
         if self.best is None or key not in self.best:
             return True
-        return metrics[key] > self.best[key] if self.task.higher_is_better else metrics[key] < self.best[key]
+        if metrics[key] != self.best[key]:
+            return metrics[key] > self.best[key] if self.task.higher_is_better else metrics[key] < self.best[key]
+        return metrics.get(TIE_BREAKER, math.inf) < self.best.get(TIE_BREAKER, math.inf)
 
     def _check_finite(self, metrics: dict[str, float]) -> None:
         """A model gone to NaN or Inf must never become a checkpoint: stop, keeping the last good one."""

@@ -362,6 +362,20 @@ def kind_of(english: str) -> str:
     return _number_kind(n)
 
 
+def to_chinese(english: str) -> str:
+    """The Chinese side of an English side of the corpus: ``"Mar 3, 2021" -> "2021年3月3日"``,
+    ``"five thousand" -> "五千"``; the reference a translation is checked against.
+
+    Raises:
+        ValueError: if ``english`` is no English side this corpus can produce (see :func:`kind_of`).
+    """
+    if kind_of(english) in DATE_STYLES:  # kind_of has checked it: one month name, then the day and the year
+        month = next(_MONTH_NUMBERS[word] for word in re.findall(r"[A-Z][a-z]+", english) if word in _MONTH_NUMBERS)
+        day, year = map(int, re.findall(r"\d+", english))
+        return date_to_chinese(year, month, day)
+    return number_to_chinese(_english_to_number(english))
+
+
 def _kind_size(kind: str) -> int:
     if kind == "round":
         return len(_ROUND_NUMBERS)
