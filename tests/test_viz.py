@@ -63,3 +63,9 @@ def test_a_cjk_font_installed_after_matplotlibs_cache_is_found(monkeypatch):
         assert viz._font_family(["年"]) is not None
     finally:
         viz._cjk_font.cache_clear()
+
+
+def test_the_loss_axis_names_what_the_loss_is_averaged_over():
+    assert loss_figure(ROWS).axes[0].get_ylabel() == "cross-entropy (nats per token)"
+    assert loss_figure(ROWS, unit="images").axes[0].get_ylabel() == "cross-entropy (nats per image)"
+    assert loss_figure(ROWS, unit="target_tokens").axes[0].get_ylabel() == "cross-entropy (nats per target token)"

@@ -1,14 +1,22 @@
-"""qkv's small files: reading JSON with a one-line error that names the file.
+"""qkv's small files: reading JSON with a one-line error that names the file, and writing a file whole.
 
 Configs, tokenizers and the side files of other projects' model folders are small JSON files. Each reader
 wants the same thing of them: the value, or one ``ValueError`` that names the file and says what is wrong
 with it, so that the CLI can print it as one line instead of a traceback.
+
+Files a run writes beside its checkpoints (the log, the loss curve, pictures, the held-out test set) are
+written by :func:`write_atomically`: into a new file of a random name in the same folder, then renamed over
+the name. A reader never sees half a file, and a name that is a symbolic link is replaced by the file, never
+written through (the rename replaces the link itself, and the new file is created with ``O_EXCL``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,4 +70,23 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = 
     return data
 
 
-__all__ = ["read_json"]
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """``write(tmp)`` into a new file beside ``path``, then rename it to ``path`` (see the module's text).
+
+    Example:
+        >>> write_atomically("run/loss.png", lambda tmp: fig.savefig(tmp, format="png"))  # doctest: +SKIP
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+__all__ = ["read_json", "write_atomically"]

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .files import write_atomically
+
 
 def format_metrics(metrics: dict[str, float]) -> str:
     """``step 30  val_loss 1.0004  val_bleu 36.35``: counts as counts; four decimals below 100, so 1.00044 does
@@ -64,12 +66,13 @@ class RunLog:
                 self.fields.append(key)
         self.rows.append({k: "" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v))
                           for k, v in row.items()})
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
+        write_atomically(self.path, self._write)
+
+    def _write(self, path: Path) -> None:
+        with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=self.fields, extrasaction="ignore")
             writer.writeheader()
             writer.writerows(self.rows)
-        tmp.replace(self.path)
 
 
 class Progress:
@@ -128,7 +131,7 @@ class Progress:
         if "val_loss" in row:
             from .viz import loss_curves
 
-            loss_curves(self.log.rows, self.log.path.with_name("loss.png"), title=self.plot_title)
+            loss_curves(self.log.rows, self.log.path.with_name("loss.png"), title=self.plot_title, unit=self.unit)
 
     def evaluating(self) -> None:
         self.bar.set_postfix_str("evaluating and saving", refresh=True)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .files import write_atomically
+
 log = logging.getLogger(__name__)
 
 CJK_FONTS = ("WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans SC", "Source Han Sans SC",
@@ -115,7 +117,7 @@ def attention_heatmap(
     with warnings.catch_warnings():  # without a CJK font: the one notice above, not a warning per glyph
         warnings.filterwarnings("ignore", message="Glyph .* missing from font")
         fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return path
 
@@ -165,24 +167,26 @@ def image_attention(image: torch.Tensor, maps: torch.Tensor, rollout: torch.Tens
         fig.suptitle(title, fontsize=10)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png"))
     plt.close(fig)
     return path
 
 
-def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: str = "") -> Path:
+def loss_curves(rows: Sequence[Mapping[str, str]], path: str | Path, *, title: str = "", unit: str = "tokens"
+                ) -> Path:
     """Plot ``train_loss`` and ``val_loss`` (and a validation metric on a second axis) against ``step`` from
     the rows of a training log (CSV rows as dicts; empty cells are skipped). The legend sits below the axes, so
-    it never hides a curve, and every point has a marker, so a short run's one evaluation is still visible."""
+    it never hides a curve, and every point has a marker, so a short run's one evaluation is still visible.
+    ``unit`` is what the loss is averaged over (a task's ``unit``: "tokens", "images", "pairs", ...)."""
     plt = _pyplot()
-    fig = loss_figure(rows, title=title)
+    fig = loss_figure(rows, title=title, unit=unit)
     path = Path(path)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, bbox_inches="tight", format="png"))
     plt.close(fig)
     return path
 
 
-def loss_figure(rows: Sequence[Mapping[str, str]], *, title: str = ""):
+def loss_figure(rows: Sequence[Mapping[str, str]], *, title: str = "", unit: str = "tokens"):
     """The figure :func:`loss_curves` saves (a matplotlib ``Figure``)."""
     plt = _pyplot()
 
@@ -197,7 +201,7 @@ def loss_figure(rows: Sequence[Mapping[str, str]], *, title: str = ""):
             marker = "o" if key == "val_loss" or len(xs) <= 30 else ""
             ax.plot(xs, ys, marker=marker, label=key.replace("_", " "), markersize=4)
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(f"cross-entropy (nats per {unit.replace('_', ' ').removesuffix('s')})")
     ax.grid(alpha=0.3)
     metric = next((k for k in ("val_bleu", "val_accuracy", "val_exact") if any(r.get(k) for r in rows)), None)
     handles, labels = ax.get_legend_handles_labels()

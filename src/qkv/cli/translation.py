@@ -6,8 +6,10 @@ import argparse
 import logging
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
+from ..files import write_atomically
 from .common import (
     VOCAB_MULTIPLE,
     add_device_arguments,
@@ -194,8 +196,9 @@ def _train(args: argparse.Namespace, s: dict) -> int:
     train = ParallelData.encode(train_pairs, tokenizers, max_len=s["max_len"], name="train")
     valid = ParallelData.encode(valid_pairs, tokenizers, max_len=s["max_len"], name="valid")
     if test_pairs is not None and current().main:
-        (out / "test.src.txt").write_text("".join(p[0].strip() + "\n" for p in test_pairs), encoding="utf-8")
-        (out / "test.ref.txt").write_text("".join(p[1].strip() + "\n" for p in test_pairs), encoding="utf-8")
+        for column, name in enumerate(("test.src.txt", "test.ref.txt")):
+            text = "".join(p[column].strip() + "\n" for p in test_pairs)
+            write_atomically(out / name, partial(Path.write_text, data=text, encoding="utf-8"))
     target_lang = s["target_lang"] or ("zh" if looks_chinese(valid.tgt_text) else None)
     model = build_model(model_cls, cfg, training=True)
     log.info("model: %.2fM parameters (%.2fM without embeddings); %d training pairs, %d validation pairs",
