@@ -1,9 +1,7 @@
 """``qkv demo``: the README's main job (see :mod:`qkv.tasks.demo`).
 
 The budget is in steps, so the result is the same on a slow machine as on a fast one; ``--max-minutes`` only
-bounds the time, and says so when it cuts the run short. The former ``--minutes`` is gone, not kept as an alias
-of ``--max-minutes``: it was the training budget, and as a limit on a step budget it would mean something else
-under the same name; argparse refuses it instead.
+bounds the time, and says so when it cuts the run short.
 """
 
 from __future__ import annotations

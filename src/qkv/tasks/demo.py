@@ -8,19 +8,12 @@ The source is split into words (a small BPE vocabulary ends up word-level on thi
 and the target into characters. Training runs for a budget of steps (:data:`STEPS`), its learning rate decaying
 along a cosine over them (an early stop at a validation score fired before the one-word numbers, which
 validation cannot hold, were learnt), so the model does not depend on the machine's speed: a busy machine takes
-longer for the same model, where a budget of 2.5 minutes once gave 82 steps and 0.0% exact match. A time limit
-(``max_minutes``) is there if wanted; a run it cuts short says so. The checkpoint with the best validation exact
-match (ties to the lower validation loss) is then scored on 1,000 test pairs never seen in training, overall and
-per kind of pair (small numbers, round numbers, each date style, ...: see
-:data:`qkv.tasks.dates_numbers.KINDS`), so a kind the model has not learnt shows up even when it is a small share
-of the test set; every printed sample is checked against :func:`qkv.tasks.dates_numbers.to_chinese`, and a
+longer for the same model. A time limit (``max_minutes``) is there if wanted; a run it cuts short says so. The
+checkpoint with the best validation exact match (ties to the lower validation loss) is then scored on 1,000 test
+pairs never seen in training, overall and per kind of pair (small numbers, round numbers, each date style, ...:
+see :data:`qkv.tasks.dates_numbers.KINDS`), so a kind the model has not learnt shows up even when it is a small
+share of the test set; every printed sample is checked against :func:`qkv.tasks.dates_numbers.to_chinese`, and a
 model below :data:`GOOD_ENOUGH` is called undertrained, not offered.
-
-Measured (2026-11-23, 2-core machine): with seed 0, 900 steps gave 100.0% exact match on the test pairs
-(validation: 0.6% at step 100, 65.6% at 200, 94.0% at 400, 100% from 500 on), in 35.5 minutes on cores shared
-with several other jobs; with seed 1, 100.0% again (validation 100% from step 600), the whole command taking
-2.0 minutes (1.9 of them before the test scoring) once the cores had gone quiet. Minutes say how busy a machine
-is, steps how far training went.
 """
 
 from __future__ import annotations
