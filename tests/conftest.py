@@ -87,3 +87,12 @@ def here(capsys, monkeypatch):
         return subprocess.CompletedProcess(["qkv", *map(str, args)], status, out, err)
 
     return run
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``-n 2``) each worker computes on one thread: two workers on two cores, not four
+    threads fighting over them."""
+    import os
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
