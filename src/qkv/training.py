@@ -112,7 +112,8 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         if self.max_steps is None and self.epochs is None and self.max_minutes is None:
-            raise ValueError("give a budget: max_steps, epochs or max_minutes")
+            raise ValueError("give a budget: max_steps, epochs or max_minutes (on the command line: --max-steps, "
+                             "--epochs or --max-minutes)")
         for name in ("max_steps", "epochs", "max_minutes", "lr"):
             _positive(name, getattr(self, name), optional=name != "lr")
         for minutes in self.eval_at_minutes:
