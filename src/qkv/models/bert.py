@@ -25,7 +25,7 @@ from . import common
 from .common import WithAttention
 
 
-class BERT(nn.Module):
+class BERT(common.Model):
     """Encoder-only Transformer configured by a :class:`BERTConfig`.
 
     Shape:
@@ -100,9 +100,6 @@ class BERT(nn.Module):
             raise ValueError("this BERT was built with pooler=False; build it with pooler=True to pool")
         return torch.tanh(self.pooler(hidden[:, 0]))
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
-
 
 def mean_pool(hidden: Tensor, attention_mask: Tensor) -> Tensor:
     """The mean of the real tokens' states: Σ_t m_t h_t / Σ_t m_t, padding left out.
@@ -138,7 +135,7 @@ class MaskedLMHead(nn.Module):
         return F.linear(x, embedding, self.bias)  # (..., V)
 
 
-class BERTForMaskedLM(nn.Module):
+class BERTForMaskedLM(common.Model):
     """A :class:`BERT` with the masked-language-model head: predicts the tokens hidden behind ``[MASK]``.
 
     Shape:
@@ -173,11 +170,8 @@ class BERTForMaskedLM(nn.Module):
             hidden = hidden[common.check_mask(select, ids, "select")]  # (N, D)
         return self.head(hidden, self.bert.tok_emb.weight)
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
-
-class BERTClassifier(nn.Module):
+class BERTClassifier(common.Model):
     """A :class:`BERT` with a linear classifier on its sentence vector (see :class:`BERTClassifierConfig`).
 
     Shape:
@@ -202,6 +196,3 @@ class BERTClassifier(nn.Module):
         else:
             pooled = mean_pool(hidden, common.check_mask(attention_mask, ids, "attention_mask"))  # (B, D)
         return self.classifier(self.dropout(pooled))  # (B, n_labels)
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

@@ -44,7 +44,7 @@ from .vit import ViT
 MAX_LOGIT_SCALE = 100.0  # CLIP's clamp on exp(s) = 1/τ
 
 
-class TextEncoder(nn.Module):
+class TextEncoder(common.Model):
     """CLIP's text encoder: token embeddings + learned positions, causal Pre-Norm layers, a final norm.
 
     The layers are GPT's decoder blocks without cross-attention (``CLIPTextModel``); the text's vector is the
@@ -117,11 +117,8 @@ class TextEncoder(nn.Module):
             where = found.int().argmax(dim=-1)  # (B,)
         return hidden[torch.arange(ids.size(0), device=ids.device), where]  # (B, D)
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
-
-class CLIP(nn.Module):
+class CLIP(common.Model):
     """An image encoder and a text encoder, each followed by a linear projection (no bias) into one space.
 
     Shape:
@@ -186,9 +183,6 @@ class CLIP(nn.Module):
         images = F.normalize(self.encode_image(pixels), dim=-1)  # (B_img, d_proj)
         texts = F.normalize(self.encode_text(ids, attention_mask), dim=-1)  # (B_txt, d_proj)
         return self.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE) * images @ texts.t()
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
 
 def contrastive_loss(logits: Tensor) -> Tensor:

@@ -206,6 +206,13 @@ def classifier_head(width: int, n_classes: int, init_std: float) -> nn.Linear:
     return head
 
 
+class Model(nn.Module):
+    """A qkv model: an ``nn.Module`` that counts its own parameters (:func:`num_parameters`)."""
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        return num_parameters(self, exclude_embeddings=exclude_embeddings)
+
+
 def num_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int:
     """Trainable parameters, each shared tensor counted once; optionally without the embedding tables
     (token, position, token-type), the count scaling laws use."""

@@ -19,7 +19,7 @@ from . import common
 from .common import WithAttention
 
 
-class GPT(nn.Module):
+class GPT(common.Model):
     """Decoder-only Transformer configured by a :class:`GPTConfig`.
 
     Shape:
@@ -108,6 +108,3 @@ class GPT(nn.Module):
         x = x[:, -1:] if last_only else x
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
         return WithAttention(logits, weights) if return_attention else logits
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

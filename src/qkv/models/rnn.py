@@ -310,7 +310,7 @@ class LSTMDecoder(nn.Module):
         return result, None if self.attention is None else torch.stack(weights, dim=1)  # (B, T, S)
 
 
-class LSTMSeq2Seq(nn.Module):
+class LSTMSeq2Seq(common.Model):
     """The LSTM encoder-decoder configured by an :class:`RNNConfig`: the bottleneck model
     (``attention="none"``) or an attention model (``"dot"``, ``"additive"``).
 
@@ -429,9 +429,6 @@ class LSTMSeq2Seq(nn.Module):
         """The source ``(B, S)`` encoded once, ready for :mod:`qkv.generation`'s greedy and beam search: the
         decoding adapter every encoder-decoder model offers (see :class:`LSTMDecoding`)."""
         return LSTMDecoding(self, src, use_cache=use_cache)
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
 
 class LSTMDecoding:

@@ -310,7 +310,7 @@ def _stage(cfg: SwinConfig, stage: int) -> SwinStage:
     return SwinStage([_block(cfg, stage, shifted=i % 2 == 1) for i in range(cfg.depths[stage])], merge)
 
 
-class Swin(nn.Module):
+class Swin(common.Model):
     """The Swin Transformer's backbone, configured by a :class:`SwinConfig` (as Hugging Face ``SwinModel``).
 
     Shape:
@@ -363,11 +363,8 @@ class Swin(nn.Module):
         x = self.norm(x)
         return WithAttention(x, attention) if return_attention else x
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
-
-class SwinClassifier(nn.Module):
+class SwinClassifier(common.Model):
     """A :class:`Swin` with a linear head on the mean of its last stage's tokens (``SwinForImageClassification``).
 
     Raises:
@@ -390,6 +387,3 @@ class SwinClassifier(nn.Module):
         hidden = out.output if return_attention else out
         logits = self.head(hidden.mean(dim=1))  # (B, d) -> (B, n_classes)
         return WithAttention(logits, out.attention) if return_attention else logits
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)

@@ -24,7 +24,7 @@ from . import common
 from .common import WithAttention
 
 
-class Transformer(nn.Module):
+class Transformer(common.Model):
     """Encoder-decoder Transformer configured by a :class:`TransformerConfig`.
 
     Example:
@@ -177,9 +177,6 @@ class Transformer(nn.Module):
         if return_attention:
             return WithAttention(logits, {"encoder": enc_w, "decoder_self": self_w, "decoder_cross": cross_w})
         return logits
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
 
 class TransformerDecoding:

@@ -70,7 +70,7 @@ def check_pixels(pixels: Tensor, channels: int, patch_size: int) -> None:
         raise ValueError(f"image sides must be multiples of the patch size {patch_size}, got {h}x{w}; resize them")
 
 
-class ViT(nn.Module):
+class ViT(common.Model):
     """The Vision Transformer's encoder, configured by a :class:`ViTConfig` (as Hugging Face ``ViTModel``).
 
     Shape:
@@ -131,11 +131,8 @@ class ViT(nn.Module):
         """The image vector ``(B, D)``: the [CLS] state, or the mean of the patch states."""
         return hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)
 
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
 
-
-class ViTClassifier(nn.Module):
+class ViTClassifier(common.Model):
     """A :class:`ViT` with a linear classification head on its pooled vector (``ViTForImageClassification``).
 
     Shape:
@@ -155,6 +152,3 @@ class ViTClassifier(nn.Module):
         hidden = out.output if return_attention else out
         logits = self.head(self.vit.pool(hidden))
         return WithAttention(logits, out.attention) if return_attention else logits
-
-    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        return common.num_parameters(self, exclude_embeddings=exclude_embeddings)
