@@ -1,8 +1,10 @@
 """Reading other projects' files into qkv models and tokenizers.
 
-* :mod:`.huggingface`: Hugging Face GPT-2, LLaMA-style decoder and BERT state dicts and configs -> qkv models;
+* :mod:`.hf_gpt`, :mod:`.hf_bert`: Hugging Face GPT-2 and LLaMA-style decoders, BERT encoders (state dicts
+  and configs) -> :class:`~qkv.GPT`, :class:`~qkv.BERT`;
 * :mod:`.hf_vit`, :mod:`.hf_swin`, :mod:`.hf_clip`: Hugging Face ViT, Swin and CLIP -> :class:`~qkv.ViT`,
   :class:`~qkv.Swin`, :class:`~qkv.CLIP` (and the classifiers);
+* :mod:`.hf_common`: what those converters share (config fields, strict tensor-by-tensor reading);
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
 * :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
@@ -18,18 +20,12 @@ from .gguf import (
     tokenizer_from_gguf,
     unpermute_rope_rows,
 )
+from .hf_bert import bert_config_from_hf, bert_state_dict_from_hf, load_bert_from_hf
 from .hf_clip import clip_config_from_hf, clip_state_dict_from_hf, load_clip_from_hf
 from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tokenizer_from_hf_folder
+from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf, load_gpt_from_hf
 from .hf_swin import load_swin_from_hf, swin_config_from_hf, swin_state_dict_from_hf
 from .hf_vit import load_vit_from_hf, vit_config_from_hf, vit_state_dict_from_hf
-from .huggingface import (
-    bert_config_from_hf,
-    bert_state_dict_from_hf,
-    gpt_config_from_hf,
-    gpt_state_dict_from_hf,
-    load_bert_from_hf,
-    load_gpt_from_hf,
-)
 from .pretrained import Pretrained, chat_prompt, load_pretrained, smollm2_path
 from .sentence import SentenceEncoder, load_sentence_encoder, minilm_path
 

@@ -39,7 +39,7 @@ from torch import Tensor
 from ..checkpoint import check_finite
 from ..models import GPT
 from ..tokenizers import PretrainedTokenizer
-from .huggingface import load_gpt_from_hf
+from .hf_gpt import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     """The Hugging Face ``config.json`` of a LLaMA model described by GGUF metadata.
 
     Keys are ``{architecture}.{name}`` in GGUF (``llama.block_count``); the result uses transformers' names,
-    so :func:`~qkv.interop.huggingface.gpt_config_from_hf` applies its checks unchanged.
+    so :func:`~qkv.interop.hf_gpt.gpt_config_from_hf` applies its checks unchanged.
 
     Args:
         contents: from :func:`read_gguf`.

@@ -18,49 +18,48 @@ from torch import Tensor
 from ..config import CLIPConfig, CLIPTextConfig, ViTConfig
 from ..memory import build_model
 from ..models.clip import CLIP
-from .hf_vit import _ACTIVATIONS, _side, _take_layer
-from .huggingface import _Checkpoint, _field
+from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, take_prenorm_layer
 
 _LEGACY_EOS = 2  # Hugging Face's old default eos_token_id, which means "the highest id of each row"
 
 
 def _activation(sub: Mapping[str, Any]) -> str:
-    activation = _field(sub, "hidden_act", "quick_gelu")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"CLIP hidden_act must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    return _ACTIVATIONS[activation]
+    activation = hf_field(sub, "hidden_act", "quick_gelu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"CLIP hidden_act must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
 
 
 def _vision_config(sub: Mapping[str, Any]) -> ViTConfig:
     return ViTConfig(
-        image_size=_side(_field(sub, "image_size")),
-        patch_size=_side(_field(sub, "patch_size")),
-        channels=_field(sub, "num_channels", 3),
-        d_model=_field(sub, "hidden_size"),
-        n_heads=_field(sub, "num_attention_heads"),
-        n_layers=_field(sub, "num_hidden_layers"),
-        d_ff=_field(sub, "intermediate_size"),
-        norm_eps=_field(sub, "layer_norm_eps", 1e-5),
+        image_size=image_side(hf_field(sub, "image_size")),
+        patch_size=image_side(hf_field(sub, "patch_size")),
+        channels=hf_field(sub, "num_channels", 3),
+        d_model=hf_field(sub, "hidden_size"),
+        n_heads=hf_field(sub, "num_attention_heads"),
+        n_layers=hf_field(sub, "num_hidden_layers"),
+        d_ff=hf_field(sub, "intermediate_size"),
+        norm_eps=hf_field(sub, "layer_norm_eps", 1e-5),
         activation=_activation(sub),
-        attention_dropout=_field(sub, "attention_dropout", 0.0),
+        attention_dropout=hf_field(sub, "attention_dropout", 0.0),
         embed_norm=True,
         patch_bias=False,
     )
 
 
 def _text_config(sub: Mapping[str, Any]) -> CLIPTextConfig:
-    eos = _field(sub, "eos_token_id", 49407)
+    eos = hf_field(sub, "eos_token_id", 49407)
     return CLIPTextConfig(
-        vocab_size=_field(sub, "vocab_size"),
+        vocab_size=hf_field(sub, "vocab_size"),
         eos_id=None if eos == _LEGACY_EOS else eos,
-        d_model=_field(sub, "hidden_size"),
-        n_heads=_field(sub, "num_attention_heads"),
-        n_layers=_field(sub, "num_hidden_layers"),
-        d_ff=_field(sub, "intermediate_size"),
-        max_seq_len=_field(sub, "max_position_embeddings"),
-        norm_eps=_field(sub, "layer_norm_eps", 1e-5),
+        d_model=hf_field(sub, "hidden_size"),
+        n_heads=hf_field(sub, "num_attention_heads"),
+        n_layers=hf_field(sub, "num_hidden_layers"),
+        d_ff=hf_field(sub, "intermediate_size"),
+        max_seq_len=hf_field(sub, "max_position_embeddings"),
+        norm_eps=hf_field(sub, "layer_norm_eps", 1e-5),
         activation=_activation(sub),
-        attention_dropout=_field(sub, "attention_dropout", 0.0),
+        attention_dropout=hf_field(sub, "attention_dropout", 0.0),
     )
 
 
@@ -74,10 +73,10 @@ def clip_config_from_hf(hf_config: Mapping[str, Any]) -> CLIPConfig:
     if hf_config.get("model_type") != "clip":
         raise ValueError(f"unsupported model_type {hf_config.get('model_type')!r} for CLIP; expected 'clip'")
     return CLIPConfig(
-        vision=_vision_config(_field(hf_config, "vision_config")),
-        text=_text_config(_field(hf_config, "text_config")),
-        projection_dim=_field(hf_config, "projection_dim", 512),
-        logit_scale_init=_field(hf_config, "logit_scale_init_value", 2.6592),
+        vision=_vision_config(hf_field(hf_config, "vision_config")),
+        text=_text_config(hf_field(hf_config, "text_config")),
+        projection_dim=hf_field(hf_config, "projection_dim", 512),
+        logit_scale_init=hf_field(hf_config, "logit_scale_init_value", 2.6592),
     )
 
 
@@ -93,14 +92,14 @@ _LAYER = {  # Hugging Face module -> qkv module, the same in both towers
 }
 
 
-def _layers(ckpt: _Checkpoint, hf_prefix: str, qkv_prefix: str, d: int, d_ff: int, n_layers: int) -> dict:
+def _layers(ckpt: HFStateDict, hf_prefix: str, qkv_prefix: str, d: int, d_ff: int, n_layers: int) -> dict:
     out = {}
     for i in range(n_layers):
-        out |= _take_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
+        out |= take_prenorm_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
     return out
 
 
-def _norm(ckpt: _Checkpoint, hf_name: str, qkv_name: str, d: int) -> dict:
+def _norm(ckpt: HFStateDict, hf_name: str, qkv_name: str, d: int) -> dict:
     return {f"{qkv_name}.{part}": ckpt.take(f"{hf_name}.{part}", (d,)) for part in ("weight", "bias")}
 
 
@@ -114,7 +113,7 @@ def clip_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: CLIPConfig) -
     Raises:
         ValueError: a state dict with missing, misshapen or unexpected tensors (all of them named).
     """
-    ckpt = _Checkpoint(state_dict, family="CLIP", prefix="", ignore=lambda key: key.endswith("position_ids"))
+    ckpt = HFStateDict(state_dict, family="CLIP", prefix="", ignore=lambda key: key.endswith("position_ids"))
     vision, text = cfg.vision, cfg.text
     dv, dt, c, p = vision.d_model, text.d_model, vision.channels, vision.patch_size
     embeddings = "vision_model.embeddings."

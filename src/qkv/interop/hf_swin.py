@@ -19,8 +19,7 @@ from torch import Tensor
 
 from ..config import SwinConfig
 from ..models.swin import Swin, SwinClassifier
-from .hf_vit import _ACTIVATIONS, _load_image_model, _side, _take_layer
-from .huggingface import _Checkpoint, _field
+from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, load_image_model, take_prenorm_layer
 
 
 def swin_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> SwinConfig:
@@ -39,25 +38,25 @@ def swin_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None =
                          "not supported")
     if not hf_config.get("qkv_bias", True):
         raise ValueError("Swin checkpoints without query/key/value biases (qkv_bias=false) are not supported")
-    eps = _field(hf_config, "layer_norm_eps", 1e-5)
+    eps = hf_field(hf_config, "layer_norm_eps", 1e-5)
     if eps != 1e-5:
         raise ValueError(f"Swin layer_norm_eps must be 1e-5 (the epsilon of every norm in qkv's Swin), got {eps}")
-    activation = _field(hf_config, "hidden_act", "gelu")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"Swin hidden_act must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    activation = hf_field(hf_config, "hidden_act", "gelu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"Swin hidden_act must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     return SwinConfig(
-        image_size=_side(_field(hf_config, "image_size")),
-        patch_size=_side(_field(hf_config, "patch_size")),
-        channels=_field(hf_config, "num_channels", 3),
-        d_model=_field(hf_config, "embed_dim"),
-        depths=tuple(_field(hf_config, "depths")),
-        stage_heads=tuple(_field(hf_config, "num_heads")),
-        window_size=_field(hf_config, "window_size"),
-        mlp_ratio=_field(hf_config, "mlp_ratio", 4.0),
+        image_size=image_side(hf_field(hf_config, "image_size")),
+        patch_size=image_side(hf_field(hf_config, "patch_size")),
+        channels=hf_field(hf_config, "num_channels", 3),
+        d_model=hf_field(hf_config, "embed_dim"),
+        depths=tuple(hf_field(hf_config, "depths")),
+        stage_heads=tuple(hf_field(hf_config, "num_heads")),
+        window_size=hf_field(hf_config, "window_size"),
+        mlp_ratio=hf_field(hf_config, "mlp_ratio", 4.0),
         norm_eps=eps,
-        activation=_ACTIVATIONS[activation],
-        dropout=_field(hf_config, "hidden_dropout_prob", 0.0),
-        attention_dropout=_field(hf_config, "attention_probs_dropout_prob", 0.0),
+        activation=ACTIVATIONS[activation],
+        dropout=hf_field(hf_config, "hidden_dropout_prob", 0.0),
+        attention_dropout=hf_field(hf_config, "attention_probs_dropout_prob", 0.0),
         n_classes=n_classes,
     )
 
@@ -102,7 +101,7 @@ def swin_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: SwinConfig) -
     Raises:
         ValueError: a state dict with missing, misshapen or unexpected tensors (all of them named).
     """
-    ckpt = _Checkpoint(state_dict, family="Swin", prefix="swin.", rename=_new_name, ignore=_ignored)
+    ckpt = HFStateDict(state_dict, family="Swin", prefix="swin.", rename=_new_name, ignore=_ignored)
     d, c, p, m = cfg.d_model, cfg.channels, cfg.patch_size, cfg.window_size
     out: dict[str, Tensor | None] = {
         "patches.proj.weight": ckpt.take("embeddings.patch_embeddings.projection.weight", (d, c, p, p)),
@@ -114,7 +113,7 @@ def swin_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: SwinConfig) -
     for i, (width, d_ff, heads) in enumerate(zip(cfg.stage_widths, cfg.ffn_widths, cfg.stage_heads, strict=True)):
         for j in range(cfg.depths[i]):
             hf, qkv = f"encoder.layers.{i}.blocks.{j}.", f"stages.{i}.blocks.{j}."
-            out |= _take_layer(ckpt, _BLOCK, hf, qkv, width, d_ff)
+            out |= take_prenorm_layer(ckpt, _BLOCK, hf, qkv, width, d_ff)
             out[f"{qkv}attention.bias_table"] = ckpt.take(hf + _TABLE, ((2 * m - 1) ** 2, heads))
         if i < len(cfg.depths) - 1:
             hf, qkv = f"encoder.layers.{i}.downsample.", f"stages.{i}.merge."
@@ -134,5 +133,5 @@ def load_swin_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     Raises:
         ValueError: as :func:`swin_config_from_hf` and :func:`swin_state_dict_from_hf` do.
     """
-    return _load_image_model(state_dict, hf_config, swin_config_from_hf, swin_state_dict_from_hf, Swin,
+    return load_image_model(state_dict, hf_config, swin_config_from_hf, swin_state_dict_from_hf, Swin,
                              (SwinClassifier, "swin"))

@@ -10,23 +10,14 @@ and each layer is the Pre-Norm encoder layer (``layernorm_before`` -> attention,
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import ViTConfig
-from ..memory import build_model
 from ..models.vit import ViT, ViTClassifier
-from .huggingface import _Checkpoint, _field
-
-# Hugging Face activation names -> qkv's, for the vision families (ViT, Swin, CLIP).
-_ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
-
-
-def _side(value: int | list[int]) -> int:
-    """An image or patch size, given as one side or as (height, width) of a square."""
-    return value if isinstance(value, int) else value[0]
+from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, load_image_model, take_prenorm_layer
 
 
 def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> ViTConfig:
@@ -40,20 +31,20 @@ def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = 
         raise ValueError(f"unsupported model_type {hf_config.get('model_type')!r} for a ViT; expected 'vit'")
     if not hf_config.get("qkv_bias", True):
         raise ValueError("ViT checkpoints without query/key/value biases (qkv_bias=false) are not supported")
-    activation = _field(hf_config, "hidden_act", "gelu")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"ViT hidden_act must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    activation = hf_field(hf_config, "hidden_act", "gelu")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"ViT hidden_act must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
     return ViTConfig(
-        image_size=_side(_field(hf_config, "image_size")),
-        patch_size=_side(_field(hf_config, "patch_size")),
-        channels=_field(hf_config, "num_channels", 3),
-        d_model=_field(hf_config, "hidden_size"),
-        n_heads=_field(hf_config, "num_attention_heads"),
-        n_layers=_field(hf_config, "num_hidden_layers"),
-        d_ff=_field(hf_config, "intermediate_size"),
-        norm_eps=_field(hf_config, "layer_norm_eps", 1e-12),
-        activation=_ACTIVATIONS[activation],
-        dropout=_field(hf_config, "hidden_dropout_prob", 0.0),
+        image_size=image_side(hf_field(hf_config, "image_size")),
+        patch_size=image_side(hf_field(hf_config, "patch_size")),
+        channels=hf_field(hf_config, "num_channels", 3),
+        d_model=hf_field(hf_config, "hidden_size"),
+        n_heads=hf_field(hf_config, "num_attention_heads"),
+        n_layers=hf_field(hf_config, "num_hidden_layers"),
+        d_ff=hf_field(hf_config, "intermediate_size"),
+        norm_eps=hf_field(hf_config, "layer_norm_eps", 1e-12),
+        activation=ACTIVATIONS[activation],
+        dropout=hf_field(hf_config, "hidden_dropout_prob", 0.0),
         n_classes=n_classes,
     )
 
@@ -92,7 +83,7 @@ def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> 
     Raises:
         ValueError: a state dict with missing, misshapen or unexpected tensors (all of them named).
     """
-    ckpt = _Checkpoint(state_dict, family="ViT", prefix="vit.", rename=_new_name,
+    ckpt = HFStateDict(state_dict, family="ViT", prefix="vit.", rename=_new_name,
                        ignore=lambda key: key.startswith(("pooler.", "classifier.", "embeddings.mask_token")))
     d, d_ff, c, p = cfg.d_model, cfg.d_ff, cfg.channels, cfg.patch_size
     out: dict[str, Tensor | None] = {
@@ -104,22 +95,10 @@ def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> 
         "encoder.norm.bias": ckpt.take("layernorm.bias", (d,)),
     }
     for i in range(cfg.n_layers):
-        out |= _take_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
+        out |= take_prenorm_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
     return ckpt.finish(out)
 
 
-def _take_layer(ckpt: _Checkpoint, names: Mapping[str, str], hf: str, qkv: str, width: int, d_ff: int
-                ) -> dict[str, Tensor | None]:
-    """One Pre-Norm layer's weights and biases, ``names`` mapping Hugging Face modules (under ``hf``) to qkv's
-    (under ``qkv``): norms ``(width,)``, the MLP's up ``(d_ff, width)`` and down ``(width, d_ff)``, every
-    projection ``(width, width)``."""
-    shapes = {"feed_forward.up": (d_ff, width), "feed_forward.down": (width, d_ff)}
-    out = {}
-    for hf_name, qkv_name in names.items():
-        weight_shape = (width,) if qkv_name.endswith("norm") else shapes.get(qkv_name, (width, width))
-        for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
-            out[f"{qkv}{qkv_name}.{part}"] = ckpt.take(f"{hf}{hf_name}.{part}", shape)
-    return out
 
 
 def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any]) -> ViT | ViTClassifier:
@@ -132,23 +111,7 @@ def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     Raises:
         ValueError: as :func:`vit_config_from_hf` and :func:`vit_state_dict_from_hf` do.
     """
-    return _load_image_model(state_dict, hf_config, vit_config_from_hf, vit_state_dict_from_hf, ViT,
+    return load_image_model(state_dict, hf_config, vit_config_from_hf, vit_state_dict_from_hf, ViT,
                              (ViTClassifier, "vit"))
 
 
-def _load_image_model(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any], config_from_hf: Callable,
-                      state_dict_from_hf: Callable, backbone: type[nn.Module],
-                      classifier: tuple[type[nn.Module], str]) -> nn.Module:
-    """The backbone, or, with a ``classifier.*`` layer in the state dict, the classifier (its class, and the
-    attribute holding its backbone) with that layer as its head; strictly loaded, in eval mode."""
-    head = {name.removeprefix("classifier."): t for name, t in state_dict.items() if name.startswith("classifier.")}
-    n_classes = head["weight"].size(0) if "weight" in head else None
-    cfg = config_from_hf(hf_config, n_classes=n_classes)
-    converted = state_dict_from_hf(state_dict, cfg)
-    model = build_model(classifier[0] if n_classes else backbone, cfg, what="the Hugging Face model",
-                        initialise=False)  # every weight is loaded next (strictly)
-    if n_classes:
-        converted = {f"{classifier[1]}.{name}": t for name, t in converted.items()}
-        converted |= {"head.weight": head["weight"], "head.bias": head.get("bias")}
-    model.load_state_dict(converted, strict=True)
-    return model.eval()

@@ -27,7 +27,7 @@ from ..models import GPT
 from ..tokenizers import PretrainedTokenizer
 from .gguf import load_gpt_from_gguf, read_gguf, tokenizer_from_gguf
 from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
-from .huggingface import GPT_MODEL_TYPES, load_gpt_from_hf
+from .hf_gpt import GPT_MODEL_TYPES, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 from ..files import read_json
 from ..models import BERT
 from ..tokenizers import WordPieceTokenizer
+from .hf_bert import load_bert_from_hf
 from .hf_folder import read_config, read_safetensors, wordpiece_tokenizer_from_hf_folder
-from .huggingface import load_bert_from_hf
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint

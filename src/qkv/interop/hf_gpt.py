@@ -1,0 +1,291 @@
+"""Hugging Face decoder checkpoints -> qkv's :class:`GPT`: GPT-2 and LLaMA-style models.
+
+A Hugging Face checkpoint is a ``config.json`` (a dict here) and a state dict (tensor name -> tensor, e.g.
+read from ``model.safetensors`` with ``safetensors.torch.load_file``). This module translates both with
+torch alone; it never imports ``transformers``.
+
+    config.json ── gpt_config_from_hf ─────> GPTConfig
+    state dict  ── gpt_state_dict_from_hf ─> qkv state dict
+    both        ── load_gpt_from_hf ───────> GPT (strictly loaded, eval mode)
+
+Layouts that differ on the way:
+
+* GPT-2 keeps its linear layers as ``Conv1D``: weights ``(in, out)``, the transpose of ``nn.Linear``'s
+  ``(out, in)``; and one fused ``c_attn`` projection whose output features are ``[q | k | v]``.
+* LLaMA's ``q_proj``/``k_proj`` rows are in the "rotate half" order, which is qkv's default rotary layout
+  (``RotaryEmbedding(interleaved=False)``), so they are copied unchanged.
+
+The conversion is strict: every qkv tensor must come from the checkpoint with the expected shape, and every
+checkpoint tensor must be used, apart from buffers (GPT-2's causal-mask tables, rotary frequencies). Anything
+else raises one ValueError that lists every problem found.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from ..config import GPTConfig
+from ..memory import build_model
+from ..models import GPT
+from .hf_common import HFStateDict, check_config, hf_field
+
+GPT_MODEL_TYPES = ("gpt2", "llama")
+
+
+_GPT2_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+
+def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
+    """Translate a Hugging Face ``config.json`` of a GPT-2 or LLaMA model into a :class:`GPTConfig`.
+
+    Dropout is set to 0 and ``pad_id`` to None (a language model masks padding through ``attention_mask``).
+
+    Args:
+        hf_config: the parsed ``config.json`` (or ``PretrainedConfig.to_dict()``); ``model_type`` picks the
+            family: ``"gpt2"`` or ``"llama"``.
+
+    Returns:
+        The equivalent :class:`GPTConfig`.
+
+    Raises:
+        ValueError: for another model_type, a missing size, or a feature qkv does not implement (rope scaling,
+            biases in a LLaMA model, GPT-2's per-layer attention scaling, ...).
+    """
+    model_type = hf_config.get("model_type")
+    if model_type == "gpt2":
+        return _gpt2_config(hf_config)
+    if model_type == "llama":
+        return _llama_config(hf_config)
+    raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
+
+
+
+def _gpt2_config(hf_config: Mapping[str, Any]) -> GPTConfig:
+    activation = hf_field(hf_config, "activation_function", "gelu_new")
+    if activation not in _GPT2_ACTIVATIONS:
+        raise ValueError(
+            f"unsupported GPT-2 activation_function {activation!r}; expected one of {sorted(_GPT2_ACTIVATIONS)}"
+        )
+    if not hf_config.get("scale_attn_weights", True) or hf_config.get("scale_attn_by_inverse_layer_idx", False):
+        raise ValueError(
+            "qkv scales attention scores by 1/√head_dim only: scale_attn_weights must be true and "
+            f"scale_attn_by_inverse_layer_idx false, got {hf_config.get('scale_attn_weights')!r} and "
+            f"{hf_config.get('scale_attn_by_inverse_layer_idx')!r}"
+        )
+    if hf_config.get("add_cross_attention", False):
+        raise ValueError("GPT-2 with add_cross_attention=true is not a decoder-only model; qkv's GPT has none")
+    d_model = hf_field(hf_config, "n_embd")
+    return GPTConfig(
+        vocab_size=hf_field(hf_config, "vocab_size"),
+        d_model=d_model,
+        n_heads=hf_field(hf_config, "n_head"),
+        n_layers=hf_field(hf_config, "n_layer"),
+        d_ff=hf_field(hf_config, "n_inner", 4 * d_model),
+        max_seq_len=hf_field(hf_config, "n_positions"),
+        dropout=0.0,
+        pad_id=None,
+        norm_first=True,
+        norm="layer",
+        norm_eps=float(hf_field(hf_config, "layer_norm_epsilon", 1e-5)),
+        activation=_GPT2_ACTIVATIONS[activation],
+        bias=True,
+        positional="learned",
+        tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", True)),
+    )
+
+
+
+def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf_config.get(flag, False):
+            raise ValueError(f"{flag}=true is not supported: a LLaMA-style qkv GPT has no biases (bias=False)")
+    activation = hf_field(hf_config, "hidden_act", "silu")
+    if activation != "silu":
+        raise ValueError(f"LLaMA hidden_act must be 'silu' (qkv's swiglu), got {activation!r}")
+    d_model, n_heads = hf_field(hf_config, "hidden_size"), hf_field(hf_config, "num_attention_heads")
+    head_dim = hf_config.get("head_dim")
+    if head_dim is not None and head_dim * n_heads != d_model:
+        raise ValueError(
+            f"head_dim={head_dim} must equal hidden_size/num_attention_heads={d_model}/{n_heads}: "
+            "qkv derives the head width from d_model"
+        )
+    return GPTConfig(
+        vocab_size=hf_field(hf_config, "vocab_size"),
+        d_model=d_model,
+        n_heads=n_heads,
+        n_kv_heads=hf_field(hf_config, "num_key_value_heads", n_heads),
+        n_layers=hf_field(hf_config, "num_hidden_layers"),
+        d_ff=hf_field(hf_config, "intermediate_size"),
+        max_seq_len=hf_field(hf_config, "max_position_embeddings", 2048),
+        dropout=0.0,
+        pad_id=None,
+        norm_first=True,
+        norm="rms",
+        norm_eps=float(hf_field(hf_config, "rms_norm_eps", 1e-6)),
+        activation="swiglu",
+        bias=False,
+        positional="rope",
+        rope_base=_rope_base(hf_config),
+        tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
+    )
+
+
+
+def _rope_base(hf_config: Mapping[str, Any]) -> float:
+    """θ of plain RoPE. transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta`` and ``rope_scaling``."""
+    theta = hf_config.get("rope_theta")
+    for key in ("rope_scaling", "rope_parameters"):  # the later wins: rope_parameters is the current format
+        params = hf_config.get(key)
+        if params is None:
+            continue
+        if not isinstance(params, Mapping):
+            raise ValueError(f"{key} must be a dict, got {type(params).__name__} {params!r}")
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default":
+            raise ValueError(f"{key} has rope_type={kind!r}; qkv implements plain RoPE only (rope_type 'default')")
+        theta = params.get("rope_theta", theta)
+    return 10000.0 if theta is None else float(theta)
+
+
+
+def _transposed(weight: Tensor | None) -> Tensor | None:
+    """Conv1D ``(in, out)`` -> Linear ``(out, in)``."""
+    return None if weight is None else weight.t().contiguous()
+
+
+
+def _thirds(fused: Tensor | None) -> tuple[Tensor | None, ...]:
+    """Split GPT-2's fused ``[q | k | v]`` along its last (output) dimension."""
+    return (None, None, None) if fused is None else fused.chunk(3, dim=-1)
+
+
+
+def gpt_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig, model_type: str) -> dict[str, Tensor]:
+    """Rename (and for GPT-2 reshape) a Hugging Face decoder's tensors into a :class:`GPT` state dict.
+
+    Args:
+        state_dict: tensors of a ``GPT2LMHeadModel``/``GPT2Model`` or ``LlamaForCausalLM``/``LlamaModel``,
+            with or without the ``transformer.``/``model.`` prefix.
+        cfg: the qkv config, usually from :func:`gpt_config_from_hf`.
+        model_type: ``"gpt2"`` or ``"llama"``.
+
+    Returns:
+        A state dict for ``GPT(cfg).load_state_dict(..., strict=True)``. Tensors whose layout does not change
+        are shared with ``state_dict``; with tied embeddings ``lm_head.weight`` is ``tok_emb.weight``.
+
+    Raises:
+        ValueError: for an unsupported model_type, a config that cannot hold such a checkpoint, or a state
+            dict with missing, misshapen or unexpected tensors (all of them named).
+    """
+    if model_type == "gpt2":
+        return _gpt2_state_dict(state_dict, cfg)
+    if model_type == "llama":
+        return _llama_state_dict(state_dict, cfg)
+    raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
+
+
+_GPT2_BUFFER = re.compile(r"h\.\d+\.attn\.(bias|masked_bias)")  # the causal-mask tables of older versions
+
+
+
+def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    check_config(
+        cfg, "GPT-2", norm=("layer",), positional=("learned",), bias=(True,), norm_first=(True,),
+        activation=("relu", "gelu", "gelu_tanh", "silu"), gated_attention=(False,), window=(None,),
+        n_kv_heads=(None, cfg.n_heads),
+    )
+    ckpt = HFStateDict(
+        state_dict, family="GPT-2", prefix="transformer.", ignore=lambda key: bool(_GPT2_BUFFER.fullmatch(key))
+    )
+    d, d_ff = cfg.d_model, cfg.d_ff
+    out: dict[str, Tensor | None] = {
+        "tok_emb.weight": ckpt.take("wte.weight", (cfg.vocab_size, d)),
+        "positions.weight": ckpt.take("wpe.weight", (cfg.max_seq_len, d)),
+    }
+    for i in range(cfg.n_layers):
+        hf, qkv = f"h.{i}.", f"decoder.layers.{i}."
+        weights = _thirds(ckpt.take(hf + "attn.c_attn.weight", (d, 3 * d)))  # (in, out), out = [q | k | v]
+        biases = _thirds(ckpt.take(hf + "attn.c_attn.bias", (3 * d,)))
+        for proj, weight, bias in zip(("q_proj", "k_proj", "v_proj"), weights, biases, strict=True):
+            out[f"{qkv}self_attn.{proj}.weight"] = _transposed(weight)
+            out[f"{qkv}self_attn.{proj}.bias"] = bias
+        out[qkv + "self_attn.out_proj.weight"] = _transposed(ckpt.take(hf + "attn.c_proj.weight", (d, d)))
+        out[qkv + "self_attn.out_proj.bias"] = ckpt.take(hf + "attn.c_proj.bias", (d,))
+        out[qkv + "feed_forward.up.weight"] = _transposed(ckpt.take(hf + "mlp.c_fc.weight", (d, d_ff)))
+        out[qkv + "feed_forward.up.bias"] = ckpt.take(hf + "mlp.c_fc.bias", (d_ff,))
+        out[qkv + "feed_forward.down.weight"] = _transposed(ckpt.take(hf + "mlp.c_proj.weight", (d_ff, d)))
+        out[qkv + "feed_forward.down.bias"] = ckpt.take(hf + "mlp.c_proj.bias", (d,))
+        for hf_norm, qkv_norm in (("ln_1", "self_attn_norm"), ("ln_2", "ffn_norm")):
+            for part in ("weight", "bias"):
+                out[f"{qkv}{qkv_norm}.{part}"] = ckpt.take(f"{hf}{hf_norm}.{part}", (d,))
+    out["decoder.norm.weight"] = ckpt.take("ln_f.weight", (d,))
+    out["decoder.norm.bias"] = ckpt.take("ln_f.bias", (d,))
+    out["lm_head.weight"] = ckpt.output_head("lm_head.weight", cfg, out["tok_emb.weight"])
+    return ckpt.finish(out)
+
+
+
+def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    check_config(
+        cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu",), bias=(False,),
+        norm_first=(True,), gated_attention=(False,), window=(None,),
+    )
+    ckpt = HFStateDict(
+        state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
+    )
+    d, d_ff = cfg.d_model, cfg.d_ff
+    d_kv = (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+    layer = {  # Hugging Face name -> (qkv name, shape); the rotate-half q/k layout is qkv's too
+        "self_attn.q_proj.weight": ("self_attn.q_proj.weight", (d, d)),
+        "self_attn.k_proj.weight": ("self_attn.k_proj.weight", (d_kv, d)),
+        "self_attn.v_proj.weight": ("self_attn.v_proj.weight", (d_kv, d)),
+        "self_attn.o_proj.weight": ("self_attn.out_proj.weight", (d, d)),
+        "mlp.gate_proj.weight": ("feed_forward.gate.weight", (d_ff, d)),
+        "mlp.up_proj.weight": ("feed_forward.up.weight", (d_ff, d)),
+        "mlp.down_proj.weight": ("feed_forward.down.weight", (d, d_ff)),
+        "input_layernorm.weight": ("self_attn_norm.weight", (d,)),
+        "post_attention_layernorm.weight": ("ffn_norm.weight", (d,)),
+    }
+    out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
+    for i in range(cfg.n_layers):
+        for hf_name, (qkv_name, shape) in layer.items():
+            out[f"decoder.layers.{i}.{qkv_name}"] = ckpt.take(f"layers.{i}.{hf_name}", shape)
+    out["decoder.norm.weight"] = ckpt.take("norm.weight", (d,))
+    out["lm_head.weight"] = ckpt.output_head("lm_head.weight", cfg, out["tok_emb.weight"])
+    return ckpt.finish(out)
+
+
+
+def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any]) -> GPT:
+    """Build a :class:`GPT` from a Hugging Face GPT-2 or LLaMA checkpoint.
+
+    Args:
+        state_dict: the checkpoint's tensors (see :func:`gpt_state_dict_from_hf`).
+        hf_config: its parsed ``config.json`` (see :func:`gpt_config_from_hf`).
+
+    Returns:
+        The model in eval mode, float32 like any freshly built qkv model (cast it afterwards if needed).
+
+    Raises:
+        ValueError: as :func:`gpt_config_from_hf` and :func:`gpt_state_dict_from_hf` do.
+    """
+    cfg = gpt_config_from_hf(hf_config)
+    converted = gpt_state_dict_from_hf(state_dict, cfg, hf_config["model_type"])
+    model = build_model(GPT, cfg, what="the Hugging Face model", initialise=False)  # weights loaded next
+    model.load_state_dict(converted, strict=True)
+    return model.eval()
+
+
+__all__ = ["GPT_MODEL_TYPES", "gpt_config_from_hf", "gpt_state_dict_from_hf", "load_gpt_from_hf"]
