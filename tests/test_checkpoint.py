@@ -47,7 +47,7 @@ def test_save_load_translates_identically(tmp_path, translator):
         translate(model, toks, sentences, beam_size=2)
     for (name, a), (_, b) in zip(model.state_dict().items(), loaded.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
-    assert loaded.model.out_proj.weight is loaded.model.tgt_emb.weight  # tying survives the round trip
+    assert loaded.model.lm_head.weight is loaded.model.tgt_emb.weight  # tying survives the round trip
 
 
 @pytest.mark.parametrize("model", [
@@ -166,7 +166,7 @@ def test_weights_are_written_with_the_mode_of_their_siblings(tmp_path, translato
 def test_weights_that_are_not_finite_are_refused(tmp_path, translator):
     model, toks = translator
     with torch.no_grad():
-        model.out_proj.weight[3, 5] = float("nan")  # tied: the embedding shares it
+        model.lm_head.weight[3, 5] = float("nan")  # tied: the embedding shares it
     save_checkpoint(tmp_path / "c", model, tokenizers=toks)
     with pytest.raises(CheckpointError, match=r"not finite .*src_emb.weight|not finite .*tgt_emb.weight"):
         load_checkpoint(tmp_path / "c")

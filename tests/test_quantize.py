@@ -193,7 +193,7 @@ def test_a_quantized_translator_decodes_the_same_with_and_without_its_cache(mode
     model = Transformer(TransformerConfig(src_vocab_size=64, tgt_vocab_size=64, d_model=64, n_heads=4, n_layers=2,
                                           d_ff=128, max_seq_len=32)).eval()
     quantize(model, mode)
-    assert model.out_proj.mode == "int8"
+    assert model.lm_head.mode == "int8"
     sources = [[5, 6, 7, 8, 9, 10, 11], [12, 13, 14]]
     for beam in (1, 3):
         cached = translate_ids(model, sources, beam_size=beam)

@@ -368,8 +368,9 @@ def _check_header(model: nn.Module, path: Path) -> None:
     expected = model.state_dict()
     with safe_open(str(path), "pt") as f:
         stored_names = f.keys()  # a safe_open handle is not iterable
-        for name in (n for n in stored_names if n in expected):  # load_model's strict check names the rest
-            stored, want = f.get_slice(name), expected[name]
+        rename = getattr(model, "current_name", lambda name: name)  # weights saved under an older name
+        for name in (n for n in stored_names if rename(n) in expected):  # load_model's strict check names the rest
+            stored, want = f.get_slice(name), expected[rename(name)]
             dtype, shape = stored.get_dtype(), list(stored.get_shape())
             if shape != list(want.shape) or not _same_kind(dtype, want.dtype):
                 kind = "a floating-point tensor" if want.is_floating_point() else f"a {want.dtype} tensor"

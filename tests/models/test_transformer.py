@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from qkv import Transformer, TransformerConfig
+from qkv.models import common
 from qkv.models.common import WithAttention
 
 PAD, BOS = 0, 1
@@ -125,9 +126,9 @@ def test_gradients_are_finite_with_padding():
 
 def test_embeddings_sharing_and_tying():
     tied = small()
-    assert tied.out_proj.weight is tied.tgt_emb.weight and tied.src_emb is not tied.tgt_emb
+    assert tied.lm_head.weight is tied.tgt_emb.weight and tied.src_emb is not tied.tgt_emb
     shared = small(**VARIANTS["shared"])
-    assert shared.src_emb is shared.tgt_emb and shared.out_proj.weight is not shared.tgt_emb.weight
+    assert shared.src_emb is shared.tgt_emb and shared.lm_head.weight is not shared.tgt_emb.weight
     untied = small(tie_output=False)
     assert untied.num_parameters() - tied.num_parameters() == 29 * 32
 
@@ -217,3 +218,28 @@ def test_learns_to_copy_random_sequences():
             if accuracy >= 0.99:
                 break
     assert accuracy >= 0.99, f"copy accuracy {accuracy:.3f} after {step} steps"
+
+
+def test_residual_scaling_reaches_the_blocks_outputs_and_never_the_vocabulary_layer():
+    """GPT-2's 1/sqrt(2L) is for the layers that write into the residual stream (attention's output projection,
+    the feed-forward's down projection), found by the block they belong to, not by a name the vocabulary layer
+    could share."""
+    torch.manual_seed(0)
+    cfg = TransformerConfig(src_vocab_size=512, tgt_vocab_size=512, d_model=256, n_heads=4, n_layers=2, d_ff=512,
+                            init="normal", init_std=0.02, tie_output=False)
+    model = Transformer(cfg)
+    common.init_weights(model, cfg, residual_layers=8)  # 1/sqrt(16): std 0.005
+    layer = model.decoder.layers[0]
+    assert layer.self_attn.out_proj.weight.std().item() == pytest.approx(0.005, rel=0.05)
+    assert layer.feed_forward.down.weight.std().item() == pytest.approx(0.005, rel=0.05)
+    assert layer.self_attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_a_checkpoint_naming_the_vocabulary_layer_out_proj_loads():
+    """Until 2026-11-24 the vocabulary layer was ``out_proj``: its weights load into ``lm_head``."""
+    model = small(tie_output=False)
+    state = {("out_proj.weight" if k == "lm_head.weight" else k): v for k, v in model.state_dict().items()}
+    fresh = small(tie_output=False)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.lm_head.weight, model.lm_head.weight)

@@ -176,13 +176,15 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | N
 
     Norms start as the identity (γ = 1, β = 0).
     """
-    for name, module in model.named_modules():
+    writes_residual = {id(m.out_proj) for m in model.modules() if isinstance(m, MultiHeadAttention)} | \
+        {id(m.down) for m in model.modules() if isinstance(m, FeedForward)}
+    for module in model.modules():
         if isinstance(module, nn.Linear):
             if cfg.init == "xavier":
                 nn.init.xavier_uniform_(module.weight)
             else:
                 std = cfg.init_std
-                if residual_layers and name.endswith(("out_proj", "down")):
+                if residual_layers and id(module) in writes_residual:
                     std /= math.sqrt(2 * residual_layers)
                 nn.init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
@@ -207,7 +209,23 @@ def classifier_head(width: int, n_classes: int, init_std: float) -> nn.Linear:
 
 
 class Model(nn.Module):
-    """A qkv model: an ``nn.Module`` that counts its own parameters (:func:`num_parameters`)."""
+    """A qkv model: an ``nn.Module`` that counts its own parameters (:func:`num_parameters`) and reads weights
+    saved under the names its layers had before (:attr:`renamed_weights`)."""
+
+    renamed_weights: dict[str, str] = {}  # {name in older checkpoints: name now}, both from the model's root
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._register_load_state_dict_pre_hook(self._rename_old_weights)
+
+    def _rename_old_weights(self, state_dict, prefix, *_args) -> None:
+        for old, new in self.renamed_weights.items():
+            if prefix + old in state_dict and prefix + new not in state_dict:
+                state_dict[prefix + new] = state_dict.pop(prefix + old)
+
+    def current_name(self, name: str) -> str:
+        """A weight's name in this version of the model, given its name in any checkpoint."""
+        return self.renamed_weights.get(name, name)
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         return num_parameters(self, exclude_embeddings=exclude_embeddings)
@@ -220,3 +238,31 @@ def num_parameters(model: nn.Module, *, exclude_embeddings: bool = False) -> int
     if exclude_embeddings:
         skip = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     return sum(p.numel() for p in model.parameters() if id(p) not in skip)
+
+
+
+class ImageClassifier(Model):
+    """An image backbone (:class:`~qkv.models.vit.ViT`, :class:`~qkv.models.swin.Swin`) with a linear head on its
+    pooled vector, split as timm splits its models: :meth:`forward_features` (the backbone's token states),
+    :meth:`pool` (one vector an image, as the backbone pools), :meth:`forward_head` (class scores).
+
+    Shape:
+        pixels ``(B, C, H, W)`` -> logits ``(B, n_classes)``.
+    """
+
+    backbone: nn.Module  # set by each family's classifier under its own name (``vit``, ``swin``)
+    head: nn.Linear
+
+    def forward_features(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
+        return self.backbone(pixels, return_attention=return_attention)
+
+    def pool(self, hidden: Tensor) -> Tensor:
+        return self.backbone.pool(hidden)  # (B, N, D) -> (B, D)
+
+    def forward_head(self, pooled: Tensor) -> Tensor:
+        return self.head(pooled)  # (B, D) -> (B, n_classes)
+
+    def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
+        out = self.forward_features(pixels, return_attention=return_attention)
+        logits = self.forward_head(self.pool(out.output if return_attention else out))
+        return WithAttention(logits, out.attention) if return_attention else logits

@@ -363,8 +363,12 @@ class Swin(common.Model):
         x = self.norm(x)
         return WithAttention(x, attention) if return_attention else x
 
+    def pool(self, hidden: Tensor) -> Tensor:
+        """The image vector ``(B, d)``: the mean of the last stage's tokens."""
+        return hidden.mean(dim=1)
 
-class SwinClassifier(common.Model):
+
+class SwinClassifier(common.ImageClassifier):
     """A :class:`Swin` with a linear head on the mean of its last stage's tokens (``SwinForImageClassification``).
 
     Raises:
@@ -382,8 +386,6 @@ class SwinClassifier(common.Model):
         self.swin = Swin(config)
         self.head = common.classifier_head(config.stage_widths[-1], config.n_classes, config.init_std)
 
-    def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
-        out = self.swin(pixels, return_attention=return_attention)
-        hidden = out.output if return_attention else out
-        logits = self.head(hidden.mean(dim=1))  # (B, d) -> (B, n_classes)
-        return WithAttention(logits, out.attention) if return_attention else logits
+    @property
+    def backbone(self) -> Swin:
+        return self.swin

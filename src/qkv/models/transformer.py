@@ -47,7 +47,8 @@ class Transformer(common.Model):
         cached positions (0 without a cache).
     """
 
-    output_layer = "out_proj"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
+    output_layer = "lm_head"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
+    renamed_weights = {"out_proj.weight": "lm_head.weight"}  # the vocabulary layer's name until 2026-11-24
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
@@ -64,10 +65,10 @@ class Transformer(common.Model):
         self.decoder = Decoder(
             [common.decoder_layer(cfg, rope, cross=True) for _ in range(cfg.n_decoder_layers)], common.final_norm(cfg)
         )
-        self.out_proj = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=False)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=False)  # vocabulary
         common.init_weights(self, cfg)
         if cfg.tie_output:
-            self.out_proj.weight = self.tgt_emb.weight
+            self.lm_head.weight = self.tgt_emb.weight
 
     def _embed(self, ids: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
         x = table(ids)  # (B, T, D)
@@ -149,7 +150,7 @@ class Transformer(common.Model):
             cache=cache,
             need_weights=need_weights,
         )
-        return self.out_proj(x)[..., : self.config.tgt_vocab_size], self_w, cross_w  # padding rows: never a token
+        return self.lm_head(x)[..., : self.config.tgt_vocab_size], self_w, cross_w  # padding rows: never a token
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         """An empty KV cache with room for ``capacity`` positions to start with (it grows as needed)."""

@@ -132,7 +132,7 @@ class ViT(common.Model):
         return hidden[:, 0] if self.config.pooling == "cls" else hidden[:, 1:].mean(dim=1)
 
 
-class ViTClassifier(common.Model):
+class ViTClassifier(common.ImageClassifier):
     """A :class:`ViT` with a linear classification head on its pooled vector (``ViTForImageClassification``).
 
     Shape:
@@ -147,8 +147,6 @@ class ViTClassifier(common.Model):
         self.vit = ViT(config)
         self.head = common.classifier_head(config.d_model, config.n_classes, config.init_std)
 
-    def forward(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
-        out = self.vit(pixels, return_attention=return_attention)
-        hidden = out.output if return_attention else out
-        logits = self.head(self.vit.pool(hidden))
-        return WithAttention(logits, out.attention) if return_attention else logits
+    @property
+    def backbone(self) -> ViT:
+        return self.vit
