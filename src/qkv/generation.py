@@ -292,16 +292,11 @@ def generate(
     for step in range(1, int(limits.max()) + 1 if n else 0):
         logits = suppress(decoder.step(last))  # (B_active, V)
         if sampling.repetition_penalty != 1.0 and seen is None:
-            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
-            for row, tokens in enumerate(context if context is not None else last.tolist()):
-                seen[row, list(tokens)] = True
+            seen = _seen(logits, context if context is not None else last.tolist())
         next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
         if seen is not None:
             seen[torch.arange(len(next_tokens), device=device), next_tokens] = True
-        for row, token in zip(active.tolist(), next_tokens.tolist(), strict=True):
-            outputs[row].append(token)
-            if on_token is not None and token not in stops:
-                on_token(row, token)
+        _append(outputs, active, next_tokens, on_token, stops)
         going = ~torch.isin(next_tokens, stop_tensor) & (limits[active] > step)
         if not going.any():
             break
@@ -312,6 +307,23 @@ def generate(
             seen = seen[keep] if seen is not None else None
         last = next_tokens[:, None]
     return [_strip(o, stops) for o in outputs]
+
+
+def _seen(logits: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
+    """``(B, V)``: True where a row's token has been seen, for the repetition penalty."""
+    seen = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+    for row, tokens in enumerate(rows):
+        seen[row, list(tokens)] = True
+    return seen
+
+
+def _append(outputs: list[list[int]], active: Tensor, tokens: Tensor, on_token: Callable[[int, int], None] | None,
+            stops: Collection[int]) -> None:
+    """Each active row's new token onto its output, streamed to ``on_token`` unless it is a stop token."""
+    for row, token in zip(active.tolist(), tokens.tolist(), strict=True):
+        outputs[row].append(token)
+        if on_token is not None and token not in stops:
+            on_token(row, token)
 
 
 def greedy(decoder: IncrementalDecoder, *, max_new_tokens: int | Sequence[int], **kwargs) -> list[list[int]]:

@@ -13,18 +13,29 @@ def tour(args: argparse.Namespace) -> None:
     """A short walk through the pieces: attention by hand, the three model families, two invariants,
     and a Transformer learning to copy."""
     import torch
-    import torch.nn.functional as F
-
-    from .. import BERT, GPT, BERTConfig, GPTConfig, Transformer, TransformerConfig
-    from ..nn import causal_mask, scaled_dot_product_attention
 
     torch.manual_seed(args.seed)
+    _attention()
+    models = _families()
+    _invariants(models["GPT (decoder-only, LLaMA style)"].eval())
+    _copy_task(args.steps)
+
+
+def _attention() -> None:
+    import torch
+
+    from ..nn import causal_mask, scaled_dot_product_attention
+
     print("1. Scaled dot-product attention, softmax(QKᵀ/√d_k)·V, on 4 tokens with a causal mask")
     q, k, v = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
     _, weights = scaled_dot_product_attention(q, k, v, causal_mask(4))
     for row in weights:
         print("   " + "  ".join(f"{w:.2f}" for w in row.tolist()))
     print("   each row sums to 1; zeros above the diagonal are the future a decoder may not see\n")
+
+
+def _families() -> dict:
+    from .. import BERT, GPT, BERTConfig, GPTConfig, Transformer, TransformerConfig
 
     print("2. The three halves of one architecture")
     models = {
@@ -38,9 +49,13 @@ def tour(args: argparse.Namespace) -> None:
     for name, model in models.items():
         total, body = model.num_parameters(), model.num_parameters(exclude_embeddings=True)
         print(f"   {name:34s} {total / 1e6:6.2f}M parameters ({body / 1e6:.2f}M without embeddings)")
+    return models
+
+
+def _invariants(gpt) -> None:
+    import torch
 
     print("\n3. Invariants, checked live")
-    gpt = models["GPT (decoder-only, LLaMA style)"].eval()
     ids = torch.randint(0, 8000, (2, 24))
     with torch.no_grad():
         full = gpt(ids)
@@ -51,13 +66,20 @@ def tour(args: argparse.Namespace) -> None:
         print(f"   causal: attention above the diagonal = {att[0].triu(1).abs().max():.1e}; "
               f"explicit vs fused attention: max |Δlogit| = {(explicit - full).abs().max():.1e}")
 
-    print(f"\n4. A Transformer learns to copy random sequences ({args.steps} steps)")
+
+def _copy_task(steps: int) -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from .. import Transformer, TransformerConfig
+
+    print(f"\n4. A Transformer learns to copy random sequences ({steps} steps)")
     vocab, length, bos = 12, 10, 1
     model = Transformer(TransformerConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=64, n_heads=4,
                                           n_layers=2, d_ff=128, dropout=0.0, max_seq_len=16))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     start = time.monotonic()
-    for step in range(1, args.steps + 1):
+    for step in range(1, steps + 1):
         src = torch.randint(2, vocab, (64, length))
         tgt_in = torch.cat([torch.full((64, 1), bos), src[:, :-1]], 1)
         for group in opt.param_groups:

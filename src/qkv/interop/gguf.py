@@ -24,6 +24,7 @@ and :func:`unpermute_rope_rows` puts them back, so qkv's default (rotate-half) R
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import struct
@@ -194,18 +195,7 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     """
     arch = _check_architecture(contents)
     meta = contents.metadata
-
-    def get(key: str, default: Any = None, *, real: bool = False) -> Any:
-        """A size (an int >= 1), or with ``real`` a positive number: checked here, where the key can be named."""
-        value = meta.get(f"{arch}.{key}", default)
-        if value is None:
-            raise ValueError(f"{contents.path}: the metadata has no {arch}.{key}")
-        if isinstance(value, bool) or not isinstance(value, (int, float) if real else int) or \
-                not 0 < value < float("inf"):
-            expected = "a positive number" if real else "an integer >= 1"
-            raise ValueError(f"{contents.path}: {arch}.{key} must be {expected}, got {value!r}")
-        return value
-
+    get = functools.partial(_size, contents, arch)
     if meta.get(f"{arch}.expert_count", 0):
         raise ValueError(f"{contents.path}: a mixture of experts ({arch}.expert_count > 0) is not supported")
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
@@ -242,6 +232,19 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     if scaling != "none":  # handed on, so that gpt_config_from_hf rejects it with its usual message
         config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor")}
     return config
+
+
+def _size(contents: GGUFContents, arch: str, key: str, default: Any = None, *, real: bool = False) -> Any:
+    """Metadata ``{arch}.{key}``: a size (an int >= 1), or with ``real`` a positive number, checked here, where the
+    key can be named."""
+    value = contents.metadata.get(f"{arch}.{key}", default)
+    if value is None:
+        raise ValueError(f"{contents.path}: the metadata has no {arch}.{key}")
+    if isinstance(value, bool) or not isinstance(value, (int, float) if real else int) or \
+            not 0 < value < float("inf"):
+        expected = "a positive number" if real else "an integer >= 1"
+        raise ValueError(f"{contents.path}: {arch}.{key} must be {expected}, got {value!r}")
+    return value
 
 
 def unpermute_rope_rows(weight: Tensor, n_heads: int) -> Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import NamedTuple, TypeAlias
+from typing import ClassVar, NamedTuple, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -212,7 +212,7 @@ class Model(nn.Module):
     """A qkv model: an ``nn.Module`` that counts its own parameters (:func:`num_parameters`) and reads weights
     saved under the names its layers had before (:attr:`renamed_weights`)."""
 
-    renamed_weights: dict[str, str] = {}  # {name in older checkpoints: name now}, both from the model's root
+    renamed_weights: ClassVar[dict[str, str]] = {}  # {name in older checkpoints: name now}, both from the model's root
 
     def __init__(self) -> None:
         super().__init__()

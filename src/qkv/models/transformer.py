@@ -13,7 +13,7 @@ cache so each step costs only the new position: :meth:`Transformer.start_decodin
 from __future__ import annotations
 
 import math
-from typing import Literal, overload
+from typing import ClassVar, Literal, overload
 
 import torch
 from torch import Tensor, nn
@@ -48,7 +48,8 @@ class Transformer(common.Model):
     """
 
     output_layer = "lm_head"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
-    renamed_weights = {"out_proj.weight": "lm_head.weight"}  # the vocabulary layer's name until 2026-11-24
+    # The vocabulary layer was named out_proj until 2026-11-24: checkpoints from then load.
+    renamed_weights: ClassVar[dict[str, str]] = {"out_proj.weight": "lm_head.weight"}
 
     def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
