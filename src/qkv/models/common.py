@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import ClassVar, NamedTuple, TypeAlias
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 import torch
 from torch import Tensor, nn
@@ -250,8 +250,19 @@ class ImageClassifier(Model):
         pixels ``(B, C, H, W)`` -> logits ``(B, n_classes)``.
     """
 
-    backbone: nn.Module  # set by each family's classifier under its own name (``vit``, ``swin``)
-    head: nn.Linear
+    backbone_name: ClassVar[str]  # the backbone's name in the state dict (``vit``, ``swin``: Hugging Face's)
+
+    def __init__(self, config: Any, backbone: nn.Module, width: int) -> None:
+        super().__init__()
+        if config.n_classes is None:
+            raise ValueError(f"a {type(self).__name__} needs n_classes in its {type(config).__name__}")
+        self.config = config
+        setattr(self, self.backbone_name, backbone)
+        self.head = classifier_head(width, config.n_classes, config.init_std)
+
+    @property
+    def backbone(self) -> nn.Module:
+        return getattr(self, self.backbone_name)
 
     def forward_features(self, pixels: Tensor, *, return_attention: bool = False) -> Tensor | WithAttention:
         return self.backbone(pixels, return_attention=return_attention)

@@ -378,14 +378,7 @@ class SwinClassifier(common.ImageClassifier):
         pixels ``(B, C, H, W)`` -> logits ``(B, n_classes)``.
     """
 
-    def __init__(self, config: SwinConfig) -> None:
-        super().__init__()
-        if config.n_classes is None:
-            raise ValueError("a SwinClassifier needs n_classes in its SwinConfig")
-        self.config = config
-        self.swin = Swin(config)
-        self.head = common.classifier_head(config.stage_widths[-1], config.n_classes, config.init_std)
+    backbone_name = "swin"
 
-    @property
-    def backbone(self) -> Swin:
-        return self.swin
+    def __init__(self, config: SwinConfig) -> None:
+        super().__init__(config, Swin(config), config.stage_widths[-1])

@@ -139,14 +139,7 @@ class ViTClassifier(common.ImageClassifier):
         pixels ``(B, C, H, W)`` -> logits ``(B, n_classes)``.
     """
 
-    def __init__(self, config: ViTConfig) -> None:
-        super().__init__()
-        if config.n_classes is None:
-            raise ValueError("a ViTClassifier needs n_classes in its ViTConfig")
-        self.config = config
-        self.vit = ViT(config)
-        self.head = common.classifier_head(config.d_model, config.n_classes, config.init_std)
+    backbone_name = "vit"
 
-    @property
-    def backbone(self) -> ViT:
-        return self.vit
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__(config, ViT(config), config.d_model)
