@@ -10,7 +10,19 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
-from qkv.quantize import WIDEN_ROWS, QuantizedLinear, input_magnitudes, pack_nibbles, quantize, unpack_nibbles
+from qkv.nn import StackedFeedForward, StackedSelfAttention
+from qkv.quantize import (
+    FORMATS,
+    WIDEN_ROWS,
+    Int4Linear,
+    Int8Linear,
+    QuantizedLinear,
+    input_magnitudes,
+    pack_nibbles,
+    quantize,
+    quantize_linear,
+    unpack_nibbles,
+)
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
 
@@ -30,7 +42,7 @@ def _reference(layer: QuantizedLinear, x: torch.Tensor, bias) -> torch.Tensor:
 def test_a_quantized_layer_computes_with_its_dequantized_weights(mode, group, out_features, in_features, bias, rows):
     torch.manual_seed(0)
     linear = nn.Linear(in_features, out_features, bias=bias)
-    layer = QuantizedLinear.from_linear(linear, mode, group)
+    layer = quantize_linear(linear, mode, group_size=group)
     x = torch.randn(2, rows, in_features)
     torch.testing.assert_close(layer(x), _reference(layer, x, linear.bias), atol=1e-5, rtol=8e-3)  # a bf16 step
 
@@ -41,7 +53,7 @@ def test_int8_takes_any_input_width(in_features, rows):
     """PyTorch's int8 kernel crashes the process on widths that are not a multiple of 16: the layer pads."""
     torch.manual_seed(0)
     linear = nn.Linear(in_features, 24)
-    layer = QuantizedLinear.from_linear(linear, "int8")
+    layer = Int8Linear.from_linear(linear)
     x = torch.randn(rows, in_features)
     torch.testing.assert_close(layer(x), _reference(layer, x, linear.bias), atol=1e-5, rtol=8e-3)
 
@@ -53,8 +65,8 @@ def test_outlier_columns_count_with_their_fp32_weights(mode):
     torch.manual_seed(0)
     linear = nn.Linear(128, 48)
     columns = torch.tensor([3, 40, 77])
-    layer = QuantizedLinear.from_linear(linear, mode, 32, outlier_columns=columns)
-    plain = QuantizedLinear.from_linear(linear, mode, 32)
+    layer = quantize_linear(linear, mode, outlier_columns=columns)
+    plain = quantize_linear(linear, mode)
     assert layer.outliers == 3 and "3 fp32 columns" in repr(layer)
     torch.testing.assert_close(layer.dequantized()[:, columns], linear.weight.detach()[:, columns])
     x = torch.randn(5, 128)
@@ -102,7 +114,7 @@ def test_dequantized_weights_are_within_half_a_step(mode, group):
     w = torch.randn(24, 64) * torch.linspace(0.1, 3, 24)[:, None]  # rows of very different ranges
     linear = nn.Linear(64, 24, bias=False)
     linear.weight.data.copy_(w)
-    layer = QuantizedLinear.from_linear(linear, mode, group)
+    layer = quantize_linear(linear, mode, group_size=group)
     error = (layer.dequantized() - w).abs()
     if mode == "int8":
         step = w.abs().amax(dim=1, keepdim=True) / 127
@@ -123,13 +135,36 @@ def test_nibbles_pack_two_codes_a_byte_low_first():
 def test_stacked_projections_quantize_to_the_codes_of_the_layers_they_replace(mode, group):
     model = _gpt()
     attention, ffn = model.decoder.layers[1].self_attn, model.decoder.layers[1].feed_forward
-    alone = [QuantizedLinear.from_linear(m, mode, group) for m in
+    alone = [quantize_linear(m, mode, group_size=group) for m in
              (attention.q_proj, attention.k_proj, attention.v_proj, ffn.gate, ffn.up)]
     quantize(model, mode, group_size=group)
-    assert attention.q_proj is None and ffn.gate is None and "self_attn.q_proj.codes" not in str(model.state_dict())
-    for stacked, parts in ((attention.qkv_proj, alone[:3]), (ffn.gate_up, alone[3:])):
+    layer = model.decoder.layers[1]
+    assert isinstance(layer.self_attn, StackedSelfAttention) and isinstance(layer.feed_forward, StackedFeedForward)
+    assert "self_attn.q_proj.codes" not in str(model.state_dict())
+    for stacked, parts in ((layer.self_attn.qkv_proj, alone[:3]), (layer.feed_forward.gate_up, alone[3:])):
         for name in ("codes", "scales") + (("zeros",) if mode == "int4" else ()):
             assert torch.equal(getattr(stacked, name), torch.cat([getattr(p, name) for p in parts]))
+
+
+def test_each_format_is_a_class_and_a_quantized_model_keeps_its_layer_names():
+    """One class per format (the factory's map); the quantized layers sit where the linear ones were, under the same
+    names, except the stacked projections, which replace the layers they are made of."""
+    assert dict(FORMATS) == {"int8": Int8Linear, "int4": Int4Linear}
+    assert all(issubclass(layer, QuantizedLinear) for layer in FORMATS.values())
+    model = _gpt()
+    before = {key.rpartition(".")[0] for key in model.state_dict()}
+    quantize(model, "int4")
+    assert type(model.lm_head) is Int8Linear and type(model.decoder.layers[0].self_attn.out_proj) is Int4Linear
+    after = {key.rpartition(".")[0] for key in model.state_dict()}
+    layers = [f"decoder.layers.{i}." for i in range(2)]
+    assert after - before == {p + name for p in layers for name in ("self_attn.qkv_proj", "feed_forward.gate_up")}
+    assert before - after == {p + name for p in layers for name in ("self_attn.q_proj", "self_attn.k_proj",
+                                                                     "self_attn.v_proj", "feed_forward.gate",
+                                                                     "feed_forward.up")}
+    with pytest.raises(ValueError, match="unknown quantization 'int3'; choose one of int8, int4"):
+        quantize_linear(nn.Linear(64, 8), "int3")
+    with pytest.raises(ValueError, match="not divisible by the group size 64"):
+        Int4Linear(96, 8, group_size=64)
 
 
 def _gpt(seed=0):
@@ -209,7 +244,7 @@ def test_an_output_layer_computes_its_largest_outputs_in_fp32(mode, group):
     dequantized weights in fp32 pick."""
     torch.manual_seed(0)
     linear = nn.Linear(64, 500, bias=True)
-    layer = QuantizedLinear.from_linear(linear, mode, group, outlier_columns=torch.tensor([3, 17]))
+    layer = quantize_linear(linear, mode, group_size=group, outlier_columns=torch.tensor([3, 17]))
     x = torch.randn(300, 64) * 4
     with torch.no_grad():
         exact = F.linear(x, layer.dequantized(), layer.bias)

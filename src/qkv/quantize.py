@@ -2,26 +2,30 @@
 
 Decoding one token of a small model reads every weight once and does little arithmetic with each, so its speed
 is the speed of reading weights. Storing them in fewer bits reads fewer bytes; PyTorch's CPU kernels widen the
-weights on the fly. Those kernels are fast with bf16 activations only (on a 2-core AMD EPYC, a 576 × 1,536
-layer at batch 1: int8 17 µs and int4 29 µs with bf16 inputs, 326 and 774 µs with fp32 inputs, fp32 weights
-65 µs), so a quantized layer rounds its input and output to bf16 (8 significant bits: a relative error of at
-most 0.2%); everything between the layers (norms, attention, residuals) stays in fp32. The
-scales are stored in bf16 too, so :meth:`QuantizedLinear.dequantized` is exactly what the kernel multiplies.
+weights on the fly. Those kernels are fast with bf16 activations only (measured timings: docs/quantization.md),
+so a quantized layer rounds its input and output to bf16 (8 significant bits: a relative error of at most 0.2%);
+everything between the layers (norms, attention, residuals) stays in fp32. The scales are stored in bf16 too, so
+:meth:`QuantizedLinear.dequantized` is exactly what the kernel multiplies.
 
-**int8, per output channel (symmetric).** Row *j* of W (the weights of output *j*) gets one scale,
-``s_j = max_i |W_ji| / 127``; the stored codes are ``q_ji = round(W_ji / s_j)`` in [-127, 127] and
+One class per format over a shared base: :class:`QuantizedLinear` holds what every format shares (the sizes, the
+bias, the outlier columns, the forward pass, the output layer's exact largest outputs, the outline of
+:meth:`~QuantizedLinear.from_linear`); :class:`Int8Linear` and :class:`Int4Linear` each hold their own encoding,
+decoding and CPU product. :data:`FORMATS` names them for :func:`quantize`.
+
+**int8, per output channel (symmetric)** (:class:`Int8Linear`). Row *j* of W (the weights of output *j*) gets one
+scale, ``s_j = max_i |W_ji| / 127``; the stored codes are ``q_ji = round(W_ji / s_j)`` in [-127, 127] and
 ``W_ji ≈ s_j · q_ji``. Then ``y_j = s_j · Σ_i x_i q_ji``: one multiplication per output, after the sum.
 Kernel: ``torch.ops.aten._weight_int8pack_mm`` (inputs padded to a multiple of 16 wide: other widths crash it).
 It reads the weights once per input row, so its time grows with the rows; from 32 rows on (a prompt, a batch of
 sentences) a layer instead widens ``s_j · q_ji`` to bf16 weights and uses PyTorch's bf16 matrix product, which
-reuses each weight across rows: 3-4× faster at 480 rows on the 2-core AMD EPYC (a 384 × 1,536 layer: 0.8 against
-3.1 ms), for one more rounding of each weight (at most 0.2% of it, under half an int8 step). The widened copy
-lives for one product only, so the model stays at 8 bits. (Not done for int4: unpacking its groups in Python
-costs more than the kernel saves below about 100 rows.)
+reuses each weight across rows and is several times faster with hundreds of rows (measured timings:
+docs/quantization.md), for one more rounding of each weight (at most 0.2% of it, under half an int8 step). The
+widened copy lives for one product only, so the model stays at 8 bits. (Not done for int4: unpacking its groups
+in Python costs more than the kernel saves below about 100 rows.)
 
-**int4, group-wise (asymmetric).** Each row is cut into groups of ``group_size`` consecutive inputs; a group
-with smallest weight *lo* and largest *hi* gets a scale ``s = (hi - lo) / 15`` and a zero point
-``z = lo + 8 s`` (the middle of its range), and codes ``q = round((W - z) / s) + 8`` in [0, 15], so
+**int4, group-wise (asymmetric)** (:class:`Int4Linear`). Each row is cut into groups of ``group_size``
+consecutive inputs; a group with smallest weight *lo* and largest *hi* gets a scale ``s = (hi - lo) / 15`` and a
+zero point ``z = lo + 8 s`` (the middle of its range), and codes ``q = round((W - z) / s) + 8`` in [0, 15], so
 ``W ≈ (q - 8) · s + z``: sixteen levels spread over the group's own range (a zero point as well as a scale,
 because a group's weights need not be centred on 0). This is the line PyTorch's kernel
 (``_weight_int4pack_mm_for_cpu``) computes. Smaller groups follow the weights more closely and cost more
@@ -52,14 +56,19 @@ change of a cosine similarity and raise SmolLM2's greedy agreement with fp32, fo
 columns raise their rows' largest weight, and with it every step. With int4 on SmolLM2 it does not help either:
 the groups already sit on the GGUF file's own 4-bit levels, which zeroed columns would move.
 
-**A decoding step.** :func:`quantize` first stacks each self-attention's Q, K and V projections, and a gated
-feed-forward's gate and up projections, into one layer each (:func:`stack_projections`: rows stacked, so the codes
-and outputs are those of the separate layers): fewer, larger products, each with a fixed cost on a CPU. The output
-layer recomputes each row's largest outputs in fp32 from its codes (:meth:`QuantizedLinear._exact_largest`): the
-bf16 output rounds logits near 16 to steps of 1/16, enough to tie the two best tokens and flip greedy's choice.
+**A decoding step.** :func:`quantize` first builds each self-attention of an encoder or decoder layer again as a
+:class:`~qkv.nn.StackedSelfAttention` (its Q, K and V projections one layer) and each gated feed-forward as a
+:class:`~qkv.nn.StackedFeedForward` (its gate and up projections one layer), see :func:`stack_projections`: rows
+stacked, so the codes and outputs are those of the separate layers, in fewer, larger products, each with a fixed
+cost on a CPU. The output layer recomputes each row's largest outputs in fp32 from its codes
+(:meth:`QuantizedLinear._exact_largest`): the bf16 output rounds logits near 16 to steps of 1/16, enough to tie
+the two best tokens and flip greedy's choice.
 
 The codes are saved in a layout of qkv's own (int8 rows; int4 as two codes a byte, low nibble first) and
 repacked into the kernel's layout when loaded, so a saved model does not depend on PyTorch's internal layout.
+The state-dict keys of a quantized model are those of the model it was made from, except the stacked layers
+(``self_attn.qkv_proj``, ``feed_forward.gate_up``); qkv itself writes no quantized model to disk (the command
+line quantizes after loading).
 """
 
 from __future__ import annotations
@@ -69,6 +78,10 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from .nn.attention import StackedSelfAttention
+from .nn.feedforward import FeedForward, StackedFeedForward
+from .nn.layers import DecoderLayer, EncoderLayer
 
 MODES = ("none", "int8", "int4")
 GROUP_SIZES = (32, 64, 128, 256)  # what PyTorch's int4 kernel takes
@@ -115,31 +128,34 @@ def check_int4(name: str, in_features: int, group_size: int) -> None:
 
 
 class QuantizedLinear(nn.Module):
-    """``y = x Wᵀ + b`` with W stored as int8 per channel or int4 per group (see the module's text).
+    """``y = x Wᵀ + b`` with W stored in fewer bits: what every format shares (see the module's text).
+
+    A format (:class:`Int8Linear`, :class:`Int4Linear`) registers its ``codes`` and ``scales`` (and whatever else
+    it stores) and says how to fill them from fp32 weights (``_encode``), what weights they stand for
+    (``_decoded``) and how PyTorch's CPU kernel multiplies by them (``_make_product``). This class keeps the rest:
+    the bias, the input columns kept in fp32 (``outliers``), the forward pass, and the output layer's largest
+    outputs computed in fp32 (``exact_largest``, set by :func:`quantize`).
+
+    Args:
+        in_features: input width.
+        out_features: output width.
+        bias: whether the layer adds a bias (kept in fp32).
+        outliers: how many input columns stay in fp32.
+
+    Raises:
+        ValueError: ``outliers`` outside 0 to ``in_features``.
 
     Shape:
         x ``(..., in_features)`` -> ``(..., out_features)``.
     """
 
-    def __init__(self, in_features: int, out_features: int, *, mode: str, group_size: int = DEFAULT_GROUP_SIZE,
-                 bias: bool = False, outliers: int = 0) -> None:
+    mode: str  # the format's name in quantize(): "int8" or "int4"
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
         super().__init__()
-        if mode not in ("int8", "int4"):
-            raise ValueError(f"unknown quantization {mode!r}; choose int8 or int4")
-        if mode == "int4":
-            check_int4("the layer", in_features, group_size)
-        self.in_features, self.out_features, self.mode, self.group_size = in_features, out_features, mode, group_size
-        if mode == "int8":
-            self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
-            self.register_buffer("scales", torch.ones(out_features, dtype=torch.bfloat16))
-        else:
-            n_groups = in_features // group_size
-            self.register_buffer("codes", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-            self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.bfloat16))
-            self.register_buffer("zeros", torch.zeros(out_features, n_groups, dtype=torch.bfloat16))
         if not 0 <= outliers <= in_features:
             raise ValueError(f"outliers must be between 0 and the layer's {in_features} inputs, got {outliers}")
-        self.outliers = outliers
+        self.in_features, self.out_features, self.outliers = in_features, out_features, outliers
         if outliers:  # input columns kept in fp32
             self.register_buffer("outlier_columns", torch.zeros(outliers, dtype=torch.long))
             self.register_buffer("outlier_weights", torch.zeros(outliers, out_features))  # (W - Ŵ)[:, cols]ᵀ
@@ -148,12 +164,12 @@ class QuantizedLinear(nn.Module):
         self.exact_largest = False  # an output layer: see _exact_largest (set by quantize)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, mode: str, group_size: int = DEFAULT_GROUP_SIZE, *,
-                    outlier_columns: Tensor | None = None) -> QuantizedLinear:
-        """The quantized copy of ``linear``; ``outlier_columns`` (input indices) stay in fp32."""
+    def from_linear(cls, linear: nn.Linear, *, outlier_columns: Tensor | None = None, **options) -> QuantizedLinear:
+        """The quantized copy of ``linear`` in this format; ``outlier_columns`` (input indices) stay in fp32;
+        ``options`` are the format's own (:class:`Int4Linear`'s ``group_size``)."""
         n_outliers = 0 if outlier_columns is None else len(outlier_columns)
-        layer = cls(linear.in_features, linear.out_features, mode=mode, group_size=group_size,
-                    bias=linear.bias is not None, outliers=n_outliers)
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, outliers=n_outliers,
+                    **options)
         with torch.no_grad():
             w = linear.weight.detach().float().cpu()
             if n_outliers:
@@ -161,23 +177,26 @@ class QuantizedLinear(nn.Module):
                 layer.outlier_columns.copy_(columns)
                 outlier_weights = w[:, columns]
                 w = w.index_fill(1, columns, 0.0)  # out of the scales' ranges
-            if mode == "int8":
-                scales = _bf16(w.abs().amax(dim=1).clamp(min=1e-12) / 127)
-                layer.codes.copy_((w / scales[:, None]).round().clamp(-127, 127).to(torch.int8))
-                layer.scales.copy_(scales)
-            else:
-                groups = w.view(w.size(0), -1, group_size)  # (out, n_groups, group)
-                lows, highs = groups.amin(dim=-1), groups.amax(dim=-1)
-                scales = _bf16((highs - lows).clamp(min=1e-12) / 15)
-                zeros = _bf16(lows + 8 * scales)
-                codes = ((groups - zeros[..., None]) / scales[..., None]).round().add(8).clamp(0, 15)
-                layer.codes.copy_(pack_nibbles(codes.to(torch.uint8).view(w.size(0), -1)))
-                layer.scales.copy_(scales), layer.zeros.copy_(zeros)
+            layer._encode(w)
             if n_outliers:  # what the fp32 columns add to the codes' own value there (0 for int8, not for int4)
                 layer.outlier_weights.copy_((outlier_weights - layer._decoded()[:, columns]).T)
             if linear.bias is not None:
                 layer.bias.copy_(linear.bias.detach().float())
         return layer.to(linear.weight.device)
+
+    def _encode(self, w: Tensor) -> None:
+        """Fill the codes and scales from the fp32 weight ``w`` ``(out_features, in_features)``, outlier columns
+        zero."""
+        raise NotImplementedError
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        """The codes times their scales (outlier columns zero), fp32: every row, or the rows of ``outputs``."""
+        raise NotImplementedError
+
+    def _make_product(self) -> Callable[[Tensor], Tensor]:
+        """The function ``(rows, in_features) bf16 -> (rows, out_features) bf16`` that runs PyTorch's CPU kernel on
+        the codes in its own layout."""
+        raise NotImplementedError
 
     def dequantized(self, outputs: Tensor | None = None) -> Tensor:
         """The fp32 weight the codes stand for, ``(out_features, in_features)``, outlier columns included: the
@@ -187,19 +206,6 @@ class QuantizedLinear(nn.Module):
             extra = self.outlier_weights.T if outputs is None else self.outlier_weights.T[outputs]
             weights = weights.index_add(1, self.outlier_columns, extra)
         return weights
-
-    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
-        """The codes times their scales (outlier columns zero): every row, or the rows of ``outputs``."""
-        codes, scales = self.codes, self.scales
-        zeros = self.zeros if self.mode == "int4" else None
-        if outputs is not None:
-            codes, scales = codes[outputs], scales[outputs]
-            zeros = zeros[outputs] if zeros is not None else None
-        if self.mode == "int8":
-            return codes.float() * scales.float()[:, None]
-        codes = unpack_nibbles(codes).float().view(codes.size(0), -1, self.group_size)
-        weights = (codes - 8) * scales.float()[..., None] + zeros.float()[..., None]
-        return weights.view(codes.size(0), self.in_features)
 
     def _exact_largest(self, x: Tensor, y: Tensor) -> Tensor:
         """``y`` (from the kernel, in bf16) with each row's largest outputs computed again in fp32: those within
@@ -222,14 +228,58 @@ class QuantizedLinear(nn.Module):
         return super()._apply(fn, *args, **kwargs)
 
     def _cpu_product(self) -> Callable[[Tensor], Tensor]:
-        """The function ``(rows, in_features) bf16 -> (rows, out_features) bf16`` that runs PyTorch's kernel on the
-        codes in its own layout, made once: a decoding step calls each layer once a token, so work that does not
-        depend on the input (repacking, padding, looking up buffers) is done here, not there."""
+        """The format's CPU product, made once: a decoding step calls each layer once a token, so work that does
+        not depend on the input (repacking, padding, looking up buffers) is done there, not at every call."""
         if self._product is None:
-            self._product = self._int8_product() if self.mode == "int8" else self._int4_product()
+            self._product = self._make_product()
         return self._product
 
-    def _int8_product(self) -> Callable[[Tensor], Tensor]:
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.reshape(-1, self.in_features)
+        rows = flat.to(torch.bfloat16).contiguous()
+        if x.is_cpu:
+            y = self._cpu_product()(rows).to(x.dtype)
+        else:  # the kernels are the CPU's; elsewhere, widen the weights
+            y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)
+        if self.outliers:
+            y = torch.addmm(y, flat.index_select(1, self.outlier_columns), self.outlier_weights)
+        if self.bias is not None:
+            y = y + self.bias
+        if self.exact_largest:
+            y = self._exact_largest(flat.float(), y.float()).to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _format(self) -> str:
+        return self.mode
+
+    def extra_repr(self) -> str:
+        outliers = f", {self.outliers} fp32 columns" if self.outliers else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self._format()}{outliers}"
+
+
+class Int8Linear(QuantizedLinear):
+    """W stored as int8 with one bf16 scale per output channel: ``W_ji ≈ s_j · q_ji``, ``s_j = max_i |W_ji| / 127``.
+
+    Buffers: ``codes`` ``(out_features, in_features)`` int8, ``scales`` ``(out_features,)`` bf16.
+    """
+
+    mode = "int8"
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
+        super().__init__(in_features, out_features, bias=bias, outliers=outliers)
+        self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.ones(out_features, dtype=torch.bfloat16))
+
+    def _encode(self, w: Tensor) -> None:
+        scales = _bf16(w.abs().amax(dim=1).clamp(min=1e-12) / 127)
+        self.codes.copy_((w / scales[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.scales.copy_(scales)
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        codes, scales = (self.codes, self.scales) if outputs is None else (self.codes[outputs], self.scales[outputs])
+        return codes.float() * scales.float()[:, None]
+
+    def _make_product(self) -> Callable[[Tensor], Tensor]:
         codes, scales, kernel = self.codes, self.scales, torch.ops.aten._weight_int8pack_mm
         pad = -self.in_features % INT8_WIDTH_STEP
         padded = F.pad(codes, (0, pad)) if pad else codes  # columns of zeros
@@ -242,7 +292,49 @@ class QuantizedLinear(nn.Module):
 
         return product
 
-    def _int4_product(self) -> Callable[[Tensor], Tensor]:
+
+class Int4Linear(QuantizedLinear):
+    """W stored as int4 in groups of ``group_size`` inputs, each with a bf16 scale and zero point:
+    ``W ≈ (q - 8) · s + z``.
+
+    Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (two codes a byte, low nibble first), ``scales``
+    and ``zeros`` ``(out_features, in_features / group_size)`` bf16.
+
+    Raises:
+        ValueError: a group size PyTorch's kernel does not take, or one that does not divide ``in_features``.
+    """
+
+    mode = "int4"
+
+    def __init__(self, in_features: int, out_features: int, *, group_size: int = DEFAULT_GROUP_SIZE,
+                 bias: bool = False, outliers: int = 0) -> None:
+        check_int4("the layer", in_features, group_size)
+        super().__init__(in_features, out_features, bias=bias, outliers=outliers)
+        self.group_size = group_size
+        n_groups = in_features // group_size
+        self.register_buffer("codes", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
+        self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.bfloat16))
+        self.register_buffer("zeros", torch.zeros(out_features, n_groups, dtype=torch.bfloat16))
+
+    def _encode(self, w: Tensor) -> None:
+        groups = w.view(w.size(0), -1, self.group_size)  # (out, n_groups, group)
+        lows, highs = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = _bf16((highs - lows).clamp(min=1e-12) / 15)
+        zeros = _bf16(lows + 8 * scales)
+        codes = ((groups - zeros[..., None]) / scales[..., None]).round().add(8).clamp(0, 15)
+        self.codes.copy_(pack_nibbles(codes.to(torch.uint8).view(w.size(0), -1)))
+        self.scales.copy_(scales)
+        self.zeros.copy_(zeros)
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        codes, scales, zeros = self.codes, self.scales, self.zeros
+        if outputs is not None:
+            codes, scales, zeros = codes[outputs], scales[outputs], zeros[outputs]
+        levels = unpack_nibbles(codes).float().view(codes.size(0), -1, self.group_size)  # (rows, n_groups, group)
+        weights = (levels - 8) * scales.float()[..., None] + zeros.float()[..., None]
+        return weights.view(codes.size(0), self.in_features)
+
+    def _make_product(self) -> Callable[[Tensor], Tensor]:
         rows = -self.out_features % 16  # the kernel takes outputs in sixteens: pad with rows of zeros
         codes = F.pad(unpack_nibbles(self.codes).to(torch.int32), (0, 0, 0, rows), value=8)  # (out', in)
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # the kernel's (out', in/2) uint8
@@ -257,25 +349,25 @@ class QuantizedLinear(nn.Module):
 
         return product
 
-    def forward(self, x: Tensor) -> Tensor:
-        flat = x.reshape(-1, self.in_features)
-        rows = flat.to(torch.bfloat16).contiguous()
-        if x.is_cpu:
-            y = self._cpu_product()(rows).to(x.dtype)
-        else:  # the kernels above are the CPU's; elsewhere, widen the weights
-            y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)
-        if self.outliers:
-            y = torch.addmm(y, flat.index_select(1, self.outlier_columns), self.outlier_weights)
-        if self.bias is not None:
-            y = y + self.bias
-        if self.exact_largest:
-            y = self._exact_largest(flat.float(), y.float()).to(x.dtype)
-        return y.view(*x.shape[:-1], self.out_features)
+    def _format(self) -> str:
+        return f"int4, group_size={self.group_size}"
 
-    def extra_repr(self) -> str:
-        group = f", group_size={self.group_size}" if self.mode == "int4" else ""
-        outliers = f", {self.outliers} fp32 columns" if self.outliers else ""
-        return f"in_features={self.in_features}, out_features={self.out_features}, {self.mode}{group}{outliers}"
+
+FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+def quantize_linear(linear: nn.Linear, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
+                    outlier_columns: Tensor | None = None) -> QuantizedLinear:
+    """``linear`` quantized to ``mode`` (a format of :data:`FORMATS`), its ``outlier_columns`` kept in fp32;
+    ``group_size`` is int4's (int8 has one scale a row).
+
+    Raises:
+        ValueError: an unknown mode, or an int4 group size that does not fit the layer.
+    """
+    if mode not in FORMATS:
+        raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(FORMATS)}")
+    options = {"group_size": group_size} if FORMATS[mode] is Int4Linear else {}
+    return FORMATS[mode].from_linear(linear, outlier_columns=outlier_columns, **options)
 
 
 def _bf16(x: Tensor) -> Tensor:
@@ -315,26 +407,36 @@ def input_magnitudes(model: nn.Module, run: Callable[[], object]) -> dict[str, T
     return {name: total / counts[name] for name, total in sums.items()}
 
 
-def stack_projections(model: nn.Module) -> dict[str, str]:
-    """Stack each self-attention's W^Q, W^K, W^V and each gated feed-forward's W_g, W_1 into one layer (in place;
-    see :meth:`qkv.nn.MultiHeadAttention.stack_projections`). Returns, for each new layer's name, the name of a
-    layer it replaced: they read the same input."""
-    from .nn.feedforward import FeedForward
-    from .nn.layers import DecoderLayer, EncoderLayer
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
 
+
+def stack_projections(model: nn.Module) -> dict[str, str]:
+    """Build each self-attention of an encoder or decoder layer again as a :class:`~qkv.nn.StackedSelfAttention`
+    (W^Q, W^K, W^V as one layer) and each gated feed-forward as a :class:`~qkv.nn.StackedFeedForward` (W_g and W_1
+    as one), in ``model`` (in place; layers already quantized or stacked are left as they are). Returns, for each
+    stacked layer's name, the name of a layer it replaced: they read the same input."""
     replaced = {}
     for name, module in list(model.named_modules()):
         prefix = f"{name}." if name else ""
-        if isinstance(module, (EncoderLayer, DecoderLayer)) and module.self_attn.stack_projections():
-            replaced[f"{prefix}self_attn.qkv_proj"] = f"{prefix}self_attn.q_proj"
-        elif isinstance(module, FeedForward) and module.stack_projections():
-            replaced[f"{prefix}gate_up"] = f"{prefix}gate"
+        if isinstance(module, (EncoderLayer, DecoderLayer)):
+            attention = StackedSelfAttention.from_attention(module.self_attn)
+            if attention is not None:
+                module.self_attn = attention
+                replaced[f"{prefix}self_attn.qkv_proj"] = f"{prefix}self_attn.q_proj"
+        elif isinstance(module, FeedForward) and name:  # (a model that is one feed-forward is left as it is)
+            ffn = StackedFeedForward.from_feed_forward(module)
+            if ffn is not None:
+                _set_submodule(model, name, ffn)
+                replaced[f"{prefix}gate_up"] = f"{prefix}gate"
     return replaced
 
 
 def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
              magnitudes: dict[str, Tensor] | None = None, outliers: int = DEFAULT_OUTLIERS) -> nn.Module:
-    """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantizedLinear`; returns the model.
+    """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantizedLinear` of format ``mode``
+    (:data:`FORMATS`); returns the model.
 
     ``mode`` "none" leaves it as it is. Otherwise self-attention's Q, K, V projections and a gated feed-forward's
     gate and up projections are first stacked into one layer each (:func:`stack_projections`: the same numbers,
@@ -358,14 +460,12 @@ def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZ
     replaced = stack_projections(model)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     for name, linear in linears:
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
         layer_mode = "int8" if mode == "int4" and name == output else mode
         columns = None
         source = replaced.get(name, name)
         if magnitudes is not None and source in magnitudes and outliers:
             columns = magnitudes[source].topk(min(outliers, linear.in_features)).indices.sort().values
-        layer = QuantizedLinear.from_linear(linear, layer_mode, group_size, outlier_columns=columns)
+        layer = quantize_linear(linear, layer_mode, group_size=group_size, outlier_columns=columns)
         layer.exact_largest = name == output  # greedy decoding's choice, as fp32 weights would make it
-        setattr(parent, child, layer)
+        _set_submodule(model, name, layer)
     return model

@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.nn import KVCache, MultiHeadAttention, RotaryEmbedding, causal_mask, scaled_dot_product_attention
+from qkv.nn import (
+    KVCache,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    StackedSelfAttention,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 
 B, H, T, S, D = 3, 4, 7, 5, 32
 
@@ -314,23 +321,36 @@ def test_bad_inputs_raise_with_shapes():
         mha(torch.randn(3, 7, D), attn_mask=torch.zeros(7, 7))
 
 
+@pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("bias", [False, True])
-def test_stacked_projections_give_the_same_attention_cached_and_not(bias):
+def test_stacked_projections_give_the_same_attention_cached_and_not(bias, gated):
     torch.manual_seed(0)
     x = torch.randn(2, 7, 32)
     rope = RotaryEmbedding(8, base=100.0)
-    mha = MultiHeadAttention(32, 4, n_kv_heads=2, causal=True, bias=bias, rotary=rope).eval()
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2, causal=True, bias=bias, gated=gated, rotary=rope).eval()
     with torch.no_grad():
         full, weights = mha(x, need_weights=True)
         cache, steps = KVCache(), []
         for t in range(7):
             steps.append(mha(x[:, t : t + 1], cache=cache)[0])
-        mha.stack_projections()
-        assert mha.q_proj is None and mha.qkv_proj.out_features == 32 + 2 * 16
-        torch.testing.assert_close(mha(x)[0], full, atol=1e-6, rtol=1e-5)
-        torch.testing.assert_close(mha(x, need_weights=True)[1], weights, atol=1e-6, rtol=1e-5)
+        stacked = StackedSelfAttention.from_attention(mha)
+        assert not hasattr(stacked, "q_proj") and stacked.qkv_proj.out_features == 32 + 2 * 16
+        assert stacked.out_proj is mha.out_proj and stacked.rotary is rope and not stacked.training
+        assert {"q_proj.weight", "k_proj.weight", "v_proj.weight"} <= set(mha.state_dict())  # untouched
+        torch.testing.assert_close(stacked(x)[0], full, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(stacked(x, need_weights=True)[1], weights, atol=1e-6, rtol=1e-5)
         cache = KVCache()
-        stacked_steps = [mha(x[:, t : t + 1], cache=cache)[0] for t in range(7)]
+        stacked_steps = [stacked(x[:, t : t + 1], cache=cache)[0] for t in range(7)]
     torch.testing.assert_close(torch.cat(stacked_steps, 1), torch.cat(steps, 1), atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="stacked for self-attention"):
-        mha(x, torch.randn(2, 3, 32))
+        stacked(x, torch.randn(2, 3, 32))
+
+
+def test_only_plain_attention_is_stacked_and_a_stacked_one_can_be_built_directly():
+    mha = MultiHeadAttention(32, 4)
+    mha.q_proj = nn.Identity()  # not a plain nn.Linear (a quantized layer, say): no stacking
+    assert StackedSelfAttention.from_attention(mha) is None
+    assert StackedSelfAttention.from_attention(StackedSelfAttention(32, 4)) is None
+    built = StackedSelfAttention(32, 4, n_kv_heads=2, bias=False)
+    assert sorted(built.state_dict()) == ["out_proj.weight", "qkv_proj.weight"]
+    assert built(torch.randn(2, 5, 32))[0].shape == (2, 5, 32)

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qkv.nn import FeedForward
+from qkv.nn import FeedForward, StackedFeedForward
 
 
 @pytest.mark.parametrize("activation, torch_act", [("relu", nn.ReLU()), ("gelu", nn.GELU()),
@@ -43,6 +43,15 @@ def test_stacked_gate_and_up_give_the_same_output():
     ffn, x = FeedForward(16, 40, activation="swiglu", bias=True), torch.randn(3, 5, 16)
     with torch.no_grad():
         expected = ffn(x)
-        ffn.stack_projections()
-        assert ffn.gate is None and ffn.up is None and ffn.gate_up.out_features == 80
-        torch.testing.assert_close(ffn(x), expected, atol=1e-6, rtol=1e-5)
+        stacked = StackedFeedForward.from_feed_forward(ffn)
+        assert not hasattr(stacked, "gate") and not hasattr(stacked, "up") and stacked.gate_up.out_features == 80
+        assert stacked.down is ffn.down and ffn.gate is not None  # the separate one is untouched
+        torch.testing.assert_close(stacked(x), expected, atol=1e-6, rtol=1e-5)
+
+
+def test_only_a_gated_feed_forward_is_stacked():
+    assert StackedFeedForward.from_feed_forward(FeedForward(16, 40, activation="gelu")) is None
+    with pytest.raises(ValueError, match="only a gated activation"):
+        StackedFeedForward(16, 40, activation="relu")
+    built = StackedFeedForward(16, 40, activation="swiglu", bias=False)
+    assert sorted(built.state_dict()) == ["down.weight", "gate_up.weight"]

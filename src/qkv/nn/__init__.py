@@ -1,7 +1,7 @@
 """The building blocks of the Transformer. Nothing here knows about data, training or files."""
 
-from .attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from .feedforward import FeedForward
+from .attention import KVCache, MultiHeadAttention, StackedSelfAttention, scaled_dot_product_attention
+from .feedforward import FeedForward, StackedFeedForward
 from .layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer, LayerCache
 from .masks import causal_mask, key_padding_to_attention, padding_mask, sliding_window_mask
 from .norm import LayerNorm, RMSNorm, build_norm
@@ -22,6 +22,8 @@ __all__ = [
     "RMSNorm",
     "RotaryEmbedding",
     "SinusoidalPositionalEncoding",
+    "StackedFeedForward",
+    "StackedSelfAttention",
     "build_norm",
     "causal_mask",
     "key_padding_to_attention",

@@ -139,6 +139,7 @@ class MultiHeadAttention(nn.Module):
 
     Without ``need_weights`` the core runs on :func:`torch.nn.functional.scaled_dot_product_attention`
     (fused kernels); with it, on the explicit :func:`scaled_dot_product_attention`. The two agree.
+    :class:`StackedSelfAttention` is the same self-attention with W^Q, W^K and W^V held as one layer.
 
     Args:
         d_model: model width.
@@ -186,58 +187,35 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"rotary head_dim={rotary.head_dim} != d_model/n_heads={self.head_dim}")
         self.dropout, self.causal, self.window = dropout, causal, window
 
-        kv_dim = n_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, kv_dim, bias=bias)
-        self.v_proj = nn.Linear(d_model, kv_dim, bias=bias)
+        self._make_input_projections(bias)  # W^Q, W^K, W^V: one stacked layer in StackedSelfAttention
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if gated else None
         self.rotary = rotary
-        self.qkv_proj: nn.Module | None = None  # W^Q, W^K, W^V as one layer, after stack_projections()
+
+    def _make_input_projections(self, bias: bool) -> None:
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)
+        self.k_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
 
     def _split_heads(self, x: Tensor, n_heads: int) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, Dh)
-
-    def stack_projections(self) -> bool:
-        """Replace W^Q, W^K and W^V by one layer whose rows are theirs, stacked (``qkv_proj``): self-attention only.
-
-        The same numbers, in one product instead of three, and rotary positions turn Q and K in one operation
-        instead of two. Decoding one token multiplies by small matrices, and each product and each small
-        operation has a fixed cost on a CPU: :func:`qkv.quantize.quantize` stacks them. Returns whether it did:
-        not if they are stacked already or are not plain ``nn.Linear`` layers.
-        """
-        stacked = None if self.qkv_proj is not None else stack_linears((self.q_proj, self.k_proj, self.v_proj))
-        if stacked is None:
-            return False
-        self.qkv_proj, self.q_proj, self.k_proj, self.v_proj = stacked, None, None, None
-        return True
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
                  cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         """Q ``(B, H, T_q, Dh)``, and K and V ``(B, H_kv, T_k, Dh)`` with every cached position: heads split,
         rotary positions applied, the new keys and values appended to ``cache``."""
         is_cross = key_value is not None
-        b, t_q, _ = query.shape
-        if self.qkv_proj is not None:
-            if is_cross:
-                raise ValueError("this attention's projections are stacked for self-attention; do not pass key_value")
-            h, h_kv = self.n_heads, self.n_kv_heads
-            qkv = self.qkv_proj(query).view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)
-            qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
-            if self.rotary is not None:
-                qk = self.rotary(qk, self._positions(positions, cache, t_q, query.device))
-            q, k = qk[:, :h], qk[:, h:]
-        else:
-            q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
-            if is_cross and cache is not None and len(cache):
-                return q, cache.k, cache.v  # the encoder output has not changed since the first step
-            source = key_value if is_cross else query
-            k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
-            v = self._split_heads(self.v_proj(source), self.n_kv_heads)
-            if self.rotary is not None and not is_cross:
-                positions = self._positions(positions, cache, t_q, query.device)
-                q, k = self.rotary(q, positions), self.rotary(k, positions)
+        q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
+        if is_cross and cache is not None and len(cache):
+            return q, cache.k, cache.v  # the encoder output has not changed since the first step
+        source = key_value if is_cross else query
+        k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
+        v = self._split_heads(self.v_proj(source), self.n_kv_heads)
+        if self.rotary is not None and not is_cross:
+            positions = self._positions(positions, cache, query.size(1), query.device)
+            q, k = self.rotary(q, positions), self.rotary(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         return q, k, v
@@ -250,12 +228,80 @@ class MultiHeadAttention(nn.Module):
         past = len(cache) if cache is not None else 0
         return torch.arange(past, past + t_q, device=device)
 
+    def _check_inputs(self, query: Tensor, key_value: Tensor | None) -> None:
+        if query.dim() != 3 or query.size(-1) != self.d_model:
+            raise ValueError(f"query must have shape (B, T, {self.d_model}), got {tuple(query.shape)}")
+        if key_value is not None and (key_value.dim() != 3 or key_value.size(0) != query.size(0)):
+            raise ValueError(
+                f"key_value must have shape (B={query.size(0)}, T_k, {self.d_model}), "
+                f"got {tuple(key_value.shape)}"
+            )
+
+    def _fused_causal(self, t_q: int, t_k: int, *, other_masks: bool, need_weights: bool) -> bool:
+        """Whether the fused kernel applies the causal mask itself: the common square causal case, with no other
+        mask or bias and no weights asked for, needs no mask tensor.
+
+        (A Python ``bool``: under torch.compile with dynamic shapes the size test is symbolic, ``bool()`` turns it
+        into a guard, and the kernel gets a plain bool.)"""
+        return bool(self.causal and self.window is None and t_q == t_k > 1 and not need_weights and not other_masks)
+
     def _structural_mask(self, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
         if self.window is not None:
             return sliding_window_mask(t_q, t_k, window=self.window, causal=self.causal, device=device)
         if self.causal and t_q > 1:  # a single newest query may see every cached key
             return causal_mask(t_q, t_k, device=device)
         return None
+
+    def _mask(self, b: int, t_q: int, t_k: int, key_padding_mask: Tensor | None, attn_mask: Tensor | None,
+              device: torch.device) -> Tensor | None:
+        """Every boolean mask in one, broadcastable to ``(B, H, T_q, T_k)``: the structural one (causal, window),
+        the keys' padding and ``attn_mask``; None when nothing is masked."""
+        mask = self._structural_mask(t_q, t_k, device)
+        if key_padding_mask is not None:
+            if key_padding_mask.shape != (b, t_k):
+                raise ValueError(
+                    f"key_padding_mask must have shape (B, T_k)=({b}, {t_k}), got {tuple(key_padding_mask.shape)}"
+                )
+            kpm = key_padding_to_attention(key_padding_mask)  # (B, 1, 1, T_k)
+            mask = kpm if mask is None else mask & kpm
+        if attn_mask is not None:
+            if attn_mask.dtype != torch.bool:
+                raise TypeError(f"attn_mask must be bool (True = may attend), got dtype {attn_mask.dtype}")
+            mask = attn_mask if mask is None else mask & attn_mask
+        return mask
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, attn_bias: Tensor | None, *,
+                fused_causal: bool, need_weights: bool) -> tuple[Tensor, Tensor | None]:
+        """The heads' outputs ``(B, H, T_q, Dh)`` and, if ``need_weights``, their weights ``(B, H, T_q, T_k)``:
+        the explicit :func:`scaled_dot_product_attention` when the weights are wanted, else PyTorch's fused one."""
+        # Grouped-query: query head h reads key/value head h // group. The fused kernels share the key/value
+        # heads themselves (enable_gqa); the explicit path repeats them.
+        grouped = self.n_kv_heads != self.n_heads
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            if grouped:
+                group = self.n_heads // self.n_kv_heads
+                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
+            return scaled_dot_product_attention(q, k, v, mask, dropout_p, attn_bias)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p,
+                                                 is_causal=fused_causal, enable_gqa=grouped)
+            return out, None
+        # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        allowed = mask | ~has_key
+        if attn_bias is not None:  # one float mask: the bias where allowed, -inf elsewhere
+            allowed = torch.where(allowed, attn_bias.to(q.dtype), float("-inf"))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=grouped)
+        return out.masked_fill(~has_key, 0.0), None
+
+    def _output(self, heads: Tensor, query: Tensor) -> Tensor:
+        """The heads concatenated ``(B, T_q, H * Dh)``, gated by the query if ``gated``, times W^O."""
+        b, t_q, _ = query.shape
+        out = heads.transpose(1, 2).reshape(b, t_q, self.d_model)  # (B, T_q, H * Dh)
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(query))
+        return self.out_proj(out)
 
     def forward(
         self,
@@ -286,63 +332,61 @@ class MultiHeadAttention(nn.Module):
         Returns:
             ``(output, weights)``, ``weights`` None unless requested.
         """
-        if query.dim() != 3 or query.size(-1) != self.d_model:
-            raise ValueError(f"query must have shape (B, T, {self.d_model}), got {tuple(query.shape)}")
-        is_cross = key_value is not None
-        if is_cross and (key_value.dim() != 3 or key_value.size(0) != query.size(0)):
-            raise ValueError(
-                f"key_value must have shape (B={query.size(0)}, T_k, {self.d_model}), "
-                f"got {tuple(key_value.shape)}"
-            )
+        self._check_inputs(query, key_value)
+        q, k, v = self._project(query, key_value, positions, cache)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh) twice
+        b, t_q, t_k = query.size(0), query.size(1), k.size(2)
+        other_masks = key_padding_mask is not None or attn_mask is not None or attn_bias is not None
+        fused_causal = self._fused_causal(t_q, t_k, other_masks=other_masks, need_weights=need_weights)
+        mask = None if fused_causal else self._mask(b, t_q, t_k, key_padding_mask, attn_mask, query.device)
+        heads, weights = self._attend(q, k, v, mask, attn_bias, fused_causal=fused_causal, need_weights=need_weights)
+        return self._output(heads, query), weights
+
+
+class StackedSelfAttention(MultiHeadAttention):
+    """Self-attention with W^Q, W^K and W^V held as one layer, ``qkv_proj``: ``[Q | K | V] = X [W^Q; W^K; W^V]ᵀ``.
+
+    The attention of :class:`MultiHeadAttention` (the same arguments), with its projection step done as one
+    product instead of three, and rotary positions turning Q and K in one operation instead of two. Decoding one
+    token multiplies by small matrices, and each product and each small operation has a fixed cost on a CPU:
+    :func:`qkv.quantize.quantize` builds one from each self-attention (:meth:`from_attention`) before it quantizes
+    the layers. Self-attention only: it takes no ``key_value``.
+
+    Raises:
+        ValueError: on inconsistent sizes; when called with a ``key_value``.
+    """
+
+    def _make_input_projections(self, bias: bool) -> None:
+        kv_dim = self.n_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(self.d_model, self.d_model + 2 * kv_dim, bias=bias)
+
+    @classmethod
+    def from_attention(cls, attention: MultiHeadAttention) -> StackedSelfAttention | None:
+        """``attention`` with its W^Q, W^K, W^V stacked, rows in that order, so that the outputs are theirs side
+        by side; its other layers and its rotary embedding are taken over, not copied. None unless ``attention``
+        is a plain :class:`MultiHeadAttention` whose projections are plain ``nn.Linear`` layers."""
+        if type(attention) is not MultiHeadAttention:
+            return None
+        qkv_proj = stack_linears((attention.q_proj, attention.k_proj, attention.v_proj))
+        if qkv_proj is None:
+            return None
+        with torch.device("meta"):  # the layers made here are replaced at once by attention's own
+            stacked = cls(attention.d_model, attention.n_heads, n_kv_heads=attention.n_kv_heads,
+                          dropout=attention.dropout, causal=attention.causal, window=attention.window,
+                          gated=attention.gate_proj is not None, rotary=attention.rotary)
+        stacked.qkv_proj, stacked.out_proj, stacked.gate_proj = qkv_proj, attention.out_proj, attention.gate_proj
+        return stacked.train(attention.training)
+
+    def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
+                 cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+        if key_value is not None:
+            raise ValueError("this attention's projections are stacked for self-attention; do not pass key_value")
         b, t_q, _ = query.shape
-
-        q, k, v = self._project(query, key_value, positions, cache)
-        t_k = k.size(2)
-
-        # The common square causal case needs no mask tensor: the fused kernel applies it itself.
-        # (Decided by an `if`: under torch.compile with dynamic shapes the size test is symbolic, the `if` turns it
-        # into a guard, and the kernel gets a plain bool.)
-        fused_causal = False
-        if self.causal and self.window is None and t_q == t_k > 1 and not need_weights and \
-                key_padding_mask is None and attn_mask is None and attn_bias is None:
-            fused_causal = True
-        mask = None if fused_causal else self._structural_mask(t_q, t_k, query.device)
-        if key_padding_mask is not None:
-            if key_padding_mask.shape != (b, t_k):
-                raise ValueError(
-                    f"key_padding_mask must have shape (B, T_k)=({b}, {t_k}), got {tuple(key_padding_mask.shape)}"
-                )
-            kpm = key_padding_to_attention(key_padding_mask)  # (B, 1, 1, T_k)
-            mask = kpm if mask is None else mask & kpm
-        if attn_mask is not None:
-            if attn_mask.dtype != torch.bool:
-                raise TypeError(f"attn_mask must be bool (True = may attend), got dtype {attn_mask.dtype}")
-            mask = attn_mask if mask is None else mask & attn_mask
-
-        # Grouped-query: query head h reads key/value head h // group. The fused kernels share the key/value
-        # heads themselves (enable_gqa); the explicit path repeats them.
-        grouped = self.n_kv_heads != self.n_heads
-        dropout_p = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights:
-            if grouped:
-                group = self.n_heads // self.n_kv_heads
-                k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, attn_bias)
-        elif mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p,
-                                                 is_causal=fused_causal, enable_gqa=grouped)
-        else:
-            # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
-            has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-            allowed = mask | ~has_key
-            if attn_bias is not None:  # one float mask: the bias where allowed, -inf elsewhere
-                allowed = torch.where(allowed, attn_bias.to(q.dtype), float("-inf"))
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p,
-                                                 enable_gqa=grouped)
-            out = out.masked_fill(~has_key, 0.0)
-
-        out = out.transpose(1, 2).reshape(b, t_q, self.d_model)  # (B, T_q, H * Dh)
-        if self.gate_proj is not None:
-            out = out * torch.sigmoid(self.gate_proj(query))
-        return self.out_proj(out), weights
+        h, h_kv = self.n_heads, self.n_kv_heads
+        qkv = self.qkv_proj(query).view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, Dh)
+        qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
+        if self.rotary is not None:
+            qk = self.rotary(qk, self._positions(positions, cache, t_q, query.device))
+        q, k = qk[:, :h], qk[:, h:]
+        if cache is not None:
+            k, v = cache.append(k, v)
+        return q, k, v

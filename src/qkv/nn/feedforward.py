@@ -25,7 +25,8 @@ GATED = {"swiglu": F.silu}
 
 
 class FeedForward(nn.Module):
-    """Linear -> activation -> dropout -> Linear, or its gated variant (SwiGLU).
+    """Linear -> activation -> dropout -> Linear, or its gated variant (SwiGLU); :class:`StackedFeedForward` is the
+    gated one with W_g and W_1 held as one layer.
 
     Args:
         d_model: input and output width.
@@ -50,28 +51,57 @@ class FeedForward(nn.Module):
             raise ValueError(f"activation must be one of {known}, got {activation!r}")
         self.activation = activation
         self.act = GATED.get(activation) or ACTIVATIONS[activation]
-        self.up = nn.Linear(d_model, d_ff, bias=bias)  # W_1
-        self.gate = nn.Linear(d_model, d_ff, bias=bias) if activation in GATED else None  # W_g
+        self._make_hidden_projections(d_model, d_ff, bias)  # W_1 and W_g: one stacked layer in StackedFeedForward
         self.down = nn.Linear(d_ff, d_model, bias=bias)  # W_2
         self.dropout = nn.Dropout(dropout)
-        self.gate_up: nn.Module | None = None  # W_g and W_1 as one layer, after stack_projections()
 
-    def stack_projections(self) -> bool:
-        """Replace the gate W_g and W_1 by one layer whose rows are theirs, stacked (``gate_up``): the same
-        numbers in one product instead of two (see :meth:`MultiHeadAttention.stack_projections`). Returns whether
-        it did: not without a gate, if they are stacked already, or if they are not plain ``nn.Linear`` layers."""
-        stacked = None if self.gate is None or self.gate_up is not None else stack_linears((self.gate, self.up))
-        if stacked is None:
-            return False
-        self.gate_up, self.gate, self.up = stacked, None, None
-        return True
+    def _make_hidden_projections(self, d_model: int, d_ff: int, bias: bool) -> None:
+        self.up = nn.Linear(d_model, d_ff, bias=bias)  # W_1
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if self.activation in GATED else None  # W_g
+
+    def _hidden(self, x: Tensor) -> Tensor:
+        """``act(W_1 x)``, or ``SiLU(W_g x) ⊙ W_1 x`` when gated: ``(B, T, d_ff)``."""
+        if self.gate is None:
+            return self.act(self.up(x))
+        return self.act(self.gate(x)) * self.up(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, dim=-1)
-            hidden = self.act(gate) * up  # (B, T, d_ff)
-        elif self.gate is None:
-            hidden = self.act(self.up(x))  # (B, T, d_ff)
-        else:
-            hidden = self.act(self.gate(x)) * self.up(x)  # (B, T, d_ff)
+        hidden = self._hidden(x)  # (B, T, d_ff)
         return self.down(self.dropout(hidden) if self.training else hidden)  # dropout: the identity in eval
+
+
+class StackedFeedForward(FeedForward):
+    """A gated feed-forward with W_g and W_1 held as one layer, ``gate_up``: ``[W_g x | W_1 x] = [W_g; W_1] x``.
+
+    The network of :class:`FeedForward` (the same arguments; a gated activation), with one product instead of two
+    for the gate and the hidden layer: fewer, larger products for a decoding step on a CPU (see
+    :class:`qkv.nn.StackedSelfAttention`). :func:`qkv.quantize.quantize` builds one from each gated feed-forward
+    (:meth:`from_feed_forward`).
+
+    Raises:
+        ValueError: for an activation that is not gated.
+    """
+
+    def _make_hidden_projections(self, d_model: int, d_ff: int, bias: bool) -> None:
+        if self.activation not in GATED:
+            raise ValueError(f"only a gated activation ({', '.join(sorted(GATED))}) has a gate to stack with W_1, "
+                             f"got {self.activation!r}")
+        self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)  # [W_g; W_1]
+
+    @classmethod
+    def from_feed_forward(cls, ffn: FeedForward) -> StackedFeedForward | None:
+        """``ffn`` with its W_g and W_1 stacked, in that order; its W_2 and dropout are taken over, not copied. None
+        unless ``ffn`` is a plain gated :class:`FeedForward` whose layers are plain ``nn.Linear`` layers."""
+        if type(ffn) is not FeedForward or ffn.gate is None:
+            return None
+        gate_up = stack_linears((ffn.gate, ffn.up))
+        if gate_up is None:
+            return None
+        with torch.device("meta"):  # the layers made here are replaced at once by ffn's own
+            stacked = cls(ffn.up.in_features, ffn.up.out_features, activation=ffn.activation, dropout=ffn.dropout.p)
+        stacked.gate_up, stacked.down, stacked.dropout = gate_up, ffn.down, ffn.dropout
+        return stacked.train(ffn.training)
+
+    def _hidden(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.act(gate) * up  # (B, T, d_ff)

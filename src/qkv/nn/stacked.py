@@ -2,6 +2,7 @@
 
 ``[y_1, y_2, ...] = x [W_1; W_2; ...]ᵀ + [b_1; b_2; ...]``: stacking the weight rows (and biases) gives one layer
 whose outputs are the separate layers' outputs side by side, in one matrix product instead of several.
+:class:`~qkv.nn.StackedSelfAttention` and :class:`~qkv.nn.StackedFeedForward` are built with it.
 """
 
 from __future__ import annotations
