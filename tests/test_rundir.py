@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qkv.rundir import MARK, claim
+from qkv.rundir import MARK, claim, holds
 
 
 def start(out, *, resume):
@@ -81,9 +81,18 @@ def test_one_process_at_a_time_and_a_killed_one_leaves_no_stale_lock(tmp_path):
         pass
 
 
-def test_claims_nest_within_one_process(tmp_path):
-    with claim(tmp_path / "run", resume=False), claim(tmp_path / "run", resume=False):
-        pass
+def test_a_directory_is_claimed_once_within_a_process(tmp_path):
+    """Whoever starts the run claims it, once: a second claim inside the first is a mistake, and says so; the
+    first one still holds the directory, and lets it go at its end."""
+    assert not holds(tmp_path / "run")
+    with claim(tmp_path / "run", resume=False):
+        assert holds(tmp_path / "run") and holds(str(tmp_path / "." / "run"))
+        with pytest.raises(RuntimeError, match="is claimed already by this process"), \
+                claim(tmp_path / "run", resume=False):
+            pass
+        assert holds(tmp_path / "run")
+    assert not holds(tmp_path / "run")
+    start(tmp_path / "run", resume=False)  # and a later run claims it again
 
 
 def test_leftovers_of_a_killed_save_are_cleaned_or_restored(tmp_path):

@@ -72,13 +72,13 @@ class FakeClock:
         task = make_task(dropout=0.0, **kwargs)
         loss, evaluate = task.loss, task.evaluate
 
-        def timed_loss(batch, **kw):
+        def timed_loss(model, batch, **kw):
             self.now += self.step_s
-            return loss(batch, **kw)
+            return loss(model, batch, **kw)
 
-        def timed_evaluate(*group):  # its own validation losses do not count as training steps
+        def timed_evaluate(model, *group):  # its own validation losses do not count as training steps
             start = self.now
-            metrics = evaluate(*group)
+            metrics = evaluate(model, *group)
             self.now = start + self.eval_s
             return metrics
 
@@ -152,7 +152,7 @@ def test_accumulating_two_batches_equals_one_batch_twice_as_large(tmp_path):
     task = make_task(dropout=0.0)
     b1, b2 = task.batches(0)[:2]
     params = list(task.model.parameters())
-    (task.loss(b1)[0] + task.loss(b2)[0]).div(b1.n_tokens + b2.n_tokens).backward()
+    (task.loss(task.model, b1)[0] + task.loss(task.model, b2)[0]).div(b1.n_tokens + b2.n_tokens).backward()
     expected = [p.grad.clone() for p in params]
     task.model.zero_grad()
     trainer = Trainer(task, options(tmp_path, max_steps=1, accum=2, clip=0.0))
@@ -165,7 +165,7 @@ def test_accumulating_two_batches_equals_one_batch_twice_as_large(tmp_path):
 
 def test_training_reduces_loss_and_keeps_best(tmp_path):
     task = make_task()
-    before = task.evaluate()["val_loss"]
+    before = task.evaluate(task.model)["val_loss"]
     result = Trainer(task, options(tmp_path, max_steps=20)).run()
     assert result.last_eval["val_loss"] < before
     assert result.best is not None and (tmp_path / "best" / "model.safetensors").exists()
@@ -210,17 +210,17 @@ def _poisoned(task, *, loss_at: int | None = None, eval_at: int | None = None):
     """The task, with its training loss made NaN from batch ``loss_at`` on, or its ``eval_at``-th validation."""
     loss, evaluate, counts = task.loss, task.evaluate, {"loss": 0, "eval": 0}
 
-    def bad_loss(batch, **kw):
-        value, n = loss(batch, **kw)
-        if task.model.training:
+    def bad_loss(model, batch, **kw):
+        value, n = loss(model, batch, **kw)
+        if model.training:
             counts["loss"] += 1
             if loss_at is not None and counts["loss"] >= loss_at:
                 value = value * float("nan")
         return value, n
 
-    def bad_evaluate(*group):
+    def bad_evaluate(model, *group):
         counts["eval"] += 1
-        metrics = evaluate(*group)
+        metrics = evaluate(model, *group)
         return {**metrics, "val_loss": float("nan")} if counts["eval"] == eval_at else metrics
 
     task.loss, task.evaluate = bad_loss, bad_evaluate
@@ -285,7 +285,7 @@ def test_only_the_main_process_prints_validations(capsys):
 def _scripted(task, evaluations):
     """The task, its validations returning ``evaluations`` in turn, its best checkpoint chosen by exact match."""
     results = iter(evaluations)
-    task.evaluate = lambda *group: next(results)
+    task.evaluate = lambda model, *group: next(results)
     task.selection_metric, task.higher_is_better = "val_exact", True
     return task
 
@@ -315,7 +315,7 @@ def test_a_run_logs_its_first_step_and_about_ten_training_rows(tmp_path, monkeyp
                                                            eval_every=10_000, progress=False))
 
     def count(chunk, total):
-        trainer.step += 1
+        trainer.state.step += 1
         return 1.0, chunk[0].n_tokens, 1e-3
 
     monkeypatch.setattr(trainer, "_step", count)
@@ -346,3 +346,78 @@ def test_a_time_budget_counts_from_the_command_start(tmp_path, monkeypatch):
     result = Trainer(clock.task(), timed(tmp_path, 2.0, started=0.0)).run()
     assert result.stopped_because == "time budget reached" and 120 - 5 - 10 < result.elapsed_s <= 120
     assert float(log_rows(tmp_path, "lr")[0]["elapsed_s"]) == 45  # the first step ends 45 s into the command
+
+
+class Watched:
+    """A task the trainer may read but never write to; it records the models its loss and evaluation are given."""
+
+    def __init__(self, task, out) -> None:
+        object.__setattr__(self, "_task", task)
+        object.__setattr__(self, "_out", out)
+        object.__setattr__(self, "seen", {"loss": set(), "evaluate": set(), "held": set()})
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+    def __setattr__(self, name, value):
+        raise AssertionError(f"the trainer set task.{name}")
+
+    def loss(self, model, batch):
+        from qkv.rundir import holds
+
+        self.seen["loss"].add(model)
+        self.seen["held"].add(holds(self._out))  # whether the run directory is claimed while it trains
+        return self._task.loss(model, batch)
+
+    def evaluate(self, model, group):
+        self.seen["evaluate"].add(model)
+        return self._task.evaluate(model, group)
+
+
+def test_the_trainer_hands_the_task_its_model_and_never_swaps_it(tmp_path):
+    inner = make_task(dropout=0.0)
+    task = Watched(inner, tmp_path)
+    trainer = Trainer(task, options(tmp_path, max_steps=4))
+    trainer.run()
+    assert task.seen["loss"] == {inner.model} and task.seen["evaluate"] == {inner.model}
+    assert trainer.model is inner.model and trainer.training_model is inner.model  # one process: no DDP wrapper
+    assert task.seen["held"] == {True}  # the trainer claimed the run directory for its run
+    from qkv.rundir import holds
+
+    assert not holds(tmp_path)  # and let it go
+
+
+def test_a_trainer_inside_a_claim_of_its_directory_trains_in_it(tmp_path):
+    """A command claims --out for its whole run; the trainer it starts does not claim it again."""
+    from qkv.rundir import claim
+
+    with claim(tmp_path, resume=False):
+        result = Trainer(make_task(dropout=0.0), options(tmp_path, max_steps=2)).run()
+    assert result.step == 2 and (tmp_path / "last").is_dir()
+
+
+def test_a_runtime_handed_in_is_the_one_used(tmp_path):
+    from qkv.distributed import SINGLE
+    from qkv.runtime import Runtime
+
+    runtime = Runtime.resolve("cpu", "fp32")
+    assert runtime == Runtime(torch.device("cpu"), runtime.precision, SINGLE) and runtime.precision.dtype is None
+    opts = options(tmp_path, max_steps=1, device="cuda:99")  # no machine has it: resolving it would fail
+    with pytest.raises(ValueError, match="cuda:99"):
+        Trainer(make_task(), opts)
+    assert Trainer(make_task(), opts, runtime=runtime).device == torch.device("cpu")
+
+
+def test_the_trainer_state_is_saved_and_restored_whole():
+    from dataclasses import asdict
+
+    from qkv.training import TrainState
+
+    state = TrainState(step=14, epoch=1, batch_index=3, tokens_seen=5000, elapsed_s=61.5, eval_s=2.0,
+                       best={"val_loss": 1.25, "step": 12})
+    saved = {**asdict(state), "optimizer": {}, "scaler": {}, "torch_rng": torch.get_rng_state(), "rank_rngs": [],
+             "cuda_rng": [], "options": {}}
+    assert TrainState.saved(saved) == state
+    # an earlier qkv's: no wall-clock or evaluation time yet, and {} for "no best"
+    earlier = {"step": 6, "epoch": 0, "batch_index": 6, "tokens_seen": 900, "best": {}, "optimizer": {}}
+    assert TrainState.saved(earlier) == TrainState(step=6, batch_index=6, tokens_seen=900)

@@ -10,6 +10,10 @@ The rules, all applied by :func:`claim` before anything is written:
 
 * One process at a time. ``claim`` takes an exclusive lock on ``.qkv-run`` (``flock``). The kernel releases
   it when the process ends, however it ends (kill -9 included), so a crashed run never leaves it stuck.
+* Once within a process. Whoever starts the run claims its directory, once: a command for its whole run, before
+  it reads data (:func:`qkv.cli.common.training_run`); a library caller's :class:`qkv.training.Trainer` for its
+  ``run()``, which claims only a directory that this process does not hold already (:func:`holds`). A second
+  claim of a held directory is a mistake in the program, and an error.
 * A new run goes only into a new or empty directory, or into one that an earlier qkv run left without a model
   (it stopped before its first checkpoint). A directory that holds a model needs ``resume``; a directory
   holding anything else is never touched.
@@ -41,20 +45,20 @@ _held: dict[Path, int] = {}  # run directories this process holds -> the lock's 
 def claim(out: str | Path, *, resume: bool) -> Iterator[Path]:
     """Own ``out`` for a training run, for the duration of the ``with`` block.
 
-    Re-entrant within one process: the command line claims the directory before it reads data, and the
-    trainer claims it again. A directory this call created is removed again if the block fails before
-    anything but the mark was written.
+    Once per process (see :func:`holds`). A directory this call created is removed again if the block fails
+    before anything but the mark was written.
 
     Raises:
         ValueError: if ``out`` is a file or a link to nowhere, holds files that are not a qkv run's or symbolic
             links, holds a model and ``resume`` is false, has nothing to resume and ``resume`` is true, or another
             process is training into it.
+        RuntimeError: if this process holds ``out`` already (claims do not nest).
     """
     out = Path(out)
     key = out.resolve()
     if key in _held:
-        yield out
-        return
+        raise RuntimeError(f"{out} is claimed already by this process: claim a run directory once, where the run "
+                           "starts (a Trainer claims it only when nothing else in the process holds it)")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file; give a directory for the run")
     if out.is_symlink() and not out.exists():
@@ -75,6 +79,11 @@ def claim(out: str | Path, *, resume: bool) -> Iterator[Path]:
         raise
     finally:
         os.close(_held.pop(key))  # closing the descriptor releases the lock
+
+
+def holds(out: str | Path) -> bool:
+    """True while this process holds ``out`` (inside a :func:`claim` of it)."""
+    return Path(out).resolve() in _held
 
 
 def is_run(out: Path) -> bool:

@@ -13,9 +13,15 @@ batch's loss is, and how to evaluate. The loop does the rest, the same way for a
 * a progress bar with throughput and ETA, a CSV log and a loss-curve PNG;
 * stopping on a step, epoch or wall-clock budget (from the command's start when it gives it; the final
   evaluation and save, and the caller's scoring after the run, included in it), or on Ctrl-C / SIGTERM (after
-  saving; the result says which signal, so the command can exit 130 / 143).
+  saving; the result says which signal, so the command can exit 130 / 143): the rules are :mod:`qkv.budget`'s.
 
-The run directory is claimed for the whole run (:func:`qkv.rundir.claim`): one process at a time.
+The task never sees the loop's machinery: its loss and its evaluation take the model they run (the DDP wrapper
+of a distributed run, or the model itself), and the device, precision and process group come resolved, once,
+as a :class:`qkv.runtime.Runtime`.
+
+The run directory is claimed for the whole run (:func:`qkv.rundir.claim`), once per process: a command claims
+it before it reads data, and the trainer claims it only when nothing in this process holds it (a library
+caller's run).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import math
 import signal
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,23 +40,27 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from . import distributed
+from .budget import Budget
 from .checkpoint import load_checkpoint, save_checkpoint
-from .device import autocast, prepare, resolve_device, resolve_precision
 from .distributed import SINGLE, Group
 from .progress import Progress, RunLog
-from .rundir import claim
+from .rundir import claim, holds
+from .runtime import Runtime
 from .tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
 
 SCHEDULES = ("inverse_sqrt", "cosine", "constant")
 TIE_BREAKER = "val_loss"  # picks the best checkpoint when the selection metric ties (lower is better)
-FIRST_EVAL_SHARE = 0.25  # with a time budget, the first evaluation comes by this share of it (see _evaluation_due)
 
 
 class Task(Protocol):
-    """What the loop needs from a task."""
+    """What the loop needs from a task.
+
+    ``model`` is the task's model, the one trained and saved. Its loss and evaluation run the model they are
+    given: the trainer passes the DDP wrapper of ``model`` to :meth:`loss` in a distributed run (``model`` itself
+    otherwise), and ``model`` itself, in eval mode, to :meth:`evaluate`.
+    """
 
     model: nn.Module
     tokenizers: dict[str, Tokenizer]
@@ -64,13 +74,13 @@ class Task(Protocol):
         ``n_tokens`` attribute: the number of items (tokens, examples) its loss is summed over."""
         ...
 
-    def loss(self, batch: Any) -> tuple[Tensor, int]:
-        """(summed loss over the batch's items, number of those items)."""
+    def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, int]:
+        """(summed loss over the batch's items, number of those items), computed by ``model``."""
         ...
 
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
-        """Validation numbers, e.g. {"val_loss": ..., "val_bleu": ...}; in a distributed run each rank takes its
-        ``group.shard`` of the work and the numbers are combined with ``group.sum`` / ``group.gather``."""
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
+        """Validation numbers of ``model``, e.g. {"val_loss": ..., "val_bleu": ...}; in a distributed run each rank
+        takes its ``group.shard`` of the work and the numbers are combined with ``group.sum`` / ``group.gather``."""
         ...
 
 
@@ -97,8 +107,8 @@ class TrainOptions:
     betas: tuple[float, float] = (0.9, 0.98)
     clip: float = 1.0
     accum: int = 1
-    device: str = "cpu"  # see qkv.device: auto, cpu, cuda, cuda:N
-    precision: str = "fp32"  # auto, fp32, bf16, fp16 (fp16 on CUDA only, with a gradient scaler)
+    device: str = "cpu"  # see qkv.device: auto, cpu, cuda, cuda:N (unless the Trainer is given a Runtime)
+    precision: str = "fp32"  # auto, fp32, bf16, fp16 (fp16 on CUDA only, with a gradient scaler; idem)
     compile: bool = False  # torch.compile the model's forward (and backward) before training
     eval_every: int = 500
     eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
@@ -209,6 +219,37 @@ class TrainResult:
     signal: int | None = None
 
 
+@dataclass
+class TrainState:
+    """Where a run stands: saved whole in ``last/trainer_state.pt`` (beside the optimizer's and the RNGs' states)
+    and restored whole by ``--resume``.
+
+    Attributes:
+        batch_index: the next batch of epoch ``epoch`` to train on.
+        tokens_seen: the items (the task's ``unit``) trained on so far.
+        elapsed_s: the wall-clock seconds of the run's earlier invocations; saved as those up to the save, which is
+            where a resumed invocation's clock goes on from.
+        eval_s: how long the last evaluation and save took (None before the first): reserved at the end of a time
+            budget for the final one.
+        best: the best evaluation so far, with its ``step`` (None before the first).
+    """
+
+    step: int = 0
+    epoch: int = 0
+    batch_index: int = 0
+    tokens_seen: int = 0
+    elapsed_s: float = 0.0
+    eval_s: float | None = None
+    best: dict[str, float] | None = None
+
+    @classmethod
+    def saved(cls, state: dict[str, Any]) -> TrainState:
+        """From a saved trainer state: today's, or an earlier qkv's (no ``elapsed_s`` or ``eval_s``; ``{}`` for no
+        best)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{**{k: v for k, v in state.items() if k in names}, "best": state.get("best") or None})
+
+
 class Trainer:
     """Runs a task under a set of options: ``Trainer(task, opts).run()``.
 
@@ -218,39 +259,43 @@ class Trainer:
             step: forward, loss, backward, clip, update  # _step
             after the step: log, evaluate and save, or stop  # _after_step
 
-    Everything else is a small piece of its own: the device and precision (:mod:`qkv.device`), what the run
-    shows and records (:mod:`qkv.progress`), its directory (:mod:`qkv.rundir`), its checkpoints.
+    Everything else is a small piece of its own: the device, precision and process group (a
+    :class:`~qkv.runtime.Runtime`, given by the command or resolved here from ``opts.device`` and
+    ``opts.precision``), when to evaluate and stop (:class:`~qkv.budget.Budget`), where the run stands
+    (:class:`TrainState`), what the run shows and records (:mod:`qkv.progress`), its directory
+    (:mod:`qkv.rundir`), its checkpoints.
     """
 
-    def __init__(self, task: Task, opts: TrainOptions) -> None:
+    def __init__(self, task: Task, opts: TrainOptions, *, runtime: Runtime | None = None) -> None:
         self.task, self.opts = task, opts
         self.out = Path(opts.out)
-        self.device = resolve_device(opts.device)
-        self.group = distributed.setup(self.device.type)
-        if self.device.type == "cuda" and self.group.world > 1:
-            self.device = torch.device("cuda", self.group.local_rank)  # one GPU per process
-        self.precision = resolve_precision(opts.precision, self.device)
-        prepare(self.device)
-        self.model = task.model.to(self.device)
+        self.runtime = Runtime.resolve(opts.device, opts.precision) if runtime is None else runtime
+        self.device, self.group = self.runtime.device, self.runtime.group
+        self.model = task.model.to(self.device)  # in place: the task's model is the one trained and saved
         if opts.compile:
             self.model.compile()  # in place: the module, its type and its state dict stay as they are
-        self.ddp = None  # several processes: the forward passes of training go through DDP (see _forwards)
+        # What the training forward passes run: in several processes the DDP wrapper, which averages the
+        # gradients in the backward pass (see _synchronising); evaluation and checkpoints use the model itself.
+        self.ddp = None
         if self.group.world > 1:
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if
                                                self.device.type == "cuda" else None)
+        self.training_model = self.model if self.ddp is None else self.ddp
         self.unit = getattr(task, "unit", "tokens")
+        self.budget = Budget.of(opts, task)
         self.optimizer = _optimizer(self.model, opts)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision.needs_scaler)
-        self.step = self.epoch = self.batch_index = 0
-        self.best: dict[str, float] | None = None
-        self.tokens_seen = 0
-        self.elapsed_before, self.started = 0.0, time.monotonic()  # wall-clock of earlier runs, start of this one
-        self.eval_s: float | None = None  # how long the last evaluation and save took: reserved at the end
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.runtime.precision.needs_scaler)
+        self.state = TrainState()
+        self.started = time.monotonic()  # when this invocation's clock starts (see _run)
         self.step_s = 0.0  # how long the last step took: the next one must fit in a time budget too
         self.log = RunLog(self.out / "log.csv")
 
     def run(self) -> TrainResult:
-        with claim(self.out, resume=self.opts.resume) if self.group.main else contextlib.nullcontext():
+        """Train until a budget, the target or a signal stops the run. The run directory is claimed here unless
+        this process holds it already (a command claims it for its whole run, see :func:`qkv.rundir.claim`);
+        rank 0 alone claims it."""
+        mine = self.group.main and not holds(self.out)
+        with claim(self.out, resume=self.opts.resume) if mine else contextlib.nullcontext():
             return self._run()
 
     # --- the loop -------------------------------------------------------------------------------------
@@ -261,7 +306,7 @@ class Trainer:
         # A short run still gets about ten training rows, not none.
         log_every = self.opts.log_every if total is None else min(self.opts.log_every, max(1, total // 10))
         progress = Progress(self.log if main else None, unit=self.unit, title=title or "train", total=total,
-                            initial=self.step, show=self.opts.progress and main, log_every=log_every,
+                            initial=self.state.step, show=self.opts.progress and main, log_every=log_every,
                             max_minutes=self.opts.max_minutes, plot_title=title, main=main)
         # The clock runs from the command's start when the caller gives it: reading data and training a tokenizer
         # are part of the minutes a user asked for.
@@ -269,55 +314,53 @@ class Trainer:
         self.last_eval: dict[str, float] | None = None
         self.model.train()
         reason = ""
-        first = self.step + 1
+        first = self.state.step + 1
         with _StopFlag() as stop:
-            log.info("training from step %d; Ctrl-C stops after the current step and saves", self.step)
+            log.info("training from step %d; Ctrl-C stops after the current step and saves", self.state.step)
             for chunk in self._chunks():
                 previous_s = self._run_s()
                 start = time.monotonic()
                 loss, items, lr = self._step(chunk, total)
                 seconds = time.monotonic() - start
-                if self.step > first:  # the first step warms up (allocations, --compile): no measure of the next
+                if self.state.step > first:  # the first step warms up (allocations, --compile): no measure of the next
                     self.step_s = seconds
-                progress.step(step=self.step, epoch=self.epoch, loss=loss, items=items, lr=lr, seconds=seconds,
-                              run_s=self._run_s())
+                progress.step(step=self.state.step, epoch=self.state.epoch, loss=loss, items=items, lr=lr,
+                              seconds=seconds, run_s=self._run_s())
                 reason = self._after_step(total, previous_s, stop.signal, progress)
                 if reason:
                     break
         progress.close()
-        return TrainResult(self.step, self.epoch, reason, self.best, self.last_eval, self._run_s(), progress.rate(),
-                           self.unit, stop.signal)
+        return TrainResult(self.state.step, self.state.epoch, reason, self.state.best, self.last_eval, self._run_s(),
+                           progress.rate(), self.unit, stop.signal)
 
     def _chunks(self) -> Iterator[Sequence[Any]]:
         """The batches of each step (``accum`` per process), epoch after epoch, from the position a resumed run
         stopped at. The position moves past a step's batches when they are handed out, so a checkpoint after
         the step resumes after them. In a distributed run an epoch's last few batches, too few to give every
         process one, are left out."""
-        size = self.opts.accum * self.group.world
+        size, state = self.opts.accum * self.group.world, self.state
         while True:
-            batches = self.task.batches(self.epoch)
-            while len(batches) - self.batch_index >= self.group.world:
-                chunk = batches[self.batch_index : self.batch_index + size]
-                self.batch_index += len(chunk)
+            batches = self.task.batches(state.epoch)
+            while len(batches) - state.batch_index >= self.group.world:
+                chunk = batches[state.batch_index : state.batch_index + size]
+                state.batch_index += len(chunk)
                 yield chunk
-            self.epoch, self.batch_index = self.epoch + 1, 0
+            state.epoch, state.batch_index = state.epoch + 1, 0
 
     def _step(self, batches: Sequence[Any], total: int | None) -> tuple[float, int, float]:
         """One optimizer step over ``batches`` (gradient accumulation): the loss is the mean over every item
         of all of them, so accumulating k batches equals one batch k times as large. A loss or gradient that
         is not finite is never applied to the weights. Returns (mean loss, items, learning rate)."""
-        fraction = None
-        if total is None and self.opts.max_minutes:  # the whole run's share of its time budget
-            fraction = self._run_s() / (60 * self.opts.max_minutes)
-        lr = learning_rate(self.step + 1, self.opts, total, fraction)
+        fraction = self.budget.time_fraction(self._run_s()) if total is None else None
+        lr = learning_rate(self.state.step + 1, self.opts, total, fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         n_items = sum(batch.n_tokens for batch in batches)  # all processes' items, counted on the host
         mine = self.group.shard(batches)
         total_loss = torch.zeros((), device=self.device)
         for i, batch in enumerate(mine):  # backward per batch: only one batch's activations are alive at a time
-            with self._forwards(synchronise=i == len(mine) - 1), autocast(self.device, self.precision):
-                loss_sum, _ = self.task.loss(batch)
+            with self._synchronising(i == len(mine) - 1), self.runtime.autocast():
+                loss_sum, _ = self.task.loss(self.training_model, batch)
             # DDP averages the processes' gradients: scaled by their number, the sum is over all their items
             self.scaler.scale(loss_sum.float() * self.group.world / max(n_items, 1)).backward()
             total_loss += loss_sum.detach().float()
@@ -328,126 +371,75 @@ class Trainer:
         if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
             what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {float(norm)}"
-            raise FloatingPointError(f"training diverged at step {self.step + 1} ({what}); {self._kept()}. Lower "
-                                     "--lr or raise --warmup, then --resume")
+            raise FloatingPointError(f"training diverged at step {self.state.step + 1} ({what}); {self._kept()}. "
+                                     "Lower --lr or raise --warmup, then --resume")
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        self.tokens_seen += n_items
+        self.state.step += 1
+        self.state.tokens_seen += n_items
         return loss, n_items, lr
+
+    def _synchronising(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP averages the gradients in the backward pass of a step's last batch only (``last``): the others'
+        accumulate locally."""
+        return self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
 
     def _after_step(self, total: int | None, previous_s: float, interrupted_by: int | None,
                     progress: Progress) -> str:
         """Evaluate and save when it is time; the reason to stop, or "". Rank 0's clock and signals decide, for
         every process of a distributed run."""
         run_s = self._run_s()
-        reason = self._should_stop(total, run_s, interrupted_by)
-        due = self.step % self.opts.eval_every == 0 or bool(reason) or self._evaluation_due(previous_s, run_s)
+        reason = self._stop_reason(total, run_s, interrupted_by)
+        due = bool(reason) or self.budget.evaluation_due(step=self.state.step, previous_s=previous_s, run_s=run_s,
+                                                         eval_s=self.state.eval_s)
         reason, due = self.group.decide((reason, due))
         if due:
             progress.evaluating()
             self.last_eval = self._evaluate_and_save(progress)
-            progress.evaluated(self.step, self.last_eval)
-            if not reason and self._reached_target(self.last_eval):
-                reason = f"{self.task.selection_metric} reached {self.opts.stop_at}"
-            reason = self.group.decide(reason or self._should_stop(total, self._run_s(), interrupted_by))
+            progress.evaluated(self.state.step, self.last_eval)
+            reason = reason or self.budget.target_reached(self.last_eval)
+            reason = self.group.decide(reason or self._stop_reason(total, self._run_s(), interrupted_by))
         return reason
 
-    @contextlib.contextmanager
-    def _forwards(self, *, synchronise: bool) -> Iterator[None]:
-        """The task's forward passes in a training step: through the DDP wrapper in a distributed run, which
-        averages the gradients in the backward pass (only on the step's last batch: ``synchronise``)."""
-        if self.ddp is None:
-            yield
-            return
-        self.task.model = self.ddp
-        try:
-            with contextlib.nullcontext() if synchronise else self.ddp.no_sync():
-                yield
-        finally:
-            self.task.model = self.model
+    def _stop_reason(self, total: int | None, run_s: float, interrupted_by: int | None) -> str:
+        return self.budget.stop_reason(step=self.state.step, total=total, run_s=run_s, step_s=self.step_s,
+                                       eval_s=self.state.eval_s, interrupted_by=interrupted_by)
 
-    # --- when to evaluate, when to stop --------------------------------------------------------------
     def _total_steps(self) -> int | None:
-        total = self.opts.max_steps
-        if self.opts.epochs is not None:
-            steps_per_epoch = math.ceil(len(self.task.batches(self.epoch)) / self.opts.accum)
-            by_epochs = math.ceil(self.opts.epochs * steps_per_epoch)
-            total = by_epochs if total is None else min(total, by_epochs)
-        return total
-
-    def _evaluation_due(self, previous_s: float, run_s: float) -> bool:
-        """A wall-clock mark was passed; or, under a time budget, no evaluation has been timed yet and a
-        quarter of the budget is used: its duration is what the end of the run reserves for the last one."""
-        if any(previous_s < 60 * m <= run_s for m in self.opts.eval_at_minutes):
-            return True
-        return self.opts.max_minutes is not None and self.eval_s is None and \
-            run_s >= FIRST_EVAL_SHARE * 60 * self.opts.max_minutes
-
-    def _should_stop(self, total: int | None, run_s: float, interrupted_by: int | None) -> str:
-        """Why to stop now, or "". A time budget stops early enough for what follows to fit in it (see
-        :meth:`_reserve_s`)."""
-        if interrupted_by is not None:
-            return f"interrupted ({signal.Signals(interrupted_by).name})"
-        if total is not None and self.step >= total:
-            return "step budget reached"
-        if self.opts.max_minutes is not None and run_s + self._reserve_s() >= 60 * self.opts.max_minutes:
-            return "time budget reached"
-        return ""
-
-    def _reserve_s(self) -> float:
-        """The end of a time budget kept free, as long as each part last took: the next step (the decision to stop
-        comes after a step, so stopping one step later must fit too), the final evaluation and save, and the
-        caller's scoring after the run (``final_scoring`` evaluations)."""
-        return self.step_s + (self.eval_s or 0.0) * (1 + self.opts.final_scoring)
-
-    def _reached_target(self, metrics: dict[str, float]) -> bool:
-        value = metrics.get(self.task.selection_metric)
-        if self.opts.stop_at is None or value is None:
-            return False
-        return value >= self.opts.stop_at if self.task.higher_is_better else value <= self.opts.stop_at
-
-    def _check_budget_left(self) -> None:
-        """A resumed run's budgets count the whole run, so one already spent would stop at once: say so."""
-        opts, done = self.opts, self.elapsed_before / 60
-        if opts.max_steps is not None and self.step >= opts.max_steps:
-            raise ValueError(f"{self.out} already ran {self.step} steps, its whole max_steps={opts.max_steps}; "
-                             "raise --max-steps to train on")
-        # What is left must hold the final evaluation too, as long as the last one took (see _reserve_s).
-        if opts.max_minutes is not None and self.elapsed_before + (self.eval_s or 0.0) >= 60 * opts.max_minutes:
-            raise ValueError(f"{self.out} already ran {done:.1f} minutes of its max_minutes={opts.max_minutes:g}, "
-                             f"too few left for a step and an evaluation ({self.eval_s or 0:.0f} s); raise "
-                             "--max-minutes to train on (the budget counts the run, not this invocation)")
+        epochs = self.opts.epochs is not None  # an epoch's batches are made only when the budget counts them
+        per_epoch = math.ceil(len(self.task.batches(self.state.epoch)) / self.opts.accum) if epochs else 0
+        return self.budget.total_steps(per_epoch)
 
     # --- evaluation and checkpoints ---------------------------------------------------------------------
     def _evaluate_and_save(self, progress: Progress) -> dict[str, float]:
         start = time.monotonic()
         self.model.eval()
-        with torch.no_grad(), autocast(self.device, self.precision):
-            metrics = self.task.evaluate(self.group)
+        with torch.no_grad(), self.runtime.autocast():
+            metrics = self.task.evaluate(self.model, self.group)
         self.model.train()
         self._check_finite(metrics)
         rng = self.group.gather([torch.get_rng_state()])  # every process's, for an exact resume
         if self._is_better(metrics):
-            self.best = {**metrics, "step": self.step}
+            self.state.best = {**metrics, "step": self.state.step}
             self._save("best", with_state=False)
         self._save("last", with_state=True, rng=rng)
-        progress.row({"step": self.step, "epoch": self.epoch, "elapsed_s": round(self._run_s(), 1), **metrics})
-        self.eval_s = time.monotonic() - start
+        progress.row({"step": self.state.step, "epoch": self.state.epoch, "elapsed_s": round(self._run_s(), 1),
+                      **metrics})
+        self.state.eval_s = time.monotonic() - start
         return metrics
 
     def _is_better(self, metrics: dict[str, float]) -> bool:
         """Better by the task's selection metric; a tie (no exact match in two early validations) falls to the
         validation loss, lower is better, so the more trained of two equally scored models is kept."""
-        key = self.task.selection_metric
+        key, best = self.task.selection_metric, self.state.best
         if key not in metrics:
             return False
-        if self.best is None or key not in self.best:
+        if best is None or key not in best:
             return True
-        if metrics[key] != self.best[key]:
-            return metrics[key] > self.best[key] if self.task.higher_is_better else metrics[key] < self.best[key]
-        return metrics.get(TIE_BREAKER, math.inf) < self.best.get(TIE_BREAKER, math.inf)
+        if metrics[key] != best[key]:
+            return metrics[key] > best[key] if self.task.higher_is_better else metrics[key] < best[key]
+        return metrics.get(TIE_BREAKER, math.inf) < best.get(TIE_BREAKER, math.inf)
 
     def _check_finite(self, metrics: dict[str, float]) -> None:
         """A model gone to NaN or Inf must never become a checkpoint: stop, keeping the last good one."""
@@ -456,8 +448,8 @@ class Trainer:
         if not bad and bool(finite):
             return
         what = ", ".join(f"{k} {v}" for k, v in bad.items()) or "weights that are not finite"
-        raise FloatingPointError(f"training diverged at step {self.step} ({what}); {self._kept()}. Lower --lr or "
-                                 "raise --warmup, then --resume")
+        raise FloatingPointError(f"training diverged at step {self.state.step} ({what}); {self._kept()}. Lower --lr "
+                                 "or raise --warmup, then --resume")
 
     def _kept(self) -> str:
         return f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
@@ -465,19 +457,20 @@ class Trainer:
     def _save(self, name: str, *, with_state: bool, rng: list | None = None) -> None:
         if not self.group.main:  # rank 0 writes; every rank holds the same weights
             return
-        meta = {**self.task.meta, "step": self.step, "best": self.best}
+        meta = {**self.task.meta, "step": self.state.step, "best": self.state.best}
         save_checkpoint(self.out / name, self.model, tokenizers=self.task.tokenizers, meta=meta,
                         trainer_state=self._trainer_state(rng) if with_state else None)
 
     # --- the state a resumed run continues from -----------------------------------------------------------
     def _run_s(self) -> float:
         """The whole run's seconds so far: earlier invocations count."""
-        return self.elapsed_before + time.monotonic() - self.started
+        return self.state.elapsed_s + time.monotonic() - self.started
 
     def _start(self) -> None:
         if self.opts.resume:
             self._restore()
-            self._check_budget_left()
+            self.budget.check_left(self.out, step=self.state.step, run_s=self.state.elapsed_s,
+                                   eval_s=self.state.eval_s)
         else:
             torch.manual_seed(self.opts.seed + self.group.rank)  # each process its own dropout masks
             if self.group.main:
@@ -485,13 +478,7 @@ class Trainer:
 
     def _trainer_state(self, rng: list | None = None) -> dict[str, Any]:
         return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "batch_index": self.batch_index,
-            "tokens_seen": self.tokens_seen,
-            "elapsed_s": self._run_s(),
-            "eval_s": self.eval_s,
-            "best": self.best or {},
+            **asdict(replace(self.state, elapsed_s=self._run_s())),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "torch_rng": torch.get_rng_state(),
@@ -511,15 +498,11 @@ class Trainer:
                              "resume a run with the command that started it") from None
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
-        self.step, self.epoch, self.batch_index = state["step"], state["epoch"], state["batch_index"]
-        self.tokens_seen = state["tokens_seen"]
-        self.elapsed_before = state.get("elapsed_s", 0.0)
-        self.eval_s = state.get("eval_s")
-        self.best = state["best"] or None
+        self.state = TrainState.saved(state)
         rngs = state.get("rank_rngs") or []
         torch.set_rng_state(rngs[self.group.rank] if len(rngs) == self.group.world > 1 else state["torch_rng"])
         if self.device.type == "cuda" and len(state.get("cuda_rng", [])) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state["cuda_rng"])  # dropout on the GPU continues as it would have
-        self.log.read(up_to_step=self.step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", ckpt.path, self.step, self.epoch,
-                 self.batch_index, self.device)
+        self.log.read(up_to_step=self.state.step)
+        log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", ckpt.path, self.state.step,
+                 self.state.epoch, self.state.batch_index, self.device)

@@ -83,7 +83,7 @@ def test_bf16_training_on_the_gpu_lowers_the_loss(tmp_path):
     task = _task("cuda")
     task.model.cuda()
     with torch.no_grad():
-        before = task.evaluate()["val_loss"]
+        before = task.evaluate(task.model)["val_loss"]
     result = Trainer(task, TrainOptions(out=str(tmp_path), max_steps=60, lr=3e-3, warmup=10, eval_every=60,
                                         progress=False, device="cuda", precision="bf16")).run()
     assert result.last_eval["val_loss"] < 0.7 * before

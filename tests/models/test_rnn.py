@@ -330,9 +330,9 @@ def test_the_task_passes_the_teacher_forcing_ratio_only_while_training():
     expected = F.cross_entropy(model(b.src, b.tgt_in, teacher_forcing=0.0).flatten(0, 1), b.tgt_out.flatten(),
                                ignore_index=PAD, reduction="sum")
     torch.manual_seed(1)
-    assert_close(task.loss(b, label_smoothing=0.0)[0], expected)
+    assert_close(task.loss(model, b, label_smoothing=0.0)[0], expected)
     model.eval()  # validation: always the true previous token
-    assert_close(task.loss(b, label_smoothing=0.0)[0],
+    assert_close(task.loss(model, b, label_smoothing=0.0)[0],
                  F.cross_entropy(model(b.src, b.tgt_in).flatten(0, 1), b.tgt_out.flatten(), ignore_index=PAD,
                                  reduction="sum"))
     transformer = Transformer(TransformerConfig(src_vocab_size=40, tgt_vocab_size=40, d_model=16, n_heads=2,

@@ -70,7 +70,7 @@ def test_a_tiny_bert_learns_an_easy_split(tmp_path, pooling):
                                max_seq_len=16, dropout=0.0, pad_id=tok.pad_id, n_labels=2, pooling=pooling)
     task = ClassifyTask(BERTClassifier(cfg), tok, label_set(train), train, valid, batch_size=32, max_length=16)
     with torch.no_grad():
-        before = task.evaluate()
+        before = task.evaluate(task.model)
     assert before["val_accuracy"] < 0.75
     opts = TrainOptions(out=str(tmp_path), max_steps=120, lr=3e-3, warmup=5, schedule="cosine", eval_every=120,
                         progress=False)

@@ -52,7 +52,7 @@ def test_the_task_loss_is_clips_and_the_temperature_is_clamped_first():
     assert (batch.ids.gather(1, batch.mask.sum(1, keepdim=True) - 1) == EOS_ID).all()  # end-of-text last
     with torch.no_grad():
         task.model.logit_scale.fill_(7.0)  # past ln 100
-    total, n = task.loss(batch)
+    total, n = task.loss(task.model, batch)
     assert task.model.logit_scale.item() == pytest.approx(math.log(100))
     torch.testing.assert_close(total / n, contrastive_loss(task.model(batch.pixels, batch.ids, batch.mask)))
     assert caption_ids(task.tokenizers["text"], "a photo of a 7. " * 20, 8)[-1] == EOS_ID

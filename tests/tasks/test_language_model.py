@@ -80,7 +80,7 @@ def test_batches_depend_only_on_seed_and_epoch():
 def test_loss_is_the_mean_next_token_cross_entropy():
     task = make_task()
     batch = task.batches(0)[0]
-    loss, n = task.loss(batch)
+    loss, n = task.loss(task.model, batch)
     x = torch.stack([task.train[o : o + 17] for o in batch.offsets.tolist()])
     expected = F.cross_entropy(task.model(x[:, :-1]).flatten(0, 1), x[:, 1:].flatten(), reduction="sum")
     torch.testing.assert_close(loss, expected)
@@ -91,7 +91,7 @@ def test_validation_scores_every_position_once():
     task = make_task(context=16)
     task.model.eval()
     with torch.no_grad():
-        got = task.evaluate()
+        got = task.evaluate(task.model)
         stream, total = task.valid, 0.0
         for start in range(0, len(stream) - 1, 16):  # consecutive windows, the last one shorter
             chunk = stream[start : start + 17]
@@ -102,7 +102,7 @@ def test_validation_scores_every_position_once():
 
 def test_a_tiny_gpt_learns_a_repetitive_text(tmp_path):
     task = make_task(context=32, batch_size=8)
-    before = task.evaluate()["val_loss"]
+    before = task.evaluate(task.model)["val_loss"]
     result = Trainer(task, TrainOptions(out=str(tmp_path), max_steps=150, lr=3e-3, warmup=10, eval_every=150,
                                         progress=False, schedule="cosine")).run()
     assert before > 2.5
@@ -159,10 +159,10 @@ def test_eval_windows_are_spread_over_the_whole_validation_text():
     read = []
     model = tiny_gpt(tok.vocab_size)
     model.register_forward_pre_hook(lambda _, args: read.extend(args[0][:, 0].tolist()))
-    LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=3).evaluate()
+    LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=3).evaluate(model)
     assert n == 59 and read == ids[torch.tensor([0, 29, 58]) * 16].tolist()  # first, middle, last window
-    full = LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2).evaluate()
-    assert LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=n + 1).evaluate() == full
+    full = LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2).evaluate(model)
+    assert LanguageModelTask(model, tok, ids, ids, context=16, batch_size=2, eval_windows=n + 1).evaluate(model) == full
 
 
 def test_the_default_eval_windows_bound_evaluation_to_a_tenth_of_training():

@@ -108,7 +108,7 @@ def test_batches_are_a_function_of_seed_and_epoch(tok):
 def test_a_tiny_bert_learns_to_fill_in_the_numbers(tok, tmp_path):
     task = _task(tok)
     with torch.no_grad():
-        before = task.evaluate()
+        before = task.evaluate(task.model)
     assert before["val_accuracy"] < 0.3
     opts = TrainOptions(out=str(tmp_path), max_steps=150, lr=1e-2, warmup=10, schedule="cosine", eval_every=150,
                         progress=False)

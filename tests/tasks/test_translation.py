@@ -61,6 +61,6 @@ def test_without_bleu_samples_the_loss_picks_the_best_checkpoint():
     data = ParallelData.encode(pairs, TOKS, max_len=10, name="train")
     task = TranslationTask(model(), TOKS, data, data, bleu_samples=0)
     assert (task.selection_metric, task.higher_is_better) == ("val_loss", False)
-    assert set(task.evaluate()) == {"val_loss"}
+    assert set(task.evaluate(task.model)) == {"val_loss"}
     task = TranslationTask(model(), TOKS, data, data, bleu_samples=2)
     assert (task.selection_metric, task.higher_is_better) == ("val_bleu", True)

@@ -300,7 +300,7 @@ def _train_mlm(args: argparse.Namespace, s: dict) -> int:
                         probability=s["mask_prob"], seed=s["seed"],
                         meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name,
                               "data_files": s["data_files"]})
-    status = report(Trainer(task, opts).run(), out)
+    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
     sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
     if sample is not None and not status and current().main:  # what the model learnt: guess a held-out word
         mask = tokenizer.specials["mask"]
@@ -377,7 +377,7 @@ def _train_classify(args: argparse.Namespace, s: dict) -> int:
     task = ClassifyTask(model, tokenizer, labels, train, valid, batch_size=s["batch_size"], max_length=max_length,
                         seed=s["seed"], meta={"command": "train classify", "args": {k: s[k] for k in CLASSIFY_DEFAULTS},
                                               "title": out.name, "data_files": s["data_files"]})
-    return report(Trainer(task, opts).run(), out)
+    return report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
 
 
 def classify_cmd(args: argparse.Namespace) -> None:

@@ -137,29 +137,32 @@ def _shown(value) -> str:
     return " ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+# Where the settings of a training run hold its runtime (a qkv.runtime.Runtime), for its Trainer.
+RUNTIME = "runtime"
+
+
 @contextlib.contextmanager
 def training_run(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()
                  ) -> Iterator[dict]:
-    """What every ``qkv train`` command does first: check ``--device`` and ``--precision``, own ``--out`` for the
-    whole run (see :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source,
-    before anything random (tokenizer training, the model's initialisation) happens. Yields the settings."""
+    """What every ``qkv train`` command does first: resolve ``--device`` and ``--precision`` and join the process
+    group under torchrun, once (a :class:`qkv.runtime.Runtime`), own ``--out`` for the whole run (rank 0; see
+    :func:`qkv.rundir.claim`), merge the settings (:func:`settings`) and seed every random source, before anything
+    random (tokenizer training, the model's initialisation) happens. Yields the settings, the runtime under
+    :data:`RUNTIME`: ``Trainer(task, opts, runtime=s["runtime"])``."""
     import time
 
     import torch
 
-    from ..device import resolve_device, resolve_precision
-    from ..distributed import setup
     from ..rundir import claim
+    from ..runtime import Runtime
 
     args.started = time.monotonic()  # --max-minutes counts from here: reading data, tokenizers (train_options)
-    device = resolve_device(args.device)  # a device this machine lacks: say so first
-    resolve_precision(args.precision, device)
-    group = setup(device.type)  # under torchrun: this process's rank; rank 0 owns --out and writes
-    with claim(args.out, resume=args.resume) if group.main else contextlib.nullcontext():
+    runtime = Runtime.resolve(args.device, args.precision)  # a device this machine lacks: said first
+    with claim(args.out, resume=args.resume) if runtime.group.main else contextlib.nullcontext():
         s = settings(args, defaults, command=command, paths=paths)
         torch.manual_seed(s["seed"])
         random.seed(s["seed"])
-        yield s
+        yield {**s, RUNTIME: runtime}
 
 
 def add_size_arguments(group: argparse._ArgumentGroup) -> None:

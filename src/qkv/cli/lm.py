@@ -125,7 +125,7 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
                              batch_size=s["batch_size"], seed=s["seed"], eval_windows=eval_windows(s, current().world),
                              meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name,
                                    "data_files": s["data_files"]})
-    status = report(Trainer(task, opts).run(), out)
+    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
     if status or not current().main:
         return status
     prompt = train_text[:1] if tokenizer.kind == "char" else train_text.split()[0]

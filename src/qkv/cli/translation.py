@@ -209,7 +209,7 @@ def _train(args: argparse.Namespace, s: dict) -> int:
                            target_language=target_lang, teacher_forcing=s["teacher_forcing"],
                            meta={"command": "train", "args": stored_args, "target_lang": target_lang,
                                  "title": out.name, "data_files": s["data_files"]})
-    return report(Trainer(task, opts).run(), out)
+    return report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
 
 
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------

@@ -171,7 +171,7 @@ def _train_image_classifier(args: argparse.Namespace, s: dict, family: str, defa
     task = ImageClassifyTask(model, train, valid, batch_size=s["batch_size"], pad=pad, flip=flip, mean=mean, std=std,
                              seed=s["seed"], meta={"command": args.command, "title": out.name,
                                                    "args": {k: s[k] for k in defaults}})
-    status = report(Trainer(task, opts).run(), out)
+    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
     if test is not None and not status and current().main:
         best = load_checkpoint(out / "best")
         accuracy = _accuracy(best, test)
@@ -259,7 +259,7 @@ def _train_clip(args: argparse.Namespace, s: dict) -> int:
                            mean=mean, std=std, seed=s["seed"],
                            meta={"command": "train clip", "title": out.name, "args": {k: s[k] for k in CLIP_DEFAULTS},
                                  "held_out_wordings": list(captions.held_out_wordings)})
-    status = report(Trainer(task, opts).run(), out)
+    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
     if test is not None and not status and current().main:
         _clip_test_report(load_checkpoint(out / "best"), test, captions)
     return status

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..data import DataError, pad, read_lines
 from ..device import device_of, move, to_device
@@ -134,18 +134,18 @@ class ClassifyTask:
                                    for k in range(0, len(order), self.batch_size)])
         return self._epoch[1]
 
-    def loss(self, batch: ClassifyBatch) -> tuple[Tensor, int]:
-        batch = move(batch, device_of(self.model))
-        logits = self.model(batch.ids, attention_mask=batch.attention_mask)  # (B, L)
+    def loss(self, model: nn.Module, batch: ClassifyBatch) -> tuple[Tensor, int]:
+        batch = move(batch, device_of(model))
+        logits = model(batch.ids, attention_mask=batch.attention_mask)  # (B, L)
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
 
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         """Loss and accuracy on the held-out examples (shared out across the ranks of a distributed run)."""
         total, correct = 0.0, 0
         for k in group.shard(range(0, len(self.valid_ids), self.batch_size)):
             batch = move(self._batch(range(k, min(k + self.batch_size, len(self.valid_ids))), self.valid_ids,
-                                     self.valid_labels), device_of(self.model))
-            logits = self.model(batch.ids, attention_mask=batch.attention_mask).float()
+                                     self.valid_labels), device_of(model))
+            logits = model(batch.ids, attention_mask=batch.attention_mask).float()
             total += F.cross_entropy(logits, batch.labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == batch.labels).sum())
         sums, n = group.sum({"loss": total, "correct": correct}), len(self.valid_ids)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..data import pad_with_mask
 from ..device import device_of, move
@@ -133,17 +133,17 @@ class ContrastiveTask:
     def batches(self, epoch: int) -> Sequence[PairBatch]:
         return EpochBatches(self, epoch)
 
-    def loss(self, batch: PairBatch) -> tuple[Tensor, int]:
-        with torch.no_grad():
-            self.model.logit_scale.clamp_(max=math.log(MAX_LOGIT_SCALE))
-        batch = move(batch, device_of(self.model))
-        return contrastive_loss(self.model(batch.pixels, batch.ids, batch.mask)) * batch.n_tokens, batch.n_tokens
+    def loss(self, model: nn.Module, batch: PairBatch) -> tuple[Tensor, int]:
+        with torch.no_grad():  # on the CLIP itself: a DDP wrapper (its .module) has no logit_scale of its own
+            getattr(model, "module", model).logit_scale.clamp_(max=math.log(MAX_LOGIT_SCALE))
+        batch = move(batch, device_of(model))
+        return contrastive_loss(model(batch.pixels, batch.ids, batch.mask)) * batch.n_tokens, batch.n_tokens
 
     @torch.no_grad()
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: CLIP, group: Group = SINGLE) -> dict[str, float]:
         """Contrastive loss on held-out pairs (held-out templates) and zero-shot accuracy with the held-out
         templates, on the held-out images (shared out across the ranks of a distributed run)."""
-        classifier = text_classifier(self.model, self.tokenizers["text"], self.captions.names,
+        classifier = text_classifier(model, self.tokenizers["text"], self.captions.names,
                                      self.captions.held_out_templates)
         g = torch.Generator().manual_seed(self.seed)
         chunks = [torch.arange(k, min(k + self.batch_size, len(self.valid))) for k in range(0, len(self.valid),
@@ -151,10 +151,10 @@ class ContrastiveTask:
         batches = [self.batch(self.valid, rows, generator=g, held_out=True) for rows in chunks]  # alike on every rank
         total, correct = 0.0, 0
         for rows, batch in group.shard(list(zip(chunks, batches, strict=True))):
-            batch = move(batch, device_of(self.model))
-            images = F.normalize(self.model.encode_image(batch.pixels), dim=-1)
-            texts = F.normalize(self.model.encode_text(batch.ids, batch.mask), dim=-1)
-            scale = self.model.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE)
+            batch = move(batch, device_of(model))
+            images = F.normalize(model.encode_image(batch.pixels), dim=-1)
+            texts = F.normalize(model.encode_text(batch.ids, batch.mask), dim=-1)
+            scale = model.logit_scale.exp().clamp(max=MAX_LOGIT_SCALE)
             total += contrastive_loss(scale * images @ texts.t()).item() * batch.n_tokens
             correct += int(((images.float().cpu() @ classifier.t()).argmax(-1) == self.valid.labels[rows]).sum())
         sums = group.sum({"loss": total, "correct": correct})

@@ -81,19 +81,18 @@ class ImageClassifyTask:
     def batches(self, epoch: int) -> Sequence[ImageBatch]:
         return EpochBatches(self, epoch)
 
-    def loss(self, batch: ImageBatch) -> tuple[Tensor, int]:
-        batch = move(batch, device_of(self.model))
-        logits = self.model(batch.pixels)  # (B, n_classes)
+    def loss(self, model: nn.Module, batch: ImageBatch) -> tuple[Tensor, int]:
+        batch = move(batch, device_of(model))
+        logits = model(batch.pixels)  # (B, n_classes)
         return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
 
     @torch.no_grad()
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         """Loss and accuracy on the held-out images (shared out across the ranks of a distributed run)."""
         total, correct, size = 0.0, 0, 4 * self.batch_size
         for k in group.shard(range(0, len(self.valid), size)):
-            batch = move(self.batch(self.valid, torch.arange(k, min(k + size, len(self.valid)))),
-                         device_of(self.model))
-            logits = self.model(batch.pixels).float()
+            batch = move(self.batch(self.valid, torch.arange(k, min(k + size, len(self.valid)))), device_of(model))
+            logits = model(batch.pixels).float()
             total += F.cross_entropy(logits, batch.labels, reduction="sum").item()
             correct += int((logits.argmax(-1) == batch.labels).sum())
         sums, n = group.sum({"loss": total, "correct": correct}), len(self.valid)

@@ -111,13 +111,13 @@ class LanguageModelTask:
             self._epoch = (epoch, [WindowBatch(o, self.batch_size * self.context) for o in offsets])
         return self._epoch[1]
 
-    def loss(self, batch: WindowBatch) -> tuple[Tensor, int]:
-        chunk = to_device(windows(self.train, batch.offsets, self.context + 1), device_of(self.model))  # (B, T + 1)
-        logits = self.model(chunk[:, :-1])
+    def loss(self, model: nn.Module, batch: WindowBatch) -> tuple[Tensor, int]:
+        chunk = to_device(windows(self.train, batch.offsets, self.context + 1), device_of(model))  # (B, T + 1)
+        logits = model(chunk[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum")
         return loss, batch.n_tokens
 
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         """Mean loss over consecutive validation windows (each position predicted once), or over
         ``eval_windows`` of them spread evenly over the text; in a distributed run each rank takes a share of the
         windows and the sums are added up."""
@@ -128,13 +128,13 @@ class LanguageModelTask:
             starts, tail = starts[torch.linspace(0, n - 1, self.eval_windows).round().long().unique()], 0
         total, tokens = 0.0, 0
         for chunk_starts in group.shard(starts.split(max(1, self.batch_size))):
-            chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(self.model))
-            logits = self.model(chunk[:, :-1])
+            chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(model))
+            logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").item()
             tokens += chunk[:, 1:].numel()
         if tail and group.rank == group.world - 1:  # the last, shorter window
-            chunk = to_device(self.valid[n * self.context :][None], device_of(self.model))
-            logits = self.model(chunk[:, :-1])
+            chunk = to_device(self.valid[n * self.context :][None], device_of(model))
+            logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
             tokens += tail
         sums = group.sum({"loss": total, "tokens": tokens})

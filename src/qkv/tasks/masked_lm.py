@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..data import pad
 from ..device import device_of, move
@@ -164,22 +164,23 @@ class MaskedLMTask:
             self._epoch = (epoch, batches)
         return self._epoch[1]
 
-    def _logits_and_targets(self, batch: MaskedBatch) -> tuple[Tensor, Tensor]:
-        batch = move(batch, device_of(self.model))
+    @staticmethod
+    def _logits_and_targets(model: nn.Module, batch: MaskedBatch) -> tuple[Tensor, Tensor]:
+        batch = move(batch, device_of(model))
         chosen = batch.labels != IGNORE  # (B, T)
-        logits = self.model(batch.inputs, attention_mask=batch.attention_mask, select=chosen)  # (N, V)
+        logits = model(batch.inputs, attention_mask=batch.attention_mask, select=chosen)  # (N, V)
         return logits.float(), batch.labels[chosen]  # (N, V), (N,)
 
-    def loss(self, batch: MaskedBatch) -> tuple[Tensor, int]:
-        logits, targets = self._logits_and_targets(batch)
+    def loss(self, model: nn.Module, batch: MaskedBatch) -> tuple[Tensor, int]:
+        logits, targets = self._logits_and_targets(model, batch)
         return F.cross_entropy(logits, targets, reduction="sum"), batch.n_tokens
 
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         """Loss, perplexity and accuracy on the fixed masking of the validation sequences (shared out across the
         ranks of a distributed run, the sums added up)."""
         total, correct, count = 0.0, 0, 0
         for batch in group.shard(self._valid):
-            logits, targets = self._logits_and_targets(batch)
+            logits, targets = self._logits_and_targets(model, batch)
             total += F.cross_entropy(logits, targets, reduction="sum").item()
             correct += int((logits.argmax(-1) == targets).sum())
             count += len(targets)

@@ -205,31 +205,32 @@ class TranslationTask:
         return translation_batch([data.src[i] for i in indices], [data.tgt[i] for i in indices], pad_id=PAD_ID,
                                  bos_id=BOS_ID, eos_id=EOS_ID)
 
-    def loss(self, batch: TranslationBatch, *, label_smoothing: float | None = None) -> tuple[torch.Tensor, int]:
+    def loss(self, model: nn.Module, batch: TranslationBatch, *, label_smoothing: float | None = None
+             ) -> tuple[torch.Tensor, int]:
         n_tokens = batch.n_tokens  # counted on the host, before the batch moves
-        batch = move(batch, device_of(self.model))
-        if self.teacher_forcing < 1.0 and self.model.training:  # validation always feeds the true tokens
-            logits = self.model(batch.src, batch.tgt_in, teacher_forcing=self.teacher_forcing)  # (B, T, V)
+        batch = move(batch, device_of(model))
+        if self.teacher_forcing < 1.0 and model.training:  # validation always feeds the true tokens
+            logits = model(batch.src, batch.tgt_in, teacher_forcing=self.teacher_forcing)  # (B, T, V)
         else:
-            logits = self.model(batch.src, batch.tgt_in)  # (B, T, V)
+            logits = model(batch.src, batch.tgt_in)  # (B, T, V)
         smoothing = self.label_smoothing if label_smoothing is None else label_smoothing
         loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.tgt_out.flatten(), ignore_index=PAD_ID,
                                label_smoothing=smoothing, reduction="sum")
         return loss, n_tokens
 
-    def evaluate(self, group: Group = SINGLE) -> dict[str, float]:
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         """Validation loss (no label smoothing) and, on ``bleu_samples`` sentences, greedy BLEU and exact match;
         in a distributed run each rank takes a share and the sums and translations are gathered."""
         total, tokens = 0.0, 0
         lengths = [max(len(s), len(t)) + 1 for s, t in zip(self.valid.src, self.valid.tgt, strict=True)]
         for rows in group.shard(token_budget_batches(lengths, self.batch_tokens)):
-            loss, n = self.loss(self._batch(self.valid, rows), label_smoothing=0.0)
+            loss, n = self.loss(model, self._batch(self.valid, rows), label_smoothing=0.0)
             total, tokens = total + loss.item(), tokens + n
         sums = group.sum({"loss": total, "tokens": tokens})
         metrics = {"val_loss": sums["loss"] / max(sums["tokens"], 1)}
         if self.bleu_samples:
             n = min(self.bleu_samples, len(self.valid))
-            ids = translate_ids(self.model, group.shard(self.valid.src[:n]))
+            ids = translate_ids(model, group.shard(self.valid.src[:n]))
             hyps = group.gather([self.tokenizers["tgt"].decode(h) for h in ids])
             refs = self.valid.tgt_text[:n]
             metrics["val_bleu"] = bleu(hyps, refs, language=self.target_language).score

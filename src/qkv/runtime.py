@@ -1,0 +1,53 @@
+"""Where and how a training run computes: its device, its precision and its process group, resolved once.
+
+    runtime = Runtime.resolve("auto", "auto")   # --device, --precision -> Runtime(device, precision, group)
+    Trainer(task, opts, runtime=runtime)
+
+A command resolves its runtime first, before it reads data (a device this machine lacks is said at once), and
+hands the same object to everything after it; the trainer resolves its own only when a library caller gives it
+none (from ``TrainOptions.device`` and ``.precision``). Under torchrun, resolving joins the process group (see
+:mod:`qkv.distributed`) and gives each process its own GPU, ``cuda:LOCAL_RANK``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from . import distributed
+from .device import Precision, autocast, prepare, resolve_device, resolve_precision
+from .distributed import SINGLE, Group
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The device a run computes on, in what precision, and this process's place among the run's processes."""
+
+    device: torch.device
+    precision: Precision
+    group: Group = SINGLE
+
+    @classmethod
+    def resolve(cls, device: str = "auto", precision: str = "auto") -> Runtime:
+        """``--device`` and ``--precision`` -> a runtime: both checked before a process group is joined (a bad
+        option fails at once, not after the rendezvous), the group joined (once per process), one GPU per process
+        in a distributed run, and the device's backend settings made (:func:`qkv.device.prepare`).
+
+        Raises:
+            ValueError: for a device or precision this machine cannot give (see :mod:`qkv.device`), or an
+                inconsistent torchrun environment (see :func:`qkv.distributed.setup`).
+        """
+        where = resolve_device(device)
+        how = resolve_precision(precision, where)
+        group = distributed.setup(where.type)
+        if where.type == "cuda" and group.world > 1:
+            where = torch.device("cuda", group.local_rank)  # one GPU per process
+            how = resolve_precision(precision, where)  # "auto" asks the GPU this process has
+        prepare(where)
+        return cls(where, how, group)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The run's one autocast context (:func:`qkv.device.autocast`)."""
+        return autocast(self.device, self.precision)
