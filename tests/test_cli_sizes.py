@@ -1,5 +1,5 @@
 """Sizes typed on the command line or written in a config are checked against the machine's memory before
-anything is allocated (qkv.memory): each case ends in one line naming the figure, not in an allocator error,
+anything is allocated (qkv.footprint): each case ends in one line naming the figure, not in an allocator error,
 a killed process or hours of building. Run in this process (``here``) where the command ends before training."""
 
 import json

@@ -43,7 +43,7 @@ from .config import (
     ViTConfig,
 )
 from .files import read_json
-from .memory import build_model
+from .footprint import build_model
 from .models import (
     BERT,
     CLIP,

@@ -260,7 +260,7 @@ def _train_mlm(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..data import read_text
     from ..distributed import current
-    from ..memory import build_model
+    from ..footprint import build_model
     from ..models import BERTForMaskedLM
     from ..tasks.language_model import read_corpus, split_text
     from ..tasks.masked_lm import MaskedLMTask, encode_for_mlm, fill_mask
@@ -338,7 +338,7 @@ def train_classify(args: argparse.Namespace) -> int:
 def _train_classify(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..config import BERTClassifierConfig
-    from ..memory import build_model
+    from ..footprint import build_model
     from ..models import BERTClassifier
     from ..tasks.classify import ClassifyTask, label_set, read_labelled, split_examples
     from ..tokenizers import WordPieceTokenizer

@@ -91,8 +91,8 @@ def _train_lm(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..data import read_text
     from ..distributed import current
+    from ..footprint import build_model
     from ..generation import Sampling
-    from ..memory import build_model
     from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
     from ..tokenizers import train_tokenizer
     from ..training import Trainer

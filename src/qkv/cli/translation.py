@@ -176,7 +176,7 @@ def train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import ARCHITECTURES, load_checkpoint
     from ..distributed import current
-    from ..memory import build_model
+    from ..footprint import build_model
     from ..tasks.translation import ParallelData, TranslationTask, build_tokenizers, looks_chinese
     from ..training import Trainer
 

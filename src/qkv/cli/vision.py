@@ -150,8 +150,8 @@ def train_image_classifier(args: argparse.Namespace) -> int:
 def _train_image_classifier(args: argparse.Namespace, s: dict, family: str, defaults: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..distributed import current
+    from ..footprint import build_model, padded_images
     from ..images import channel_stats
-    from ..memory import build_model, padded_images
     from ..tasks.image_classify import ImageClassifyTask
     from ..training import Trainer
 
@@ -230,8 +230,8 @@ def train_clip(args: argparse.Namespace) -> int:
 def _train_clip(args: argparse.Namespace, s: dict) -> int:
     from ..checkpoint import load_checkpoint
     from ..distributed import current
+    from ..footprint import build_model, padded_images
     from ..images import channel_stats
-    from ..memory import build_model, padded_images
     from ..models import CLIP
     from ..tasks.captions import CaptionSet
     from ..tasks.contrastive import ContrastiveTask

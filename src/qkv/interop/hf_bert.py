@@ -17,7 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from ..config import BERTConfig
-from ..memory import build_model
+from ..footprint import build_model
 from ..models import BERT
 from .hf_common import HFStateDict, check_config, hf_field
 

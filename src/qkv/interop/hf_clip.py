@@ -16,7 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from ..config import CLIPConfig, CLIPTextConfig, ViTConfig
-from ..memory import build_model
+from ..footprint import build_model
 from ..models.clip import CLIP
 from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, take_prenorm_layer
 

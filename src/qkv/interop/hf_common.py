@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig, ModelConfig
-from ..memory import build_model
+from ..footprint import build_model
 
 # Hugging Face activation names -> qkv's, for the vision families (ViT, Swin, CLIP).
 ACTIVATIONS = {"gelu": "gelu", "quick_gelu": "quick_gelu", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}

@@ -29,7 +29,7 @@ from typing import Any
 from torch import Tensor
 
 from ..config import GPTConfig
-from ..memory import build_model
+from ..footprint import build_model
 from ..models import GPT
 from .hf_common import HFStateDict, check_config, hf_field
 

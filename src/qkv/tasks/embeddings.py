@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..data import pad
 from ..device import device_of, to_device
-from ..memory import activation_bytes, check_fits
+from ..footprint import activation_bytes, check_fits
 from ..models import BERT, mean_pool
 from ..tokenizers import WordPieceTokenizer
 

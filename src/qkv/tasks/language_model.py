@@ -22,8 +22,8 @@ from torch import Tensor, nn
 from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
+from ..footprint import check_decoding
 from ..generation import LMDecoder, Sampling, generate
-from ..memory import check_decoding
 from ..tokenizers import Tokenizer, encode_all
 
 log = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from torch import nn
 from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
 from ..device import device_of, move, to_device
 from ..distributed import SINGLE, Group
+from ..footprint import check_decoding
 from ..generation import IncrementalDecoder, beam_search, greedy
-from ..memory import check_decoding
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all, token_label

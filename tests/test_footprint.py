@@ -1,4 +1,4 @@
-"""qkv.memory: sizes checked against the machine's memory before anything is allocated, with the figure in a
+"""qkv.footprint: sizes checked against the machine's memory before anything is allocated, with the figure in a
 one-line error; and the sizes qkv's own presets and command defaults use are never refused."""
 
 import time
@@ -6,9 +6,9 @@ import time
 import pytest
 import torch
 
-from qkv import GPT, memory
+from qkv import GPT, footprint
 from qkv.config import BERTConfig, CLIPConfig, GPTConfig, RNNConfig, SwinConfig, TransformerConfig, ViTConfig
-from qkv.memory import (
+from qkv.footprint import (
     MAX_LAYERS,
     activation_bytes,
     build_model,
@@ -25,8 +25,8 @@ GIB = 2**30
 
 @pytest.fixture
 def memory_of(monkeypatch):
-    """``memory_of(n)``: the machine has ``n`` bytes available, as far as qkv.memory can tell."""
-    return lambda n: monkeypatch.setattr(memory, "available_memory", lambda device=None: n)
+    """``memory_of(n)``: the machine has ``n`` bytes available, as far as qkv.footprint can tell."""
+    return lambda n: monkeypatch.setattr(footprint, "available_memory", lambda device=None: n)
 
 
 def _tiny_gpt(**overrides) -> GPTConfig:
@@ -113,7 +113,7 @@ def test_beams_are_checked_before_decoding(memory_of):
 def test_the_memory_is_the_devices():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
-    assert memory.available_memory("cuda") == torch.cuda.mem_get_info("cuda")[0]
+    assert footprint.available_memory("cuda") == torch.cuda.mem_get_info("cuda")[0]
 
 
 def _families():

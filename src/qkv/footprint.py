@@ -1,4 +1,4 @@
-"""Will it fit? Sizes are checked against the machine's memory before any of it is allocated.
+"""Memory footprints: will it fit? Sizes are checked against the machine's memory before any of it is allocated.
 
 A config or an option is only a number, so a typo (``d_ff: 1000000000000``, ``--batch-size 1000000``) describes
 terabytes; allocating them would end in an allocator error deep inside PyTorch, or in the kernel killing the
