@@ -336,6 +336,16 @@ def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
     return ((5.0 + lengths.float()) / 6.0) ** alpha
 
 
+def _beam_stops(beam_size: int, eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
+    """The tokens that end a hypothesis, checked with the beam's size: beam search needs at least one."""
+    if beam_size < 1:
+        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
+    stops = _stop_set(eos_id, stop_ids)
+    if not stops:
+        raise ValueError("beam search needs an end token: give eos_id or stop_ids")
+    return stops
+
+
 @torch.no_grad()
 def beam_search(
     decoder: IncrementalDecoder,
@@ -359,12 +369,8 @@ def beam_search(
     Returns:
         per input row, the best hypothesis (without ``<s>`` and ``</s>``).
     """
-    if beam_size < 1:
-        raise ValueError(f"beam_size must be >= 1, got {beam_size}")
     b, k, device = decoder.batch_size, beam_size, decoder.device
-    stops = _stop_set(eos_id, stop_ids)
-    if not stops:
-        raise ValueError("beam search needs an end token: give eos_id or stop_ids")
+    stops = _beam_stops(beam_size, eos_id, stop_ids)
     filler = min(stops)  # what a finished hypothesis is extended with
     stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=device)
     first = _start(decoder, start, bos_id).repeat_interleave(k, dim=0)
