@@ -19,7 +19,9 @@ import torch
 from clitools import ENV, command, one_line_error, qkv
 
 from qkv.checkpoint import save_checkpoint
-from qkv.cli import TRAINERS, build_parser, parse
+from qkv.cli import build_parser, parse
+from qkv.cli.train import parsers
+from qkv.recipes import RECIPES
 
 # --- --debug and abbreviations (items 7 and "what a new user saw") ------------------------------------------
 
@@ -37,13 +39,33 @@ def test_debug_shows_the_traceback_before_and_after_the_command(argv, monkeypatc
         cli.main(argv)
 
 
-@pytest.mark.parametrize("trainer", sorted(TRAINERS))
-def test_debug_before_train_reaches_the_trainers_own_parser(trainer):
-    args = parse(["--debug", "train", trainer, "--out", "r"])
-    assert args.command == f"train {trainer}" and args.debug
-    args = parse(["train", trainer, "--out", "r", "--debug"])
-    assert args.command == f"train {trainer}" and args.debug
-    assert not parse(["train", trainer, "--out", "r"]).debug
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_debug_before_train_reaches_the_recipes_own_parser(recipe):
+    command = RECIPES[recipe].command
+    args = parse(["--debug", "train", recipe, "--out", "r"])
+    assert args.command == command and args.recipe == recipe and args.debug
+    args = parse(["train", recipe, "--out", "r", "--debug"])
+    assert args.command == command and args.debug
+    assert not parse(["train", recipe, "--out", "r"]).debug
+
+
+@pytest.mark.parametrize("argv", [["train", "--out", "r"], ["--debug", "train", "--src", "a", "--out", "r"]])
+def test_a_bare_train_is_the_translation_recipe(argv):
+    args = parse(argv)
+    assert args.recipe == "translation" and args.command == "train" and args.out == "r"
+
+
+def test_train_help_lists_every_recipe(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse(["train", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "RECIPE" in out
+    assert all(f"\n    {name}" in out for name in RECIPES), out
+
+
+@pytest.mark.parametrize("command", ["demo", "tour", "generate", "chat", "embed", "similarity"])
+def test_debug_works_before_and_after_every_command(command):
+    assert parse(["--debug", command]).debug and parse([command, "--debug"]).debug
 
 
 @pytest.mark.parametrize("argv, typo", [
@@ -60,10 +82,8 @@ def test_a_prefix_of_an_option_is_not_taken_for_it(argv, typo, capsys):
 
 
 def test_no_parser_of_qkv_accepts_abbreviations():
-    main = build_parser()
-    sub = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction))
-    parsers = [main, *sub.choices.values(), *(make() for make in TRAINERS.values())]
-    assert not [p.prog for p in parsers if p.allow_abbrev]
+    every = list(parsers(build_parser()))
+    assert len(every) > 20 and not [p.prog for p in every if p.allow_abbrev]
 
 
 # --- a closed stdout, a reader that goes away, Ctrl-C while importing (7, 11) ------------------------------------
@@ -195,7 +215,7 @@ def test_embed_refuses_stdin_that_is_not_utf8_before_loading_a_model(tmp_path):
 def test_a_pipe_given_as_a_training_file_keeps_its_name():
     """`qkv train --src <(zcat train.de.gz)`: the option names /dev/fd/N, a pipe, which resolving would turn into
     /proc/PID/fd/pipe:[N], a name nothing can open ("no such file")."""
-    from qkv.cli.common import settings
+    from qkv.recipes.settings import merged_settings
     from qkv.data import read_lines
 
     read, write = os.pipe()
@@ -203,7 +223,7 @@ def test_a_pipe_given_as_a_training_file_keeps_its_name():
         os.write(write, b"ein Hund\nzwei Hunde\n")
         os.close(write)
         args = argparse.Namespace(src=f"/dev/fd/{read}", out="r", resume=False)
-        s = settings(args, {"src": None}, command="train", paths=("src",))
+        s = merged_settings(args, {"src": None}, command="train", paths=("src",))
         assert s["src"] == f"/dev/fd/{read}"
         assert read_lines(s["src"]) == ["ein Hund", "zwei Hunde"]
     finally:
@@ -211,12 +231,12 @@ def test_a_pipe_given_as_a_training_file_keeps_its_name():
 
 
 def test_a_regular_training_file_is_stored_absolute(tmp_path, monkeypatch):
-    from qkv.cli.common import settings
+    from qkv.recipes.settings import merged_settings
 
     (tmp_path / "train.de").write_text("x\n")
     monkeypatch.chdir(tmp_path)
     args = argparse.Namespace(src="train.de", out="r", resume=False)
-    assert settings(args, {"src": None}, command="train", paths=("src",))["src"] == str(
+    assert merged_settings(args, {"src": None}, command="train", paths=("src",))["src"] == str(
         (tmp_path / "train.de").resolve())
 
 

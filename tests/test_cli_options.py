@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from qkv.cli import TRAINERS, build_parser, parse
+from qkv.cli import build_parser, parse
+from qkv.cli.train import parsers
 from qkv.cli.numbers import integer, real
 
 R = ["train", "--out", "r"]
@@ -52,10 +53,7 @@ def test_bad_numbers_are_refused_in_one_line(argv, message, capsys):
 
 
 def _parsers():
-    main = build_parser()
-    sub = next(a for a in main._actions if isinstance(a, argparse._SubParsersAction))
-    return {"qkv": main, **{f"qkv {name}": p for name, p in sub.choices.items()},
-            **{f"qkv train {name}": make() for name, make in TRAINERS.items()}}
+    return {p.prog: p for p in parsers(build_parser())}
 
 
 def test_every_numeric_option_goes_through_the_validation_layer():
@@ -83,7 +81,8 @@ def test_version_and_descriptions(capsys):
     with pytest.raises(SystemExit):
         parse(["--help"])
     listing = capsys.readouterr().out
-    assert "SUPPRESS" not in listing and "train-lm" not in listing and "qkv train lm" in listing
+    words = " ".join(listing.split())
+    assert "SUPPRESS" not in listing and "train-lm" not in listing and "translation, lm, mlm, classify" in words
 
 
 def test_an_internal_error_is_one_line_and_debug_shows_its_traceback(capsys, monkeypatch):
@@ -141,8 +140,9 @@ def test_a_device_this_machine_lacks_fails_before_any_work(argv, message, here, 
 
 
 def test_every_command_that_runs_a_model_takes_a_device():
-    runs_a_model = {"demo", "train", "translate", "evaluate", "generate", "chat", "embed", "search", "similarity",
-                    "classify", "train lm", "train mlm", "train classify"}
+    runs_a_model = {"demo", "train translation", "translate", "evaluate", "generate", "chat", "embed", "search",
+                    "similarity", "classify", "train lm", "train mlm", "train classify", "train vit", "train swin",
+                    "train clip", "classify-image", "zero-shot"}
     parsers = {name.removeprefix("qkv "): p for name, p in _parsers().items()}
     for name in runs_a_model:
         flags = {flag for action in parsers[name]._actions for flag in action.option_strings}

@@ -7,14 +7,14 @@ import json
 import pytest
 from clitools import one_line_error
 
-from qkv.cli.common import DATA_FILES, settings
+from qkv.recipes.settings import DATA_FILES, merged_settings
 
 DEFAULTS = {"text": None, "valid_text": None, "seed": 0, "max_steps": None}
 
 
 def _settings(out, *, resume, text=None):
     args = argparse.Namespace(out=str(out), resume=resume, text=text, valid_text=None, seed=None, max_steps=9)
-    return settings(args, DEFAULTS, command="train lm", paths=("text", "valid_text"))
+    return merged_settings(args, DEFAULTS, command="train lm", paths=("text", "valid_text"))
 
 
 def _store(out, s, **meta):

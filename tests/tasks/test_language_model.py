@@ -166,9 +166,11 @@ def test_eval_windows_are_spread_over_the_whole_validation_text():
 
 
 def test_the_default_eval_windows_bound_evaluation_to_a_tenth_of_training():
-    from qkv.cli.lm import LM_DEFAULTS, eval_windows
+    from dataclasses import replace
 
-    s = {**LM_DEFAULTS, "eval_every": 250, "batch_size": 12}
+    from qkv.recipes.language_model import LMSettings, eval_windows
+
+    s = LMSettings(eval_every=250, batch_size=12)
     assert eval_windows(s) == 900  # forward-only windows worth 0.1 x 250 training steps of 12 windows
-    assert eval_windows({**s, "accum": 4}) == 3600 == eval_windows({**s, "accum": 2}, world=2)  # a step's windows
-    assert eval_windows({**s, "eval_windows": 0}) is None and eval_windows({**s, "eval_windows": 7}) == 7
+    assert eval_windows(replace(s, accum=4)) == 3600 == eval_windows(replace(s, accum=2), world=2)  # a step's windows
+    assert eval_windows(replace(s, eval_windows=0)) is None and eval_windows(replace(s, eval_windows=7)) == 7

@@ -16,15 +16,12 @@ import os
 import sys
 
 from .. import __version__
-from . import bert, demo, explore, lm, tour, translation, vision
+from . import bert, demo, explore, lm, tour, train, translation, vision
 from .common import Parser
 
 log = logging.getLogger("qkv")
 
 USER_ERRORS = (ValueError, TypeError, OSError, FloatingPointError, MemoryError)
-# `qkv train WHAT`: the trainers that are not translation's, each with its own parser.
-TRAINERS = {"lm": lm.train_parser, "mlm": bert.mlm_parser, "classify": bert.classify_parser,
-            "vit": vision.vit_parser, "swin": vision.swin_parser, "clip": vision.clip_parser}
 
 
 def _add_debug(parser: argparse.ArgumentParser, *, default=False) -> None:
@@ -33,33 +30,24 @@ def _add_debug(parser: argparse.ArgumentParser, *, default=False) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``qkv`` and its subcommands (``qkv train lm|mlm|classify|vit|swin|clip`` have their own:
-    :data:`TRAINERS`)."""
+    """The parser of ``qkv`` and its subcommands, ``qkv train RECIPE`` nested in ``qkv train``."""
     parser = Parser(prog="qkv", description="A Transformer toolkit written from the building blocks up.")
     parser.add_argument("--version", action="version", version=f"qkv {__version__}")
     _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, translation, lm, bert, vision, explore, tour):
+    for module in (demo, train, translation, lm, bert, vision, explore, tour):
         module.add_commands(sub)
-    for command_parser in sub.choices.values():
-        # SUPPRESS: a subcommand's default would overwrite the `qkv --debug COMMAND` that the main parser read
-        _add_debug(command_parser, default=argparse.SUPPRESS)
+    for command_parser in train.parsers(parser):
+        if command_parser is not parser:
+            # SUPPRESS: a subcommand's default would overwrite the `qkv --debug COMMAND` that the main parser read
+            _add_debug(command_parser, default=argparse.SUPPRESS)
     return parser
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The options of ``qkv [--debug] COMMAND ...``; ``--debug`` also works after the command."""
-    debug = argv[:1] == ["--debug"]
-    if debug:  # taken off first, so that `qkv --debug train lm` still reaches train lm's parser
-        argv = argv[1:]
-    if argv[:1] == ["train"] and argv[1:2] and argv[1] in TRAINERS:
-        parser = TRAINERS[argv[1]]()
-        _add_debug(parser)
-        args = parser.parse_args(argv[2:])
-    else:
-        args = build_parser().parse_args(argv)
-    args.debug = args.debug or debug
-    return args
+    """The options of ``qkv [--debug] COMMAND ...``; ``--debug`` also works after the command (and the recipe of
+    ``qkv train``)."""
+    return build_parser().parse_args(train.with_default_recipe(argv))
 
 
 def _one_line(command: str, err: BaseException) -> int:

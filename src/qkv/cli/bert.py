@@ -1,5 +1,5 @@
-"""Encoder-only commands: ``qkv embed``, ``qkv search``, ``qkv similarity``, ``qkv classify``,
-``qkv train mlm`` and ``qkv train classify``."""
+"""Encoder-only commands: ``qkv embed``, ``qkv search``, ``qkv similarity``, ``qkv classify``, and the parsers
+of ``qkv train mlm`` and ``qkv train classify``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from .common import (
-    Parser,
     add_device_arguments,
     add_input_arguments,
     add_size_arguments,
@@ -19,10 +18,8 @@ from .common import (
     command,
     place,
     read_inputs,
-    report,
     runtime,
-    train_options,
-    training_run,
+    show_defaults,
 )
 from .numbers import COUNT, FRACTION, integer
 
@@ -170,215 +167,46 @@ def similarity_cmd(args: argparse.Namespace) -> None:
     _attention_map(args, encoder, texts)
 
 
-# --- training: shared options -------------------------------------------------------------------------------
+# --- qkv train mlm / classify (the recipes: qkv.recipes.masked_lm, qkv.recipes.classify) ------------------------
 
 def _add_model_arguments(p: argparse.ArgumentParser, *, start: str) -> None:
     model = p.add_argument_group(f"model: --init a pretrained encoder, else {start}")
     model.add_argument("--init", metavar="MODEL", help=MODEL_HELP.replace("; the default", ""))
     model.add_argument("--preset", choices=["tiny", "mini", "minilm-l6", "bert-base"],
-                       help="from scratch: tiny (2x128, the default), mini (4x256), minilm-l6 (6x384), "
-                            "bert-base (12x768)")
+                       help="from scratch: tiny (2x128), mini (4x256), minilm-l6 (6x384), bert-base (12x768)")
     add_size_arguments(model)
-    model.add_argument("--vocab-size", type=COUNT, help="from scratch: WordPiece vocabulary size (8000)")
-    model.add_argument("--max-length", type=integer(3), help="tokens per input, [CLS] and [SEP] included (128)")
+    model.add_argument("--vocab-size", type=COUNT, help="from scratch: WordPiece vocabulary size")
+    model.add_argument("--max-length", type=integer(3), help="tokens per input, [CLS] and [SEP] included")
 
 
-TRAIN_DEFAULTS = dict(
-    init=None, preset="tiny", d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, vocab_size=8000,
-    max_length=128, max_steps=None, epochs=None, max_minutes=None, batch_size=32, accum=1, lr=None, warmup=100,
-    schedule="cosine", min_lr_ratio=0.0, clip=1.0, weight_decay=0.01, eval_every=200,
-    eval_at_minutes=None, seed=0,
-)
-MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
-
-
-def _training_run(args: argparse.Namespace, defaults: dict, *, command: str, paths: tuple[str, ...]):
-    """:func:`training_run`, with an --init folder made absolute first (it is stored, for --resume)."""
-    from ..interop.sentence import MINILM_NAMES
-
-    if args.init is not None and args.init.lower() not in MINILM_NAMES:
-        args.init = str(Path(args.init).resolve())
-    return training_run(args, defaults, command=command, paths=paths)
-
-
-def _scratch_config(s: dict, vocab_size: int, pad_id: int):
-    from ..config import BERTConfig
-
-    preset = {k: v for k, v in BERTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
-    overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
-    cfg = {**preset, **overrides, "vocab_size": vocab_size, "pad_id": pad_id}
-    cfg["max_seq_len"] = max(cfg.get("max_seq_len", 512), s["max_length"])
-    return BERTConfig(**cfg)
-
-
-def _pretrained(s: dict, args: argparse.Namespace):
-    """The --init encoder. Its shape and vocabulary are fixed, so options that would change them are an error."""
-    from ..interop.sentence import load_sentence_encoder
-
-    fixed = [f"--{k.replace('_', '-')}" for k in ("preset", "d_model", "n_heads", "n_layers", "d_ff", "vocab_size")
-             if getattr(args, k) is not None]
-    if fixed:
-        raise ValueError(f"--init fixes the model and its tokenizer; drop {' '.join(fixed)}")
-    encoder = load_sentence_encoder(s["init"])
-    if s["dropout"] is not None:
-        encoder.model.config.dropout = s["dropout"]
-    return encoder
-
-
-def _copy_encoder(target, encoder) -> None:
-    """Load a pretrained BERT's weights into a new model's ``.bert``; only a pooler the source lacks starts fresh."""
-    missing, unexpected = target.bert.load_state_dict(encoder.model.state_dict(), strict=False)
-    if unexpected or any(not name.startswith("pooler.") for name in missing):
-        raise ValueError(f"the --init weights do not fit: missing {missing}, unexpected {unexpected}")
-    if missing:
-        log.info("--init has no pooler; the pooler starts from random weights")
-
-
-# --- qkv train mlm ------------------------------------------------------------------------------------------
-
-MLM_DEFAULTS = dict(TRAIN_DEFAULTS, text=None, valid_text=None, valid_fraction=0.05, mask_prob=0.15)
-
-
-def add_mlm_arguments(p: argparse.ArgumentParser) -> None:
+def add_mlm_arguments(p: argparse.ArgumentParser, settings) -> None:
     data = p.add_argument_group("data (UTF-8 text, plain or .gz)")
     data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
     data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
                                                                         "--valid-fraction of the text)")
-    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation (0.05)")
-    data.add_argument("--mask-prob", type=FRACTION, help="share of the tokens to predict (0.15)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation")
+    data.add_argument("--mask-prob", type=FRACTION, help="share of the tokens to predict")
     _add_model_arguments(p, start="a new BERT (--preset, fields) with a WordPiece vocabulary learnt from --text")
-    add_training_arguments(p, MLM_DEFAULTS, batch=("--batch-size", "sequences per batch"),
-                           lr_help="peak learning rate (5e-4 from scratch, 5e-5 with --init)")
+    add_training_arguments(p, batch=("--batch-size", "sequences per batch"),
+                           lr_help="peak learning rate (default 5e-4 from scratch, 5e-5 with --init)")
+    show_defaults(p, settings)
 
 
-def train_mlm(args: argparse.Namespace) -> int:
-    with _training_run(args, MLM_DEFAULTS, command="train mlm", paths=("text", "valid_text")) as s:
-        return _train_mlm(args, s)
-
-
-def _train_mlm(args: argparse.Namespace, s: dict) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..data import read_text
-    from ..distributed import current
-    from ..footprint import build_model
-    from ..models import BERTForMaskedLM
-    from ..tasks.language_model import read_corpus, split_text
-    from ..tasks.masked_lm import MaskedLMTask, encode_for_mlm, fill_mask
-    from ..tokenizers import WordPieceTokenizer
-    from ..training import Trainer
-
-    out = Path(args.out)
-    if not s["text"]:
-        raise ValueError("no training text: give --text FILE [FILE ...]")
-    lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 5e-4
-    opts = train_options(s, args, lr=lr, betas=(0.9, 0.999))
-    text = read_corpus(s["text"])
-    if s["valid_text"]:
-        train_text, valid_text = text, "\n".join(read_text(p) for p in s["valid_text"])
-    else:
-        train_text, valid_text = split_text(text, s["valid_fraction"])
-    encoder = None
-    if args.resume:
-        previous = load_checkpoint(out / "last")
-        tokenizer, cfg = previous.tokenizers["text"], previous.model.config
-    elif s["init"]:
-        encoder = _pretrained(s, args)
-        tokenizer, cfg = encoder.tokenizer, encoder.model.config
-    else:
-        tokenizer = WordPieceTokenizer.train(train_text.splitlines(), vocab_size=s["vocab_size"])
-        cfg = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
-    max_length = min(s["max_length"], cfg.max_seq_len)
-    train_ids = encode_for_mlm(tokenizer, train_text.splitlines(), max_length)
-    valid_ids = encode_for_mlm(tokenizer, valid_text.splitlines(), max_length)
-    model = build_model(BERTForMaskedLM, cfg, training=True, batch=(s["batch_size"], max_length))
-    if encoder is not None:
-        _copy_encoder(model, encoder)
-    log.info("model: %.2fM parameters; %d training and %d validation sequences of up to %d tokens (WordPiece, "
-             "vocabulary %d)", model.num_parameters() / 1e6, len(train_ids), len(valid_ids), max_length,
-             tokenizer.vocab_size)
-    task = MaskedLMTask(model, tokenizer, train_ids, valid_ids, batch_size=s["batch_size"],
-                        probability=s["mask_prob"], seed=s["seed"],
-                        meta={"command": "train mlm", "args": {k: s[k] for k in MLM_DEFAULTS}, "title": out.name,
-                              "data_files": s["data_files"]})
-    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
-    sample = next((line.split() for line in valid_text.splitlines() if len(line.split()) >= 4), None)
-    if sample is not None and not status and current().main:  # what the model learnt: guess a held-out word
-        mask = tokenizer.specials["mask"]
-        prompt = " ".join([*sample[: len(sample) // 2], mask, *sample[len(sample) // 2 + 1 :]])
-        guesses = fill_mask(load_checkpoint(out / "best").model, tokenizer, prompt)[0]
-        print(f"fill-mask: {prompt}  (was {sample[len(sample) // 2]!r}): "
-              + ", ".join(f"{token!r} {p:.2f}" for token, p in guesses))
-    return status
-
-
-# --- qkv train classify / qkv classify ----------------------------------------------------------------------
-
-CLASSIFY_DEFAULTS = dict(TRAIN_DEFAULTS, data=None, valid_data=None, valid_fraction=0.1, pooling="pooler",
-                         eval_every=100)
-
-
-def add_classify_arguments(p: argparse.ArgumentParser) -> None:
+def add_classify_arguments(p: argparse.ArgumentParser, settings) -> None:
     data = p.add_argument_group("data (TSV: text<TAB>label per line)")
     data.add_argument("--data", metavar="TSV", help="labelled training examples")
     data.add_argument("--valid-data", metavar="TSV", help="held-out examples (else --valid-fraction of --data)")
-    data.add_argument("--valid-fraction", type=FRACTION, help="share of --data held out, at random (0.1)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of --data held out, at random")
     _add_model_arguments(p, start="a new BERT with a WordPiece vocabulary learnt from --data")
     p.add_argument_group("classifier").add_argument(
         "--pooling", choices=["pooler", "mean"],
-        help="the sentence vector classified: BERT's pooled [CLS] output (default) or the mean of the tokens")
-    add_training_arguments(p, CLASSIFY_DEFAULTS, batch=("--batch-size", "examples per batch"),
-                           lr_help="peak learning rate (1e-3 from scratch, 5e-5 with --init)")
+        help="the sentence vector classified: BERT's pooled [CLS] output or the mean of the tokens")
+    add_training_arguments(p, batch=("--batch-size", "examples per batch"),
+                           lr_help="peak learning rate (default 1e-3 from scratch, 5e-5 with --init)")
+    show_defaults(p, settings)
 
 
-def train_classify(args: argparse.Namespace) -> int:
-    with _training_run(args, CLASSIFY_DEFAULTS, command="train classify", paths=("data", "valid_data")) as s:
-        return _train_classify(args, s)
-
-
-def _train_classify(args: argparse.Namespace, s: dict) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..config import BERTClassifierConfig
-    from ..footprint import build_model
-    from ..models import BERTClassifier
-    from ..tasks.classify import ClassifyTask, label_set, read_labelled, split_examples
-    from ..tokenizers import WordPieceTokenizer
-    from ..training import Trainer
-
-    out = Path(args.out)
-    if not s["data"]:
-        raise ValueError("no training data: give --data FILE.tsv (text<TAB>label per line)")
-    lr = s["lr"] if s["lr"] is not None else 5e-5 if s["init"] else 1e-3
-    opts = train_options(s, args, lr=lr, betas=(0.9, 0.999))
-    examples = read_labelled(s["data"])
-    if s["valid_data"]:
-        train, valid = examples, read_labelled(s["valid_data"])
-    else:
-        train, valid = split_examples(examples, s["valid_fraction"], seed=s["seed"])
-    encoder = None
-    if args.resume:
-        previous = load_checkpoint(out / "last")
-        tokenizer, cfg, labels = previous.tokenizers["text"], previous.model.config, previous.meta["labels"]
-    else:
-        labels = label_set(train)
-        if s["init"]:
-            encoder = _pretrained(s, args)
-            tokenizer, base = encoder.tokenizer, encoder.model.config
-        else:
-            tokenizer = WordPieceTokenizer.train([text for text, _ in train], vocab_size=s["vocab_size"])
-            base = _scratch_config(s, tokenizer.vocab_size, tokenizer.pad_id)
-        cfg = BERTClassifierConfig(**{**base.to_dict(), "pooler": base.pooler or s["pooling"] == "pooler",
-                                      "n_labels": len(labels), "pooling": s["pooling"]})
-    model = build_model(BERTClassifier, cfg, training=True, batch=(s["batch_size"], s["max_length"]))
-    if encoder is not None:
-        _copy_encoder(model, encoder)
-    max_length = min(s["max_length"], cfg.max_seq_len)
-    log.info("model: %.2fM parameters; %d training and %d validation examples, labels %s",
-             model.num_parameters() / 1e6, len(train), len(valid), labels)
-    task = ClassifyTask(model, tokenizer, labels, train, valid, batch_size=s["batch_size"], max_length=max_length,
-                        seed=s["seed"], meta={"command": "train classify", "args": {k: s[k] for k in CLASSIFY_DEFAULTS},
-                                              "title": out.name, "data_files": s["data_files"]})
-    return report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
-
+# --- qkv classify -------------------------------------------------------------------------------------------
 
 def classify_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
@@ -426,20 +254,3 @@ def add_commands(sub) -> None:
     cls.add_argument("--model", required=True, help="a classifier checkpoint or run directory (uses best/)")
     add_device_arguments(cls)
     cls.set_defaults(run=classify_cmd)
-
-
-def mlm_parser() -> argparse.ArgumentParser:
-    """``qkv train mlm``'s own parser (``qkv train`` dispatches on its second word)."""
-    p = Parser(prog="qkv train mlm",
-               description="Pretrain (or continue pretraining) a BERT by masked-language modelling.")
-    add_mlm_arguments(p)
-    p.set_defaults(run=train_mlm, command="train mlm")
-    return p
-
-
-def classify_parser() -> argparse.ArgumentParser:
-    """``qkv train classify``'s own parser."""
-    p = Parser(prog="qkv train classify", description="Fine-tune a BERT to classify sentences (TSV: text<TAB>label).")
-    add_classify_arguments(p)
-    p.set_defaults(run=train_classify, command="train classify")
-    return p

@@ -1,138 +1,51 @@
-"""``qkv train lm``, ``qkv generate`` and ``qkv chat``: decoder-only language models."""
+"""Decoder-only language models: ``qkv generate``, ``qkv chat`` and the parser of ``qkv train lm``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from .common import (
-    VOCAB_MULTIPLE,
-    Parser,
     add_device_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
     place,
-    report,
     runtime,
-    train_options,
-    training_run,
+    show_defaults,
 )
 from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, integer, real
 
 log = logging.getLogger("qkv")
 
-# --- qkv train lm ---------------------------------------------------------------------------------------------
+# --- qkv train lm (the recipe: qkv.recipes.language_model) ----------------------------------------------------
 
-LM_DEFAULTS = dict(
-    text=None, valid_text=None, valid_fraction=0.1, tokenizer="char", vocab_size=4000, preset="mini", style="gpt2",
-    d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None, context=None, batch_size=32, accum=1,
-    lr=1e-3, warmup=200, schedule="cosine", min_lr_ratio=0.1, clip=1.0, weight_decay=0.1, max_steps=None,
-    epochs=None, max_minutes=None, eval_every=250, eval_at_minutes=None, eval_windows=None, seed=0,
-)
-MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
-
-
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """Every option defaults to None here, so that --resume can tell what was typed from what was stored."""
+def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
+    """Every option defaults to None here, so that --resume can tell what was typed from what was stored;
+    ``--help`` shows the defaults of ``settings``, the recipe's dataclass."""
     data = p.add_argument_group("data (UTF-8 text, plain or .gz)")
     data.add_argument("--text", nargs="+", metavar="FILE", help="training text files")
     data.add_argument("--valid-text", nargs="+", metavar="FILE", help="validation text (else the last "
                                                                         "--valid-fraction of the text)")
-    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation (0.1)")
+    data.add_argument("--valid-fraction", type=FRACTION, help="share of the text held out for validation")
     tok = p.add_argument_group("tokenizer")
-    tok.add_argument("--tokenizer", choices=["char", "bpe"], help="characters (default) or byte-level BPE")
-    tok.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary size (4000)")
+    tok.add_argument("--tokenizer", choices=["char", "bpe"], help="characters or byte-level BPE")
+    tok.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary size")
     model = p.add_argument_group("model (a preset, then any field overridden)")
     model.add_argument("--preset", choices=["tiny", "mini", "shakespeare-char", "gpt2"],
-                       help="tiny: 4x128, context 64; mini (default): 4x256, context 128; "
-                            "shakespeare-char: 6x384, context 256; gpt2: 12x768, context 1024")
+                       help="tiny: 4x128, context 64; mini: 4x256, context 128; shakespeare-char: 6x384, context "
+                            "256; gpt2: 12x768, context 1024")
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
     add_size_arguments(model)
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
-    train = add_training_arguments(p, LM_DEFAULTS, batch=("--batch-size", "windows per batch"))
+    train = add_training_arguments(p, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=integer(0),
                        help="validate on this many windows, spread evenly over the validation text (0 = all; "
                             "default: 0.3 x --eval-every x the windows of a step, which keeps a validation at "
                             "about a tenth of the training time since the one before)")
-
-
-def eval_windows(s: dict, world: int = 1) -> int | None:
-    """--eval-windows, or the default that bounds evaluation's share of the run: a forward pass costs about a
-    third of a training step, so 0.3 x eval_every steps' windows (of all ``world`` processes) take about 10% of
-    the time between two validations. None: every window."""
-    if s["eval_windows"] is not None:
-        return s["eval_windows"] or None
-    return max(1, 3 * s["eval_every"] * s["batch_size"] * s["accum"] * world // 10)
-
-
-def _model_config(s: dict, vocab_size: int):
-    from ..config import GPTConfig
-
-    overrides = {k: s[k] for k in MODEL_FIELDS if s[k] is not None}
-    if s["context"] is not None:
-        overrides["max_seq_len"] = s["context"]
-    style = GPTConfig.PRESETS["llama"] if s["style"] == "llama" else {}
-    preset = {k: v for k, v in GPTConfig.PRESETS[s["preset"]].items() if k != "vocab_size"}
-    return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None,
-                        "vocab_multiple": VOCAB_MULTIPLE})
-
-
-def train_lm(args: argparse.Namespace) -> int:
-    with training_run(args, LM_DEFAULTS, command="train lm", paths=("text", "valid_text")) as s:
-        return _train_lm(args, s)
-
-
-def _train_lm(args: argparse.Namespace, s: dict) -> int:
-    from .. import GPT
-    from ..checkpoint import load_checkpoint
-    from ..data import read_text
-    from ..distributed import current
-    from ..footprint import build_model
-    from ..generation import Sampling
-    from ..tasks.language_model import LanguageModelTask, complete, encode_text, read_corpus, split_text
-    from ..tokenizers import train_tokenizer
-    from ..training import Trainer
-
-    out = Path(args.out)
-    if not s["text"]:
-        raise ValueError("no training text: give --text FILE [FILE ...]")
-    if args.vocab_size is not None and s["tokenizer"] == "char":
-        raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the text")
-    opts = train_options(s, args, betas=(0.9, 0.95))
-    text = read_corpus(s["text"])
-    if s["valid_text"]:
-        train_text, valid_text = text, "".join(read_text(p) for p in s["valid_text"])
-    else:
-        train_text, valid_text = split_text(text, s["valid_fraction"])
-    if args.resume:
-        previous = load_checkpoint(out / "last")
-        tokenizer, cfg = previous.tokenizers["text"], previous.model.config
-    else:
-        tokenizer = train_tokenizer(s["tokenizer"], [train_text] if s["tokenizer"] == "char" else
-                                    train_text.splitlines(keepends=True), vocab_size=s["vocab_size"], byte_level=True)
-        cfg = _model_config(s, tokenizer.vocab_size)
-    train_ids, valid_ids = encode_text(tokenizer, train_text), encode_text(tokenizer, valid_text)
-    model = build_model(GPT, cfg, training=True, batch=(s["batch_size"], cfg.max_seq_len))
-    log.info("model: %.2fM parameters (%.2fM without embeddings); %s tokens for training, %s for validation "
-             "(%s tokenizer, vocabulary %d)", model.num_parameters() / 1e6,
-             model.num_parameters(exclude_embeddings=True) / 1e6, f"{len(train_ids):,}", f"{len(valid_ids):,}",
-             tokenizer.kind, tokenizer.vocab_size)
-    task = LanguageModelTask(model, tokenizer, train_ids, valid_ids, context=cfg.max_seq_len,
-                             batch_size=s["batch_size"], seed=s["seed"], eval_windows=eval_windows(s, current().world),
-                             meta={"command": "train lm", "args": {k: s[k] for k in LM_DEFAULTS}, "title": out.name,
-                                   "data_files": s["data_files"]})
-    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
-    if status or not current().main:
-        return status
-    prompt = train_text[:1] if tokenizer.kind == "char" else train_text.split()[0]
-    sample = complete(model, tokenizer, [prompt], max_new_tokens=200, sampling=Sampling(temperature=0.8),
-                      seed=s["seed"])[0]
-    print(f"sample (temperature 0.8):\n{prompt}{sample}")
-    return 0
+    show_defaults(p, settings)
 
 
 # --- qkv generate / chat --------------------------------------------------------------------------------------
@@ -312,14 +225,6 @@ def chat_cmd(args: argparse.Namespace) -> None:
                              stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=_Stream(tokenizer))
         print(flush=True)
         messages.append({"role": "assistant", "content": reply[0].strip()})
-
-
-def train_parser() -> argparse.ArgumentParser:
-    """``qkv train lm``'s own parser (``qkv train`` dispatches on its second word)."""
-    p = Parser(prog="qkv train lm", description="Train a GPT language model on text.")
-    add_train_arguments(p)
-    p.set_defaults(run=train_lm, command="train lm")
-    return p
 
 
 def add_commands(sub) -> None:

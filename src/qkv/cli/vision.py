@@ -1,53 +1,39 @@
-"""Image commands: ``qkv train vit|swin|clip``, ``qkv classify-image`` and ``qkv zero-shot``."""
+"""Image commands: ``qkv classify-image``, ``qkv zero-shot`` and the parsers of ``qkv train vit|swin|clip``."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from .common import (
-    Parser,
     add_device_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
     place,
-    report,
     runtime,
-    train_options,
-    training_run,
+    show_defaults,
 )
 from .numbers import COUNT, FRACTION, integer
 
 log = logging.getLogger("qkv")
 
-DATASETS = ("fashion-mnist", "digits")
 DATA_HELP = ("fashion-mnist (apt-get install dataset-fashion-mnist), digits (scikit-learn's 8x8), or a folder "
              "with one subfolder of PNG/JPEG images per class")
 
 
-# --- qkv train vit / swin / clip: shared options ----------------------------------------------------------------
-
-IMAGE_DEFAULTS = dict(
-    data="fashion-mnist", test_data=None, valid_fraction=0.1, image_size=32, channels=3, pad=None, flip=None,
-    preset="fashion", patch_size=None, d_model=None, n_heads=None, n_layers=None, d_ff=None, dropout=None,
-    batch_size=128, accum=1, lr=1e-3, warmup=300, schedule="cosine", min_lr_ratio=0.0, clip=1.0, weight_decay=0.05,
-    max_steps=None, epochs=None, max_minutes=None, eval_every=500, eval_at_minutes=None, seed=0,
-)
-
+# --- qkv train vit / swin / clip (the recipes: qkv.recipes.image_classifier, qkv.recipes.clip) ------------------
 
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
-    data.add_argument("--data", help=f"training images: {DATA_HELP} (fashion-mnist)")
+    data.add_argument("--data", help=f"training images: {DATA_HELP}")
     data.add_argument("--test-data", metavar="DIR", help="a folder's test images (fashion-mnist and digits have "
                                                          "their own test split), scored once training ends")
     data.add_argument("--valid-fraction", type=FRACTION,
-                      help="share of the training images held out, at random, to validate (0.1)")
-    data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side (32)")
-    data.add_argument("--channels", type=integer(1), choices=[1, 3],
-                      help="a folder's images as grey (1) or RGB (3; default)")
+                      help="share of the training images held out, at random, to validate")
+    data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side")
+    data.add_argument("--channels", type=integer(1), choices=[1, 3], help="a folder's images as grey (1) or RGB (3)")
     data.add_argument("--pad", type=integer(0),
                       help="augmentation: shift by up to this many pixels (default: a 14th of the side, at least 1)")
     data.add_argument("--flip", action=argparse.BooleanOptionalAction,
@@ -55,145 +41,35 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
                            "folders, where a mirror image may change the label)")
 
 
-def _vision_run(args: argparse.Namespace, defaults: dict, command: str):
-    """:func:`training_run`, with a --data folder made absolute first (it is stored, for --resume)."""
-    data = args.data if args.data is not None else IMAGE_DEFAULTS["data"]
-    if args.test_data is not None and data in DATASETS and not args.resume:  # a resumed run was checked at its start
-        raise ValueError(f"--test-data {args.test_data}: --data {data} has its own test split, which is what is "
-                         "scored; drop --test-data, or give --data a folder of class subfolders")
-    for key in ("data", "test_data"):
-        value = getattr(args, key, None)
-        if value is not None and value not in DATASETS:
-            setattr(args, key, str(Path(value).resolve()))
-    return training_run(args, defaults, command=command)
-
-
-def _datasets(s: dict):
-    """(train, valid, test or None, flip, pad) from the settings."""
-    from ..images import load_dataset, split_images
-
-    size = (s["image_size"], s["image_size"])
-    images = load_dataset(s["data"], "train", channels=s["channels"], size=size)
-    train, valid = split_images(images, s["valid_fraction"], seed=s["seed"])
-    test = None
-    if s["data"] in DATASETS:
-        test = load_dataset(s["data"], "test")
-    elif s["test_data"]:
-        test = load_dataset(s["test_data"], "test", channels=s["channels"], size=size)
-        if test.classes != train.classes:
-            raise ValueError(f"--test-data has the classes {test.classes}, --data {train.classes}; they must match")
-    side = train.pixels.size(-1)
-    flip = s["flip"] if s["flip"] is not None else s["data"] == "fashion-mnist"
-    pad = s["pad"] if s["pad"] is not None else max(1, round(side / 14))
-    log.info("data: %d training, %d validation%s images of %s, %d classes%s", len(train), len(valid),
-             f", {len(test)} test" if test is not None else "", "x".join(map(str, train.pixels.shape[1:])),
-             len(train.classes), f"; augmented: shifts of up to {pad} px" + (", mirrored" if flip else ""))
-    return train, valid, test, flip, pad
-
-
-def _image_fields(train) -> dict:
-    """The config fields the data decides: image size, channels, classes."""
-    channels, height, width = train.pixels.shape[1:]
-    if height != width:
-        raise ValueError(f"the images are {height}x{width}; qkv's vision models read square images (--image-size)")
-    return dict(image_size=height, channels=channels, n_classes=len(train.classes))
-
-
-# --- qkv train vit / swin --------------------------------------------------------------------------------------
-
-VIT_DEFAULTS = dict(IMAGE_DEFAULTS, pooling=None)
-SWIN_DEFAULTS = dict(IMAGE_DEFAULTS, depths=None, stage_heads=None, window_size=None)
-# The config fields the command line may override, per family (the preset's otherwise).
-MODEL_FIELDS = {"vit": ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling"),
-                "swin": ("patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout")}
-
-
-def _add_classifier_arguments(p: argparse.ArgumentParser, family: str) -> None:
+def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     _add_data_arguments(p)
     model = p.add_argument_group("model (a preset, then any field overridden)")
-    if family == "vit":
-        model.add_argument("--preset", choices=["fashion", "vit-base"],
-                           help="fashion (default): 6x128, patches of 4 px, 0.8M parameters; vit-base: 12x768")
-        model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
-        add_size_arguments(model)
-        model.add_argument("--pooling", choices=["cls", "mean"], help="the image vector: [CLS] (default) or mean")
-    else:
-        model.add_argument("--preset", choices=["fashion", "swin-tiny"],
-                           help="fashion (default): 2 stages (2+2 blocks), 48 wide, patches of 2 px, 7x7 windows, "
-                                "0.3M parameters; swin-tiny: 4 stages, 96 wide")
-        model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
-        model.add_argument("--d-model", type=COUNT, help="width of the first stage (doubles at every merge)")
-        model.add_argument("--depths", type=COUNT, nargs="+", help="blocks per stage, e.g. 2 2 6 2")
-        model.add_argument("--stage-heads", type=COUNT, nargs="+", help="attention heads per stage, e.g. 3 6 12 24")
-        model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (7)")
-        model.add_argument("--dropout", type=FRACTION)
-    add_training_arguments(p, VIT_DEFAULTS if family == "vit" else SWIN_DEFAULTS,
-                           batch=("--batch-size", "images per batch"))
+    model.add_argument("--preset", choices=["fashion", "vit-base"],
+                       help="fashion: 6x128, patches of 4 px, 0.8M parameters; vit-base: 12x768")
+    model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
+    add_size_arguments(model)
+    model.add_argument("--pooling", choices=["cls", "mean"], help="the image vector: [CLS] (default) or mean")
+    add_training_arguments(p, batch=("--batch-size", "images per batch"))
+    show_defaults(p, settings)
 
 
-def _classifier(family: str, s: dict, train):
-    from ..config import SwinConfig, ViTConfig
-    from ..models import SwinClassifier, ViTClassifier
-
-    overrides = {k: s[k] for k in MODEL_FIELDS[family] if s[k] is not None}
-    config_cls, model_cls = (ViTConfig, ViTClassifier) if family == "vit" else (SwinConfig, SwinClassifier)
-    return model_cls, config_cls.from_preset(s["preset"], **{**overrides, **_image_fields(train)})
-
-
-def train_image_classifier(args: argparse.Namespace) -> int:
-    family = args.command.split()[-1]
-    defaults = VIT_DEFAULTS if family == "vit" else SWIN_DEFAULTS
-    with _vision_run(args, defaults, args.command) as s:
-        return _train_image_classifier(args, s, family, defaults)
-
-
-def _train_image_classifier(args: argparse.Namespace, s: dict, family: str, defaults: dict) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..distributed import current
-    from ..footprint import build_model, padded_images
-    from ..images import channel_stats
-    from ..tasks.image_classify import ImageClassifyTask
-    from ..training import Trainer
-
-    out = Path(args.out)
-    opts = train_options(s, args, betas=(0.9, 0.999))
-    train, valid, test, flip, pad = _datasets(s)
-    if args.resume:
-        previous = load_checkpoint(out / "last")
-        cfg, mean, std = previous.model.config, previous.meta["mean"], previous.meta["std"]
-        model_cls = type(previous.model)
-    else:
-        model_cls, cfg = _classifier(family, s, train)
-        mean, std = channel_stats(train.pixels)
-    model = build_model(model_cls, cfg, training=True, batch=(s["batch_size"], None),
-                        inputs=padded_images(s["batch_size"], cfg, pad))
-    log.info("model: %s, %.2fM parameters", model_cls.__name__, model.num_parameters() / 1e6)
-    task = ImageClassifyTask(model, train, valid, batch_size=s["batch_size"], pad=pad, flip=flip, mean=mean, std=std,
-                             seed=s["seed"], meta={"command": args.command, "title": out.name,
-                                                   "args": {k: s[k] for k in defaults}})
-    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
-    if test is not None and not status and current().main:
-        best = load_checkpoint(out / "best")
-        accuracy = _accuracy(best, test)
-        print(f"test accuracy: {accuracy:.2%} on {len(test):,} {Path(s['test_data'] or s['data']).name} test images "
-              f"({out / 'best'})")
-    return status
+def add_swin_arguments(p: argparse.ArgumentParser, settings) -> None:
+    _add_data_arguments(p)
+    model = p.add_argument_group("model (a preset, then any field overridden)")
+    model.add_argument("--preset", choices=["fashion", "swin-tiny"],
+                       help="fashion: 2 stages (2+2 blocks), 48 wide, patches of 2 px, 7x7 windows, 0.3M "
+                            "parameters; swin-tiny: 4 stages, 96 wide")
+    model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
+    model.add_argument("--d-model", type=COUNT, help="width of the first stage (doubles at every merge)")
+    model.add_argument("--depths", type=COUNT, nargs="+", help="blocks per stage, e.g. 2 2 6 2")
+    model.add_argument("--stage-heads", type=COUNT, nargs="+", help="attention heads per stage, e.g. 3 6 12 24")
+    model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (the preset's)")
+    model.add_argument("--dropout", type=FRACTION)
+    add_training_arguments(p, batch=("--batch-size", "images per batch"))
+    show_defaults(p, settings)
 
 
-def _accuracy(ckpt, images) -> float:
-    from ..tasks.image_classify import predict_images
-
-    probs = predict_images(ckpt.model, images.pixels, mean=ckpt.meta["mean"], std=ckpt.meta["std"])
-    return (probs.argmax(-1) == images.labels).float().mean().item()
-
-
-# --- qkv train clip --------------------------------------------------------------------------------------------
-
-CLIP_DEFAULTS = dict(IMAGE_DEFAULTS, d_model=None, n_heads=None, n_layers=None, text_layers=None, projection_dim=None,
-                     vocab_size=1000, batch_size=256, lr=2e-3, warmup=200, weight_decay=0.1, eval_every=250)
-
-
-def _add_clip_arguments(p: argparse.ArgumentParser) -> None:
+def add_clip_arguments(p: argparse.ArgumentParser, settings) -> None:
     _add_data_arguments(p)
     model = p.add_argument_group("model (the fashion preset, then any field overridden)")
     model.add_argument("--patch-size", type=COUNT, help="image patches' side in pixels (4)")
@@ -202,81 +78,9 @@ def _add_clip_arguments(p: argparse.ArgumentParser) -> None:
     model.add_argument("--n-layers", type=COUNT, help="image encoder layers (4)")
     model.add_argument("--text-layers", type=COUNT, help="text encoder layers (2)")
     model.add_argument("--projection-dim", type=COUNT, help="width of the shared embedding space (64)")
-    model.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary learnt from the training captions (1000)")
-    add_training_arguments(p, CLIP_DEFAULTS, batch=("--batch-size", "image-caption pairs per batch"))
-
-
-def _clip_config(s: dict, train, vocab_size: int):
-    from ..config import CLIPConfig
-    from ..tokenizers import EOS_ID
-
-    shared = {k: s[k] for k in ("d_model", "n_heads") if s[k] is not None}
-    vision = {**shared, **_image_fields(train), "n_classes": None, "init": "xavier"}
-    for key in ("patch_size", "n_layers"):
-        if s[key] is not None:
-            vision[key] = s[key]
-    text = {**shared, "vocab_size": vocab_size, "eos_id": EOS_ID, "max_seq_len": 32, "init": "xavier"}
-    if s["text_layers"] is not None:
-        text["n_layers"] = s["text_layers"]
-    overrides = {"projection_dim": s["projection_dim"]} if s["projection_dim"] is not None else {}
-    return CLIPConfig.from_preset("fashion", vision=vision, text=text, **overrides)
-
-
-def train_clip(args: argparse.Namespace) -> int:
-    with _vision_run(args, CLIP_DEFAULTS, "train clip") as s:
-        return _train_clip(args, s)
-
-
-def _train_clip(args: argparse.Namespace, s: dict) -> int:
-    from ..checkpoint import load_checkpoint
-    from ..distributed import current
-    from ..footprint import build_model, padded_images
-    from ..images import channel_stats
-    from ..models import CLIP
-    from ..tasks.captions import CaptionSet
-    from ..tasks.contrastive import ContrastiveTask
-    from ..tokenizers import BPETokenizer
-    from ..training import Trainer
-
-    out = Path(args.out)
-    opts = train_options(s, args, betas=(0.9, 0.98))
-    train, valid, test, flip, pad = _datasets(s)
-    captions = CaptionSet.fashion() if s["data"] == "fashion-mnist" else CaptionSet.from_names(train.classes)
-    if args.resume:
-        previous = load_checkpoint(out / "last")
-        tokenizer, cfg = previous.tokenizers["text"], previous.model.config
-        mean, std = previous.meta["mean"], previous.meta["std"]
-    else:
-        tokenizer = BPETokenizer.train(captions.training_text(), vocab_size=s["vocab_size"], min_frequency=1)
-        cfg = _clip_config(s, train, tokenizer.vocab_size)
-        mean, std = channel_stats(train.pixels)
-    model = build_model(CLIP, cfg, training=True, batch=(s["batch_size"], None),
-                        inputs=padded_images(s["batch_size"], cfg.vision, pad))
-    log.info("model: CLIP, %.2fM parameters; %d training captions (%d templates), %d held-out templates, BPE "
-             "vocabulary %d", model.num_parameters() / 1e6, len(captions.training_text()),
-             len(captions.train_templates), len(captions.held_out_templates), tokenizer.vocab_size)
-    task = ContrastiveTask(model, tokenizer, captions, train, valid, batch_size=s["batch_size"], pad=pad, flip=flip,
-                           mean=mean, std=std, seed=s["seed"],
-                           meta={"command": "train clip", "title": out.name, "args": {k: s[k] for k in CLIP_DEFAULTS},
-                                 "held_out_wordings": list(captions.held_out_wordings)})
-    status = report(Trainer(task, opts, runtime=s["runtime"]).run(), out)
-    if test is not None and not status and current().main:
-        _clip_test_report(load_checkpoint(out / "best"), test, captions)
-    return status
-
-
-def _clip_test_report(ckpt, test, captions) -> None:
-    from ..tasks.contrastive import retrieval, zero_shot_accuracy
-
-    model, tokenizer, stats = ckpt.model, ckpt.tokenizers["text"], dict(mean=ckpt.meta["mean"], std=ckpt.meta["std"])
-    held = zero_shot_accuracy(model, tokenizer, test, captions.names, captions.held_out_templates, **stats)
-    seen = zero_shot_accuracy(model, tokenizer, test, captions.names, captions.train_templates, **stats)
-    words = zero_shot_accuracy(model, tokenizer, test, captions.held_out_wordings, captions.held_out_templates, **stats)
-    print(f"zero-shot test accuracy: {held:.2%} with the held-out templates, {seen:.2%} with the training ones, "
-          f"{words:.2%} with held-out wordings and templates ({len(test):,} images)")
-    recall = retrieval(model, tokenizer, test, captions, **stats)
-    print("retrieval on test images with held-out captions (a hit is the right class): "
-          + ", ".join(f"{k.replace('_', ' ')} {v:.2%}" for k, v in recall.items()))
+    model.add_argument("--vocab-size", type=COUNT, help="BPE vocabulary learnt from the training captions")
+    add_training_arguments(p, batch=("--batch-size", "image-caption pairs per batch"))
+    show_defaults(p, settings)
 
 
 # --- qkv classify-image / zero-shot ----------------------------------------------------------------------------
@@ -465,25 +269,3 @@ def add_commands(sub) -> None:
                     help="a prompt with {} for the label; repeat for more (default: the model's held-out templates)")
     _add_image_inputs(zs)
     zs.set_defaults(run=zero_shot_cmd)
-
-
-def vit_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="qkv train vit", description="Train a Vision Transformer to classify images, from scratch.")
-    _add_classifier_arguments(p, "vit")
-    p.set_defaults(run=train_image_classifier, command="train vit")
-    return p
-
-
-def swin_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="qkv train swin", description="Train a Swin Transformer to classify images, from scratch.")
-    _add_classifier_arguments(p, "swin")
-    p.set_defaults(run=train_image_classifier, command="train swin")
-    return p
-
-
-def clip_parser() -> argparse.ArgumentParser:
-    p = Parser(prog="qkv train clip",
-               description="Train a CLIP on labelled images with captions made from their labels, from scratch.")
-    _add_clip_arguments(p)
-    p.set_defaults(run=train_clip, command="train clip")
-    return p

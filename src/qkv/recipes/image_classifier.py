@@ -1,0 +1,84 @@
+"""``qkv train vit`` and ``qkv train swin``: an image classifier trained from scratch, scored on the test
+images when training ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .images import ImageRecipe, ImageSettings, image_fields
+
+
+@dataclass
+class ViTSettings(ImageSettings):
+    pooling: str | None = None
+
+
+@dataclass
+class SwinSettings(ImageSettings):
+    depths: list[int] | None = None
+    stage_heads: list[int] | None = None
+    window_size: int | None = None
+
+
+class ImageClassifierRecipe(ImageRecipe):
+    """A classifier of one family: its config and model classes and the fields the command line may set."""
+
+    fields: tuple[str, ...]
+
+    def setup(self) -> None:
+        self.datasets()
+        previous = self.resumed()
+        self.statistics(previous)
+        if previous is not None:
+            self.cfg, self.model_cls = previous.model.config, type(previous.model)
+            return
+        config_cls, self.model_cls = self.classes()
+        overrides = {k: getattr(self.s, k) for k in self.fields if getattr(self.s, k) is not None}
+        self.cfg = config_cls.from_preset(self.s.preset, **{**overrides, **image_fields(self.train)})
+
+    def task(self):
+        from ..footprint import padded_images
+        from ..tasks.image_classify import ImageClassifyTask
+
+        s = self.s
+        model = self.built(self.model_cls, self.cfg, batch=(s.batch_size, None),
+                           inputs=padded_images(s.batch_size, self.cfg, self.pad))
+        return ImageClassifyTask(model, self.train, self.valid, batch_size=s.batch_size, pad=self.pad, flip=self.flip,
+                                 mean=self.mean, std=self.std, seed=s.seed, meta=self.meta())
+
+    def finish(self) -> None:
+        """The best checkpoint's accuracy on the test images."""
+        from ..checkpoint import load_checkpoint
+        from ..tasks.image_classify import predict_images
+
+        if self.test is None:
+            return
+        best = load_checkpoint(self.out / "best")
+        probs = predict_images(best.model, self.test.pixels, mean=best.meta["mean"], std=best.meta["std"])
+        accuracy = (probs.argmax(-1) == self.test.labels).float().mean().item()
+        print(f"test accuracy: {accuracy:.2%} on {len(self.test):,} {self.test_name()} test images "
+              f"({self.out / 'best'})")
+
+
+class ViTRecipe(ImageClassifierRecipe):
+    name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
+    Settings = ViTSettings
+    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling")
+
+    def classes(self):
+        from ..config import ViTConfig
+        from ..models import ViTClassifier
+
+        return ViTConfig, ViTClassifier
+
+
+class SwinRecipe(ImageClassifierRecipe):
+    name, command, summary = "swin", "train swin", "a Swin Transformer image classifier, from scratch"
+    Settings = SwinSettings
+    fields = ("patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout")
+
+    def classes(self):
+        from ..config import SwinConfig
+        from ..models import SwinClassifier
+
+        return SwinConfig, SwinClassifier

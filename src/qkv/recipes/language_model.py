@@ -1,0 +1,112 @@
+"""``qkv train lm``: a GPT language model (GPT-2 or LLaMA style) trained on text, with a character or
+byte-level BPE vocabulary learnt from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import VOCAB_MULTIPLE, Recipe
+from .settings import TrainingSettings
+
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+
+
+@dataclass
+class LMSettings(TrainingSettings):
+    text: list[str] | None = None
+    valid_text: list[str] | None = None
+    valid_fraction: float = 0.1
+    tokenizer: str = "char"
+    vocab_size: int = 4000
+    preset: str = "mini"
+    style: str = "gpt2"
+    d_model: int | None = None
+    n_heads: int | None = None
+    n_layers: int | None = None
+    d_ff: int | None = None
+    dropout: float | None = None
+    context: int | None = None
+    batch_size: int = 32
+    lr: float | None = 1e-3
+    warmup: int = 200
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    eval_every: int = 250
+    eval_windows: int | None = None
+
+
+def eval_windows(s: LMSettings, world: int = 1) -> int | None:
+    """--eval-windows, or the default that bounds evaluation's share of the run: a forward pass costs about a
+    third of a training step, so 0.3 x eval_every steps' windows (of all ``world`` processes) take about 10% of
+    the time between two validations. None: every window."""
+    if s.eval_windows is not None:
+        return s.eval_windows or None
+    return max(1, 3 * s.eval_every * s.batch_size * s.accum * world // 10)
+
+
+def model_config(s: LMSettings, vocab_size: int):
+    """A new model's config: the preset, the style's fields, then those given on the command line."""
+    from ..config import GPTConfig
+
+    overrides = {k: getattr(s, k) for k in MODEL_FIELDS if getattr(s, k) is not None}
+    if s.context is not None:
+        overrides["max_seq_len"] = s.context
+    style = GPTConfig.PRESETS["llama"] if s.style == "llama" else {}
+    preset = {k: v for k, v in GPTConfig.PRESETS[s.preset].items() if k != "vocab_size"}
+    return GPTConfig(**{**preset, **style, **overrides, "vocab_size": vocab_size, "pad_id": None,
+                        "vocab_multiple": VOCAB_MULTIPLE})
+
+
+class LanguageModelRecipe(Recipe):
+    name, command, summary = "lm", "train lm", "a GPT language model on text"
+    Settings = LMSettings
+    paths = ("text", "valid_text")
+    betas = (0.9, 0.95)
+
+    def setup(self) -> None:
+        from ..data import read_text
+        from ..tasks.language_model import read_corpus, split_text
+        from ..tokenizers import train_tokenizer
+
+        s = self.s
+        if not s.text:
+            raise ValueError("no training text: give --text FILE [FILE ...]")
+        if self.args.vocab_size is not None and s.tokenizer == "char":
+            raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the "
+                             "text")
+        text = read_corpus(s.text)
+        if s.valid_text:
+            self.train_text, self.valid_text = text, "".join(read_text(p) for p in s.valid_text)
+        else:
+            self.train_text, self.valid_text = split_text(text, s.valid_fraction)
+        previous = self.resumed()
+        if previous is not None:
+            self.tokenizer, self.cfg = previous.tokenizers["text"], previous.model.config
+        else:
+            lines = [self.train_text] if s.tokenizer == "char" else self.train_text.splitlines(keepends=True)
+            self.tokenizer = train_tokenizer(s.tokenizer, lines, vocab_size=s.vocab_size, byte_level=True)
+            self.cfg = model_config(s, self.tokenizer.vocab_size)
+
+    def task(self):
+        from .. import GPT
+        from ..distributed import current
+        from ..tasks.language_model import LanguageModelTask, encode_text
+
+        s, tokenizer = self.s, self.tokenizer
+        train_ids, valid_ids = encode_text(tokenizer, self.train_text), encode_text(tokenizer, self.valid_text)
+        self.model = self.built(GPT, self.cfg, batch=(s.batch_size, self.cfg.max_seq_len),
+                                what=f"; {len(train_ids):,} tokens for training, {len(valid_ids):,} for validation "
+                                     f"({tokenizer.kind} tokenizer, vocabulary {tokenizer.vocab_size})")
+        return LanguageModelTask(self.model, tokenizer, train_ids, valid_ids, context=self.cfg.max_seq_len,
+                                 batch_size=s.batch_size, seed=s.seed, eval_windows=eval_windows(s, current().world),
+                                 meta=self.meta())
+
+    def finish(self) -> None:
+        """A sample of what the model learnt, from the first character or word of the text."""
+        from ..generation import Sampling
+        from ..tasks.language_model import complete
+
+        prompt = self.train_text[:1] if self.tokenizer.kind == "char" else self.train_text.split()[0]
+        sample = complete(self.model, self.tokenizer, [prompt], max_new_tokens=200,
+                          sampling=Sampling(temperature=0.8), seed=self.s.seed)[0]
+        print(f"sample (temperature 0.8):\n{prompt}{sample}")
