@@ -215,8 +215,8 @@ def test_embed_refuses_stdin_that_is_not_utf8_before_loading_a_model(tmp_path):
 def test_a_pipe_given_as_a_training_file_keeps_its_name():
     """`qkv train --src <(zcat train.de.gz)`: the option names /dev/fd/N, a pipe, which resolving would turn into
     /proc/PID/fd/pipe:[N], a name nothing can open ("no such file")."""
-    from qkv.recipes.settings import merged_settings
     from qkv.data import read_lines
+    from qkv.recipes.settings import merged_settings
 
     read, write = os.pipe()
     try:

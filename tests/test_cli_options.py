@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from qkv.cli import build_parser, parse
-from qkv.cli.train import parsers
 from qkv.cli.numbers import integer, real
+from qkv.cli.train import parsers
 
 R = ["train", "--out", "r"]
 REFUSED = [

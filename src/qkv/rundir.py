@@ -11,7 +11,7 @@ The rules, all applied by :func:`claim` before anything is written:
 * One process at a time. ``claim`` takes an exclusive lock on ``.qkv-run`` (``flock``). The kernel releases
   it when the process ends, however it ends (kill -9 included), so a crashed run never leaves it stuck.
 * Once within a process. Whoever starts the run claims its directory, once: a command for its whole run, before
-  it reads data (:func:`qkv.cli.common.training_run`); a library caller's :class:`qkv.training.Trainer` for its
+  it reads data (:meth:`qkv.recipes.base.Recipe.run`); a library caller's :class:`qkv.training.Trainer` for its
   ``run()``, which claims only a directory that this process does not hold already (:func:`holds`). A second
   claim of a held directory is a mistake in the program, and an error.
 * A new run goes only into a new or empty directory, or into one that an earlier qkv run left without a model

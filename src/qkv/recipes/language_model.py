@@ -64,21 +64,14 @@ class LanguageModelRecipe(Recipe):
     betas = (0.9, 0.95)
 
     def setup(self) -> None:
-        from ..data import read_text
-        from ..tasks.language_model import read_corpus, split_text
+        from ..tasks.language_model import training_text
         from ..tokenizers import train_tokenizer
 
         s = self.s
-        if not s.text:
-            raise ValueError("no training text: give --text FILE [FILE ...]")
-        if self.args.vocab_size is not None and s.tokenizer == "char":
+        if s.text and self.args.vocab_size is not None and s.tokenizer == "char":
             raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the "
                              "text")
-        text = read_corpus(s.text)
-        if s.valid_text:
-            self.train_text, self.valid_text = text, "".join(read_text(p) for p in s.valid_text)
-        else:
-            self.train_text, self.valid_text = split_text(text, s.valid_fraction)
+        self.train_text, self.valid_text = training_text(s.text, s.valid_text, s.valid_fraction)
         previous = self.resumed()
         if previous is not None:
             self.tokenizer, self.cfg = previous.tokenizers["text"], previous.model.config

@@ -22,17 +22,10 @@ class MaskedLMRecipe(EncoderRecipe):
     scratch_lr = 5e-4
 
     def setup(self) -> None:
-        from ..data import read_text
-        from ..tasks.language_model import read_corpus, split_text
+        from ..tasks.language_model import training_text
 
         s = self.s
-        if not s.text:
-            raise ValueError("no training text: give --text FILE [FILE ...]")
-        text = read_corpus(s.text)
-        if s.valid_text:
-            self.train_text, self.valid_text = text, "\n".join(read_text(p) for p in s.valid_text)
-        else:
-            self.train_text, self.valid_text = split_text(text, s.valid_fraction)
+        self.train_text, self.valid_text = training_text(s.text, s.valid_text, s.valid_fraction, sep="\n")
         previous = self.resumed()
         if previous is not None:
             self.tokenizer, self.cfg = previous.tokenizers["text"], previous.model.config

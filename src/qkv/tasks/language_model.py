@@ -46,6 +46,18 @@ def split_text(text: str, valid_fraction: float) -> tuple[str, str]:
     return text[:cut], text[cut:]
 
 
+def training_text(paths: Sequence[str], valid_paths: Sequence[str] | None, valid_fraction: float, *,
+                  sep: str = "") -> tuple[str, str]:
+    """(training, validation) text: the files of ``paths`` (:func:`read_corpus`), and for validation the files of
+    ``valid_paths`` joined by ``sep``, else the last ``valid_fraction`` of the text (:func:`split_text`)."""
+    if not paths:
+        raise ValueError("no training text: give --text FILE [FILE ...]")
+    text = read_corpus(paths)
+    if valid_paths:
+        return text, sep.join(read_text(p) for p in valid_paths)
+    return split_text(text, valid_fraction)
+
+
 def encode_text(tokenizer: Tokenizer, text: str) -> Tensor:
     """A long text as one id stream. A subword tokenizer encodes it line by line, in parallel (a byte-level BPE
     keeps the line ends, so nothing is lost)."""
