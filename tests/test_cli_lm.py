@@ -72,11 +72,11 @@ needs_smollm2 = pytest.mark.skipif(
 
 @needs_smollm2
 def test_smollm2_continues_a_prompt_and_chats(tmp_path):
-    """On int4 weights by default, as it says; --quantize none runs the fp32 weights."""
+    """On the file's 4-bit weights by default (int4), as it says; --quantize none runs fp32 weights."""
     proc = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
                   "8", cwd=tmp_path))
     assert proc.stdout.startswith("The capital of France is") and "Paris" in proc.stdout
-    assert "int4 weights" in proc.stderr
+    assert "weights kept quantized (" in proc.stderr and "Q4_1 -> int4 as stored" in proc.stderr
     fp32 = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
                   "8", "--quantize", "none", cwd=tmp_path))
     assert "Paris" in fp32.stdout and "weights" not in fp32.stderr

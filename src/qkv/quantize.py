@@ -356,6 +356,34 @@ class Int4Linear(QuantizedLinear):
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
+class QuantizedEmbedding(nn.Module):
+    """An embedding table held as an :class:`Int8Linear`'s codes and scales: row ``i`` is ``s_i · q_i``, looked up
+    and widened to fp32 as it is read. A model whose output layer is its embedding table (tied) passes that
+    layer, so one 8-bit copy serves both the lookup and the logits.
+
+    Shape:
+        ids ``(...)`` -> ``(..., embedding_dim)`` fp32.
+    """
+
+    def __init__(self, table: Int8Linear) -> None:
+        super().__init__()
+        self.table = table
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.table.out_features
+
+    @property
+    def embedding_dim(self) -> int:
+        return self.table.in_features
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return self.table.codes[ids].float() * self.table.scales[ids].float().unsqueeze(-1)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8"
+
+
 def quantize_linear(linear: nn.Linear, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
                     outlier_columns: Tensor | None = None) -> QuantizedLinear:
     """``linear`` quantized to ``mode`` (a format of :data:`FORMATS`), its ``outlier_columns`` kept in fp32;

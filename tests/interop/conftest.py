@@ -47,11 +47,11 @@ def smollm2_file() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_file):
-    """qkv's SmolLM2: ``load_pretrained("smollm2")``."""
+    """qkv's SmolLM2 in float32 layers, as transformers holds it: ``load_pretrained("smollm2", gguf_mode="none")``
+    (the form whose logits must equal transformers'; the quantized one is compared with this one)."""
     from qkv.interop import load_pretrained
 
-    with _one_parse_per_file():
-        return load_pretrained("smollm2")
+    return load_pretrained("smollm2", gguf_mode="none")
 
 
 @pytest.fixture(scope="session")

@@ -27,115 +27,24 @@ from qkv.interop import (
     unpermute_rope_rows,
 )
 from qkv.interop import gguf as qkv_gguf
+from qkv.interop.gguf_layers import load_quantized_gpt
+from qkv.quantize import QuantizedEmbedding
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 transformers = pytest.importorskip("transformers")
 
-N_HEADS, N_KV_HEADS, D_MODEL = 4, 2, 32
-
-
-# ---------------------------------------------------------------------------------------- tiny GGUF files
-
-
-def llama_cpp_permute(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """What llama.cpp's convert_hf_to_gguf.py (``LlamaModel.permute``) does to q_proj and k_proj rows."""
-    rows, d_in = weight.shape
-    return weight.reshape(n_heads, 2, rows // n_heads // 2, d_in).swapaxes(1, 2).reshape(rows, d_in)
-
-
-def byte_alphabet() -> list[str]:
-    from tokenizers import pre_tokenizers
-
-    return sorted(pre_tokenizers.ByteLevel.alphabet())
-
-
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-MERGES = ["Ġ t", "h e", "Ġt he"]
-TOKENS = SPECIALS + byte_alphabet() + ["Ġt", "he", "Ġthe"]
-VOCAB = len(TOKENS)
-
-
-def tiny_llama(*, tie: bool):
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
-        num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
-        tie_word_embeddings=tie, attn_implementation="eager",
-    )
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():  # away from the initial values (norm gains of 1), so a swapped tensor shows
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
-    return model.eval()
-
-
-def gguf_tensors(model, *, matrices: str = "F32") -> dict[str, np.ndarray]:
-    """The model's tensors under GGUF names, q/k permuted, 2-D weights stored as ``matrices`` (F32 or F16).
-
-    With F16, the transformers model's weights are rounded in place too, so both sides hold the same values.
-    """
-    layer_names = {
-        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    }
-    out = {}
-    for name, param in model.named_parameters():  # a tied lm_head is not listed: llama.cpp writes no output
-        if matrices == "F16" and param.dim() == 2:
-            with torch.no_grad():
-                param.copy_(param.half().float())
-        weight = param.detach()
-        if name == "model.embed_tokens.weight":
-            key = "token_embd.weight"
-        elif name == "model.norm.weight":
-            key = "output_norm.weight"
-        elif name == "lm_head.weight":
-            key = "output.weight"
-        else:
-            _, _, layer, module = name.removesuffix(".weight").split(".", 3)
-            key = f"blk.{layer}.{layer_names[module]}.weight"
-            if module == "self_attn.q_proj":
-                weight = llama_cpp_permute(weight, N_HEADS)
-            elif module == "self_attn.k_proj":
-                weight = llama_cpp_permute(weight, N_KV_HEADS)
-        array = weight.numpy()
-        out[key] = array.astype(np.float16) if matrices == "F16" and array.ndim == 2 else array
-    return out
-
-
-def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, **metadata):
-    """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys."""
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(2)
-    writer.add_context_length(64)
-    writer.add_embedding_length(D_MODEL)
-    writer.add_feed_forward_length(64)
-    writer.add_head_count(N_HEADS)
-    writer.add_head_count_kv(N_KV_HEADS)
-    writer.add_rope_freq_base(500.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    if tokenizer:
-        writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("smollm")
-        writer.add_token_list(TOKENS)
-        writer.add_token_merges(MERGES)
-        writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (VOCAB - 3))
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-    if chat_template is not None:
-        writer.add_chat_template(chat_template)
-    for key, value in metadata.items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_uint32(key, value)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+import tiny_gguf  # noqa: E402
+from tiny_gguf import (  # noqa: E402
+    D_MODEL,
+    MERGES,
+    TOKENS,
+    VOCAB,
+    gguf_tensors,
+    llama_cpp_permute,
+    tiny_llama,
+    write_gguf,
+)
 
 
 @pytest.fixture
@@ -175,13 +84,18 @@ def test_read_gguf_dequantizes_to_float32_in_torch_layout(tiny):
 # ---------------------------------------------------------------------------------- tiny model parity
 
 
+def _fp32_layers(path):
+    return load_quantized_gpt(path, mode="none")[0]
+
+
 @pytest.mark.parametrize("tie", [False, True])
 @pytest.mark.parametrize("matrices", ["F32", "F16"])
-def test_tiny_llama_gguf_logits_and_greedy_match_transformers(tmp_path, tie, matrices):
+@pytest.mark.parametrize("load", [load_gpt_from_gguf, _fp32_layers], ids=["reference", "layer-by-layer"])
+def test_tiny_llama_gguf_logits_and_greedy_match_transformers(tmp_path, tie, matrices, load):
     hf = tiny_llama(tie=tie)
     tensors = gguf_tensors(hf, matrices=matrices)
     assert ("output.weight" in tensors) != tie
-    model = load_gpt_from_gguf(write_gguf(tmp_path / "tiny.gguf", tensors))
+    model = load(write_gguf(tmp_path / "tiny.gguf", tensors))
     cfg = model.config
     assert (cfg.n_heads, cfg.n_kv_heads, cfg.rope_base, cfg.tie_embeddings) == (4, 2, 500.0, tie)
     assert cfg.norm_eps == pytest.approx(1e-5)  # stored as float32 in the file
@@ -206,7 +120,7 @@ def test_load_pretrained_gguf_file_brings_tokenizer_and_chat_template(tiny, tmp_
     path = write_gguf(tmp_path / "chatty.gguf", gguf_tensors(hf), chat_template="{{ messages }}")
     pretrained = load_pretrained(path)
     assert pretrained.name == "chatty" and pretrained.chat_template == "{{ messages }}"
-    assert not pretrained.model.training and pretrained.model.tok_emb.weight.dtype == torch.float32
+    assert not pretrained.model.training and isinstance(pretrained.model.tok_emb, QuantizedEmbedding)  # at rest
     tok = pretrained.tokenizer
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, None, VOCAB)
     assert tok.stop_ids == {0, 2}  # eos, and <|endoftext|> is an end marker too
@@ -437,7 +351,7 @@ def test_weights_that_are_not_finite_are_refused(tiny, tmp_path):
 def test_merges_that_name_unknown_tokens_are_one_line_errors_naming_the_file(tiny, tmp_path, monkeypatch, merge,
                                                                              message):
     hf, _ = tiny
-    monkeypatch.setitem(globals(), "MERGES", [*MERGES, merge])  # what write_gguf stores
+    monkeypatch.setattr(tiny_gguf, "MERGES", [*MERGES, merge])  # what write_gguf stores
     path = write_gguf(tmp_path / "merges.gguf", gguf_tensors(hf))
     with pytest.raises(ValueError, match=rf"merges\.gguf: {message}") as err:
         load_pretrained(path)

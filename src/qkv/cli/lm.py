@@ -94,12 +94,12 @@ def load_lm(args: argparse.Namespace, device):
     if args.pretrained:
         from ..interop import load_pretrained
 
-        pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()))
+        # A GGUF file's weights stay quantized as they are stored (on a CPU, whose kernels qkv's layers use)
+        gguf_mode = args.quantize or ("auto" if device.type == "cpu" else "none")
+        pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()),
+                              gguf_mode=gguf_mode)
         stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
-        # int4 (output layer int8): the fastest, and on SmolLM2, whose weights are 4-bit in the file, closer to
-        # fp32 than int8 (README: quality of quantized weights)
-        default = "int4" if args.pretrained == "smollm2" else "none"
-        return place(pre.model, device, args, quantize=default), pre.tokenizer, stops, pre.chat_template
+        return place(pre.model, device, args), pre.tokenizer, stops, pre.chat_template
     from ..checkpoint import load_checkpoint, resolve
     from ..tokenizers import load_tokenizer
 

@@ -111,18 +111,7 @@ def read_gguf(path: str | Path, *, check_metadata: Callable[[dict[str, Any]], No
     """
     gguf = _import_gguf()
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no GGUF file at {path}")
-    _check_counts(path)
-    try:
-        reader = gguf.GGUFReader(path)
-        # contents() turns the reader's raw numpy views into Python values; "GGUF.*" are the reader's own
-        # bookkeeping (version, counts), not the model's metadata.
-        metadata = {key: f.contents() for key, f in reader.fields.items() if not key.startswith("GGUF.")}
-    except Exception as err:  # a bad magic number, a truncated table, ...: either way not a usable file
-        # the reader's messages can span lines; the CLI prints one
-        raise ValueError(f"{path} is not a readable GGUF file (damaged or truncated?): {' '.join(str(err).split())}"
-                         ) from None
+    reader, metadata = open_gguf(path)
     if check_metadata is not None:
         check_metadata(metadata)
 
@@ -146,6 +135,28 @@ def read_gguf(path: str | Path, *, check_metadata: Callable[[dict[str, Any]], No
     check_finite(tensors.items(), f"{path} holds", "the file is damaged or was badly converted; use another copy")
     logger.info("read %d tensors (%s) from %s", len(tensors), ", ".join(sorted(set(tensor_types.values()))), path)
     return GGUFContents(path=path, metadata=metadata, tensors=tensors, tensor_types=tensor_types)
+
+
+def open_gguf(path: str | Path):
+    """``(header, metadata)`` of a GGUF file: its tensors are views of the file through a memory map, nothing
+    read until used (see :mod:`qkv.interop.gguf_file`), and the metadata as Python values.
+
+    Raises:
+        ValueError: the file is missing or not a readable GGUF file, or the ``gguf`` package is not installed.
+    """
+    from .gguf_file import read_gguf_header
+
+    _import_gguf()
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no GGUF file at {path}")
+    _check_counts(path)
+    try:
+        header = read_gguf_header(path)
+    except (ValueError, UnicodeDecodeError, struct.error) as err:  # a bad magic number, a truncated table, ...
+        raise ValueError(f"{path} is not a readable GGUF file (damaged or truncated?): {' '.join(str(err).split())}"
+                         ) from None
+    return header, header.metadata
 
 
 # The least a metadata entry takes (key length, value type, one byte of value) and a tensor's description
@@ -448,6 +459,7 @@ __all__ = [
     "hf_config_from_gguf",
     "hf_state_dict_from_gguf",
     "load_gpt_from_gguf",
+    "open_gguf",
     "read_gguf",
     "tokenizer_from_gguf",
     "unpermute_rope_rows",

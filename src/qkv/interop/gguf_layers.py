@@ -1,0 +1,272 @@
+"""A GGUF file's tensors straight into qkv's layers: quantized at rest, one tensor at a time.
+
+:func:`~qkv.interop.gguf.load_gpt_from_gguf` dequantizes every tensor to float32 and loads the model as a
+Hugging Face checkpoint: the reference path, exact to what any other reader computes from the file, and four
+to eight times the file's size in memory. This module builds the same model without that copy. The file is
+read through a memory map; each weight matrix goes from its blocks into the layer that holds it, a few hundred
+rows at a time, and the float32 model is never made:
+
+==========================  ==============================  ============================================
+stored as                   ``mode="auto"`` (the default)   what that costs
+==========================  ==============================  ============================================
+Q4_0, Q4_1, Q4_K            int4, groups of 32: the codes   the scales and zero points rounded to bf16
+                            taken over as they are          (at most 2⁻⁹ of each, see
+                                                            :mod:`qkv.interop.ggml_blocks`)
+Q8_0, Q5_K, Q6_K, F16,      int8 per output row,            half an int8 step of the row's largest
+BF16, F32 (matrices)        quantized again                 weight (about 0.2% of it)
+token embedding             int8 per row (shared with the   as int8; the lookup widens one row a token
+                            output layer when tied)
+norms, biases               fp32                            none
+==========================  ==============================  ============================================
+
+``mode="int4"`` quantizes every matrix to int4 (the 4-bit formats as above, the others again from their
+values); ``"int8"`` every matrix to int8; ``"none"`` builds float32 layers, the reference path's numbers in its
+memory. As :func:`qkv.quantize.quantize` does, the output layer is int8 in every quantized mode, with its
+largest logits recomputed in fp32, and the Q, K, V projections (and the gate and up projections) are stacked
+into one layer each, built from the file's rows directly.
+
+The configuration, the names and the shapes are checked by the same strict converter as the reference path,
+run on tensors that hold shapes only, before any weight is read; the memory the layers will take is checked
+against the machine's next.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..checkpoint import check_finite
+from ..footprint import check_fits
+from ..models import GPT
+from ..models.common import skip_init
+from ..nn import StackedFeedForward, StackedSelfAttention
+from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, pack_nibbles
+from .ggml_blocks import GROUP, REPACKED, dequantized_rows, int4_groups
+from .gguf import GGUFContents, hf_config_from_gguf, hf_state_dict_from_gguf, open_gguf
+from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "int4", "int8", "none")
+CHUNK_ROWS = 512  # rows decoded at once: a layer's float32 rows never all exist together
+
+
+class _Source:
+    """One GGUF tensor and the order its rows go in (llama.cpp's rotary reordering of Q and K undone)."""
+
+    def __init__(self, tensor: Any, heads: int | None = None) -> None:
+        self.name, self.kind, self.tensor = tensor.name, tensor.tensor_type.name, tensor
+        self.rows, self.inputs = tensor.data.shape[0], int(tensor.shape[0])
+        self.order = np.arange(self.rows) if heads is None else _unpermuted_order(self.rows, heads)
+
+    def raw(self, rows: np.ndarray) -> np.ndarray:
+        """The stored bytes of ``rows``, in the model's order (a copy: only these pages of the file are read)."""
+        return self.tensor.data[self.order[rows]]
+
+    def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """``(first row, float32 rows)`` chunk by chunk, checked finite."""
+        for start in range(0, self.rows, CHUNK_ROWS):
+            rows = np.arange(start, min(start + CHUNK_ROWS, self.rows))
+            values = dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type).reshape(len(rows), -1)
+            yield start, torch.from_numpy(values)
+
+
+def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
+    """Which stored row each model row is: the inverse of llama.cpp's pairing of rotary rows (see
+    :func:`~qkv.interop.gguf.unpermute_rope_rows`, applied here to row numbers instead of rows)."""
+    from .gguf import unpermute_rope_rows
+
+    return unpermute_rope_rows(torch.arange(rows, dtype=torch.float64)[:, None], heads)[:, 0].long().numpy()
+
+
+def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, dict[str, Any]]:
+    """A :class:`GPT` from a LLaMA-architecture GGUF file, its weights quantized at rest (see the module's text).
+
+    Args:
+        path: the ``.gguf`` file.
+        mode: "auto" (each matrix as close to its stored form as qkv's layers hold it), "int4", "int8" or
+            "none" (float32).
+
+    Returns:
+        The model in eval mode, and the file's metadata (the tokenizer and chat template are made of it).
+
+    Raises:
+        ValueError: as :func:`~qkv.interop.gguf.read_gguf` and the strict converter do; an unknown mode; layers
+            that would not fit in the memory available; a weight that is not finite (named).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r} for a GGUF file; choose one of {', '.join(MODES)}")
+    path = Path(path)
+    header, metadata = open_gguf(path)
+    tensors = {t.name: t for t in header.tensors}
+    cfg = _checked_config(path, metadata, tensors)
+    heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads or cfg.n_heads}
+    builder = _Builder(path, mode, tensors, heads)
+    check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
+    with skip_init():  # every weight is set from the file below; untouched memory is never resident
+        model = GPT(cfg)
+    try:
+        builder.fill(model)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    if mode != "none":
+        log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
+    return model.eval(), metadata
+
+
+def _checked_config(path: Path, metadata: dict, tensors: dict):
+    """The model's config, after the strict converter has checked every name and shape on shape-only tensors."""
+    shapes = {name: torch.empty(tuple(reversed([int(n) for n in t.shape])), device="meta")
+              for name, t in tensors.items()}
+    contents = GGUFContents(path=path, metadata=metadata, tensors=shapes,
+                            tensor_types={name: t.tensor_type.name for name, t in tensors.items()})
+    hf_config = hf_config_from_gguf(contents)
+    cfg = gpt_config_from_hf(hf_config)
+    try:
+        gpt_state_dict_from_hf(hf_state_dict_from_gguf(contents, hf_config), cfg, "llama")
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    return cfg
+
+
+class _Builder:
+    """Makes each of a model's layers from its GGUF tensors."""
+
+    def __init__(self, path: Path, mode: str, tensors: dict, heads: dict[str, int]) -> None:
+        self.path, self.mode, self.tensors, self.heads = path, mode, tensors, heads
+        self.made: Counter[str] = Counter()  # "Q4_1 -> int4 as stored": tensors of each kind, for the log
+
+    def summary(self) -> str:
+        """What the file's tensors became, e.g. "210 Q4_1 -> int4 as stored, 1 Q8_0 -> int8 per row"."""
+        return ", ".join(f"{n} {what}" for what, n in sorted(self.made.items()))
+
+    def source(self, name: str) -> _Source:
+        kind = name.split(".")[-2]
+        return _Source(self.tensors[name], self.heads.get(kind))
+
+    def format(self, sources: list[_Source], *, output: bool = False) -> str:
+        """What a layer from ``sources`` becomes: "int4", "int8" or "none"."""
+        if self.mode == "none":
+            return "none"
+        if output or self.mode == "int8":
+            return "int8"
+        if self.mode == "int4" or all(s.kind in REPACKED for s in sources):
+            return "int4"
+        return "int8"
+
+    def bytes_needed(self, cfg) -> int:
+        """What the model's layers will take: codes and scales by format, fp32 for the rest."""
+        d, d_kv, d_ff, vocab = cfg.d_model, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim, cfg.d_ff, cfg.vocab_size
+        per_weight = {"int4": 0.5 + 4 / GROUP, "int8": 1.0, "none": 4.0}
+        layer = 0.0
+        for names, shape in ((("attn_q", "attn_k", "attn_v"), (d + 2 * d_kv) * d), (("attn_output",), d * d),
+                             (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
+            sources = [self.source(f"blk.0.{n}.weight") for n in names]
+            layer += per_weight[self.format(sources)] * shape
+        tables = 1 if "output.weight" not in self.tensors else 2
+        table = per_weight["none" if self.mode == "none" else "int8"] * vocab * d
+        return int(cfg.n_layers * (layer + 8 * d) + tables * table)
+
+    def fill(self, model: GPT) -> None:
+        for i, layer in enumerate(model.decoder.layers):
+            self._fill_layer(layer, f"blk.{i}")
+        _set_norm(model.decoder.norm, self.source("output_norm.weight"))
+        embedding = self.source("token_embd.weight")
+        if self.mode == "none":
+            _copy_rows(model.tok_emb.weight, embedding)
+            if "output.weight" in self.tensors:
+                _copy_rows(model.lm_head.weight, self.source("output.weight"))
+            return
+        table = self.linear([embedding], "int8")
+        model.tok_emb = QuantizedEmbedding(table)
+        output = table if "output.weight" not in self.tensors else self.linear([self.source("output.weight")], "int8")
+        output.exact_largest = True
+        model.lm_head = output
+
+    def _fill_layer(self, layer: nn.Module, prefix: str) -> None:
+        _set_norm(layer.self_attn_norm, self.source(f"{prefix}.attn_norm.weight"))
+        _set_norm(layer.ffn_norm, self.source(f"{prefix}.ffn_norm.weight"))
+        attention, ffn = layer.self_attn, layer.feed_forward
+        qkv = [self.source(f"{prefix}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v")]
+        gate_up = [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
+        out, down = [self.source(f"{prefix}.attn_output.weight")], [self.source(f"{prefix}.ffn_down.weight")]
+        if self.mode == "none":
+            for module, sources in ((attention.q_proj, qkv[:1]), (attention.k_proj, qkv[1:2]),
+                                    (attention.v_proj, qkv[2:]), (attention.out_proj, out), (ffn.gate, gate_up[:1]),
+                                    (ffn.up, gate_up[1:]), (ffn.down, down)):
+                _copy_rows(module.weight, sources[0])
+            return
+        attention.out_proj = self.linear(out, self.format(out))
+        layer.self_attn = StackedSelfAttention.from_attention(attention, self.linear(qkv, self.format(qkv)))
+        ffn.down = self.linear(down, self.format(down))
+        layer.feed_forward = StackedFeedForward.from_feed_forward(ffn, self.linear(gate_up, self.format(gate_up)))
+
+    def linear(self, sources: list[_Source], fmt: str) -> QuantizedLinear:
+        """One quantized layer whose rows are those of ``sources``, in order."""
+        inputs, rows = sources[0].inputs, sum(s.rows for s in sources)
+        repack = fmt == "int4" and all(s.kind in REPACKED for s in sources)
+        for source in sources:
+            self.made[f"{source.kind} -> {fmt} {'as stored' if repack else 'quantized again'}"] += 1
+        if repack:
+            return _repacked(sources, inputs, rows)
+        layer = Int4Linear(inputs, rows, group_size=GROUP) if fmt == "int4" else Int8Linear(inputs, rows)
+        offset = 0
+        for source in sources:
+            for start, values in source.chunks():
+                check_finite([(source.name, values)], f"{self.path} holds", "the file is damaged")
+                _encode_rows(layer, offset + start, values)
+            offset += source.rows
+        return layer
+
+
+def _repacked(sources: list[_Source], inputs: int, rows: int) -> Int4Linear:
+    """An int4 layer holding the 4-bit codes of ``sources`` as they are (see :mod:`qkv.interop.ggml_blocks`)."""
+    layer = Int4Linear(inputs, rows, group_size=GROUP)
+    offset = 0
+    for source in sources:
+        for start in range(0, source.rows, CHUNK_ROWS):
+            chunk = np.arange(start, min(start + CHUNK_ROWS, source.rows))
+            codes, scales, zeros = int4_groups(source.kind, source.raw(chunk))
+            at = slice(offset + start, offset + start + len(chunk))
+            scales, zeros = torch.from_numpy(scales), torch.from_numpy(zeros)
+            check_finite([(source.name, torch.cat([scales, zeros]))], "the GGUF file holds", "the file is damaged")
+            layer.codes[at] = pack_nibbles(torch.from_numpy(codes))
+            layer.scales[at], layer.zeros[at] = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+        offset += source.rows
+    return layer
+
+
+def _encode_rows(layer: QuantizedLinear, start: int, values: Tensor) -> None:
+    """Rows ``start ...`` of ``layer`` encoded from their float32 ``values``: each row's codes and scales depend
+    on that row alone, so a layer is encoded a chunk at a time."""
+    part = type(layer)(layer.in_features, len(values), **({"group_size": layer.group_size}
+                                                           if isinstance(layer, Int4Linear) else {}))
+    part._encode(values)
+    at = slice(start, start + len(values))
+    for name, buffer in part.named_buffers():
+        getattr(layer, name)[at] = buffer
+
+
+def _copy_rows(weight: Tensor, source: _Source) -> None:
+    with torch.no_grad():
+        for start, values in source.chunks():
+            check_finite([(source.name, values)], "the GGUF file holds", "the file is damaged")
+            weight[start : start + len(values)] = values
+
+
+def _set_norm(norm: nn.Module, source: _Source) -> None:
+    values = torch.from_numpy(dequantized_rows(source.kind, source.raw(np.arange(source.rows)),
+                                               source.tensor.tensor_type).copy())
+    check_finite([(source.name, values)], "the GGUF file holds", "the file is damaged")
+    with torch.no_grad():
+        norm.weight.copy_(values.reshape(norm.weight.shape))
+
+
+__all__ = ["MODES", "load_quantized_gpt"]
