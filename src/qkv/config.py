@@ -102,8 +102,12 @@ class ModelConfig(Config):
         norm_eps: the epsilon of the norms.
         activation: feed-forward activation: relu, gelu, gelu_tanh, quick_gelu, silu or swiglu.
         bias: biases in the linear layers (and LayerNorm shift).
+        qkv_bias: biases in the query, key and value projections alone (None: as ``bias``; Qwen2 has them
+            where nothing else has).
         positional: ``"sinusoidal"``, ``"learned"``, ``"rope"`` or ``"none"``.
         rope_base: the θ base of rotary embeddings.
+        rope_freq_factors: the rotary frequencies divided by these, one per feature pair (``head_dim / 2``);
+            Llama 3 slows its low frequencies this way for long contexts (None: unscaled).
         n_kv_heads: key/value heads for grouped-query attention (default: n_heads).
         gated_attention: add the sigmoid output gate to attention.
         window: sliding-window size of self-attention (None: full attention).
@@ -125,8 +129,10 @@ class ModelConfig(Config):
     norm_eps: float = 1e-5
     activation: str = "relu"
     bias: bool = True
+    qkv_bias: bool | None = None
     positional: str = "sinusoidal"
     rope_base: float = 10000.0
+    rope_freq_factors: list[float] | None = None
     n_kv_heads: int | None = None
     gated_attention: bool = False
     window: int | None = None
@@ -159,6 +165,18 @@ class ModelConfig(Config):
             raise ValueError(f"rope needs an even head dimension, got d_model/n_heads={self.head_dim}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        self._check_freq_factors()
+
+    def _check_freq_factors(self) -> None:
+        factors = self.rope_freq_factors
+        if factors is None:
+            return
+        if self.positional != "rope":
+            raise ValueError(f"rope_freq_factors scale rotary positions; positional is {self.positional!r}")
+        if not isinstance(factors, list) or len(factors) != self.head_dim // 2 or not all(
+                isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
+            raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers (one per rotary "
+                             f"feature pair), got {str(factors)[:60]}")
 
     @property
     def head_dim(self) -> int:

@@ -173,16 +173,18 @@ def test_missing_and_leftover_tensors_are_named(tiny, tmp_path):
     hf, _ = tiny
     tensors = gguf_tensors(hf)
     del tensors["blk.1.ffn_norm.weight"]
-    tensors["rope_freqs.weight"] = np.ones(4, np.float32)  # llama.cpp's LLaMA 3 extra; qkv does not use it
-    with pytest.raises(ValueError) as err:
-        load_gpt_from_gguf(write_gguf(tmp_path / "odd.gguf", tensors))
-    message = str(err.value)
-    assert "layers.1.post_attention_layernorm.weight" in message and "rope_freqs.weight" in message
+    tensors["blk.0.attn_q_norm.weight"] = np.ones(8, np.float32)  # Qwen3's, which a LLaMA does not have
+    path = write_gguf(tmp_path / "odd.gguf", tensors)
+    for load in (load_gpt_from_gguf, load_quantized_gpt):
+        with pytest.raises(ValueError) as err:
+            load(path)
+        message = str(err.value)
+        assert "layers.1.post_attention_layernorm.weight" in message and "blk.0.attn_q_norm.weight" in message
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("tokenizer.ggml.model", "llama", "tokenizer.ggml.model='llama' is not supported"),
-    ("tokenizer.ggml.pre", "qwen2", "tokenizer.ggml.pre='qwen2' is not supported"),
+    ("tokenizer.ggml.pre", "deepseek-coder", "tokenizer.ggml.pre='deepseek-coder' is not supported"),
 ])
 def test_unsupported_gguf_tokenizers(key, value, message):
     metadata = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm", "tokenizer.ggml.tokens": TOKENS,

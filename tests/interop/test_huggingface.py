@@ -224,8 +224,8 @@ def test_unsupported_model_types():
         gpt_config_from_hf({"model_type": "t5"})
     with pytest.raises(ValueError, match="unsupported model_type 'roberta'"):
         bert_config_from_hf({"model_type": "roberta"})
-    with pytest.raises(ValueError, match="unsupported model_type 'mistral'"):
-        gpt_state_dict_from_hf({}, gpt_config_from_hf(_LLAMA_DICT), "mistral")
+    with pytest.raises(ValueError, match="unsupported model_type 'qwen3'"):
+        gpt_state_dict_from_hf({}, gpt_config_from_hf(_LLAMA_DICT), "qwen3")
 
 
 def test_config_built_for_another_family_is_refused(gpt2_checkpoint):
@@ -250,7 +250,7 @@ def test_llama_rope_theta_in_every_format():
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='llama3'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='yarn'"),
         ({"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
         ({"attention_bias": True}, "attention_bias=true"),
         ({"mlp_bias": True}, "mlp_bias=true"),

@@ -81,7 +81,7 @@ def gguf_tensors(model, *, matrices: str = "F32") -> dict[str, np.ndarray]:
     return out
 
 
-def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, **metadata):
+def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, pre="smollm", **metadata):
     """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(2)
@@ -94,10 +94,10 @@ def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=Non
     writer.add_layer_norm_rms_eps(1e-5)
     if tokenizer:
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("smollm")
+        writer.add_tokenizer_pre(pre)
         writer.add_token_list(TOKENS)
         writer.add_token_merges(MERGES)
-        writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (VOCAB - 3))
+        writer.add_token_types([gguf.TokenType.CONTROL] * 3 + [gguf.TokenType.NORMAL] * (len(TOKENS) - 3))
         writer.add_bos_token_id(1)
         writer.add_eos_token_id(2)
     if chat_template is not None:

@@ -44,7 +44,11 @@ from .hf_gpt import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# llama.cpp's converter reorders the rows of Q and K for the architectures it rotates in interleaved pairs (see
+# unpermute_rope_rows); Qwen2 it rotates in halves, as Hugging Face does, and stores as they are.
+PERMUTED_ARCHITECTURES = ("llama",)
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per frequency (config rope_freq_factors)
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -189,7 +193,8 @@ def _check_architecture(contents: GGUFContents) -> str:
 
 
 def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` of a LLaMA model described by GGUF metadata.
+    """The Hugging Face ``config.json`` of a LLaMA or Qwen2 model described by GGUF metadata (with qkv's own
+    ``rope_freq_factors`` when the file holds Llama 3's ``rope_freqs``).
 
     Keys are ``{architecture}.{name}`` in GGUF (``llama.block_count``); the result uses transformers' names,
     so :func:`~qkv.interop.hf_gpt.gpt_config_from_hf` applies its checks unchanged.
@@ -222,7 +227,7 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     else:  # the strict converter will report the missing embedding; a size is still needed to get there
         vocab_size = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))
     config = {
-        "model_type": "llama",
+        "model_type": arch,
         "vocab_size": int(vocab_size),
         "hidden_size": d_model,
         "intermediate_size": get("feed_forward_length"),
@@ -239,6 +244,8 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
     }
+    if ROPE_FREQS in contents.tensors:
+        config["rope_freq_factors"] = contents.tensors[ROPE_FREQS].flatten().tolist()
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none":  # handed on, so that gpt_config_from_hf rejects it with its usual message
         config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor")}
@@ -295,8 +302,12 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
         Hugging Face name -> tensor.
     """
     heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
+    if hf_config["model_type"] not in PERMUTED_ARCHITECTURES:
+        heads = {}
     out: dict[str, Tensor] = {}
     for name, tensor in contents.tensors.items():
+        if name == ROPE_FREQS:  # in the config already
+            continue
         base, _, part = name.rpartition(".")
         if base in _GLOBAL_NAMES:
             out[f"{_GLOBAL_NAMES[base]}.{part}"] = tensor
@@ -363,10 +374,32 @@ def _gpt2_bytelevel():
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
+# The splits of Llama 3 and Qwen2, as their tokenizer.json files write them: contractions, letters with one
+# leading non-letter, numbers (Qwen2: one digit at a time; Llama 3: up to three), punctuation runs, line breaks,
+# spaces. They differ only in how digits are grouped.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def _split_then_bytes(pattern: str):
+    """A regex split (each match a piece of its own), then GPT-2's bytes-to-characters mapping without its own
+    regex: how Llama 3 and Qwen2 pre-tokenize."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
 # tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
-# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests; "gpt2" is
-# llama.cpp's copy of the GPT-2 regex that ByteLevel runs. Another name is an error, not a guess.
-GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel}
+# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests, "qwen2"
+# against transformers' own (slow, Python) Qwen2 tokenizer; "gpt2" is llama.cpp's copy of the GPT-2 regex that
+# ByteLevel runs. Another name is an error, not a guess.
+GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel,
+                       "llama-bpe": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
+                       "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT)}
 
 
 def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:

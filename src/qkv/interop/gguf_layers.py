@@ -49,7 +49,14 @@ from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, pack_nibbles
 from .ggml_blocks import GROUP, REPACKED, dequantized_rows, int4_groups
-from .gguf import GGUFContents, hf_config_from_gguf, hf_state_dict_from_gguf, open_gguf
+from .gguf import (
+    PERMUTED_ARCHITECTURES,
+    ROPE_FREQS,
+    GGUFContents,
+    hf_config_from_gguf,
+    hf_state_dict_from_gguf,
+    open_gguf,
+)
 from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf
 
 log = logging.getLogger(__name__)
@@ -61,8 +68,8 @@ CHUNK_ROWS = 512  # rows decoded at once: a layer's float32 rows never all exist
 class _Source:
     """One GGUF tensor and the order its rows go in (llama.cpp's rotary reordering of Q and K undone)."""
 
-    def __init__(self, tensor: Any, heads: int | None = None) -> None:
-        self.name, self.kind, self.tensor = tensor.name, tensor.tensor_type.name, tensor
+    def __init__(self, tensor: Any, path: Path, heads: int | None = None) -> None:
+        self.name, self.kind, self.tensor, self.path = tensor.name, tensor.tensor_type.name, tensor, path
         self.rows, self.inputs = tensor.data.shape[0], int(tensor.shape[0])
         self.order = np.arange(self.rows) if heads is None else _unpermuted_order(self.rows, heads)
 
@@ -74,8 +81,10 @@ class _Source:
         """``(first row, float32 rows)`` chunk by chunk, checked finite."""
         for start in range(0, self.rows, CHUNK_ROWS):
             rows = np.arange(start, min(start + CHUNK_ROWS, self.rows))
-            values = dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type).reshape(len(rows), -1)
-            yield start, torch.from_numpy(values)
+            values = torch.from_numpy(dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type).reshape(
+                len(rows), -1))
+            check_finite([(self.name, values)], f"{self.path} holds", "the file is damaged; use another copy")
+            yield start, values
 
 
 def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
@@ -108,14 +117,13 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
     tensors = {t.name: t for t in header.tensors}
     cfg = _checked_config(path, metadata, tensors)
     heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads or cfg.n_heads}
+    if metadata.get("general.architecture") not in PERMUTED_ARCHITECTURES:
+        heads = {}
     builder = _Builder(path, mode, tensors, heads)
     check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
     with skip_init():  # every weight is set from the file below; untouched memory is never resident
         model = GPT(cfg)
-    try:
-        builder.fill(model)
-    except ValueError as err:
-        raise ValueError(f"{path}: {err}") from None
+    builder.fill(model)
     if mode != "none":
         log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
     return model.eval(), metadata
@@ -125,12 +133,14 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
     """The model's config, after the strict converter has checked every name and shape on shape-only tensors."""
     shapes = {name: torch.empty(tuple(reversed([int(n) for n in t.shape])), device="meta")
               for name, t in tensors.items()}
+    if ROPE_FREQS in tensors:  # values, not a shape: they go into the config
+        shapes[ROPE_FREQS] = _vector(_Source(tensors[ROPE_FREQS], path))
     contents = GGUFContents(path=path, metadata=metadata, tensors=shapes,
                             tensor_types={name: t.tensor_type.name for name, t in tensors.items()})
     hf_config = hf_config_from_gguf(contents)
     cfg = gpt_config_from_hf(hf_config)
     try:
-        gpt_state_dict_from_hf(hf_state_dict_from_gguf(contents, hf_config), cfg, "llama")
+        gpt_state_dict_from_hf(hf_state_dict_from_gguf(contents, hf_config), cfg, hf_config["model_type"])
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     return cfg
@@ -149,7 +159,7 @@ class _Builder:
 
     def source(self, name: str) -> _Source:
         kind = name.split(".")[-2]
-        return _Source(self.tensors[name], self.heads.get(kind))
+        return _Source(self.tensors[name], self.path, self.heads.get(kind))
 
     def format(self, sources: list[_Source], *, output: bool = False) -> str:
         """What a layer from ``sources`` becomes: "int4", "int8" or "none"."""
@@ -195,6 +205,8 @@ class _Builder:
         _set_norm(layer.ffn_norm, self.source(f"{prefix}.ffn_norm.weight"))
         attention, ffn = layer.self_attn, layer.feed_forward
         qkv = [self.source(f"{prefix}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v")]
+        biases = [self.source(f"{prefix}.{n}.bias") for n in ("attn_q", "attn_k", "attn_v")] \
+            if attention.q_proj.bias is not None else None  # Qwen2's
         gate_up = [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
         out, down = [self.source(f"{prefix}.attn_output.weight")], [self.source(f"{prefix}.ffn_down.weight")]
         if self.mode == "none":
@@ -202,33 +214,42 @@ class _Builder:
                                     (attention.v_proj, qkv[2:]), (attention.out_proj, out), (ffn.gate, gate_up[:1]),
                                     (ffn.up, gate_up[1:]), (ffn.down, down)):
                 _copy_rows(module.weight, sources[0])
+            for module, bias in zip((attention.q_proj, attention.k_proj, attention.v_proj), biases or (),
+                                    strict=False):
+                _copy_rows(module.bias[None], bias)
             return
         attention.out_proj = self.linear(out, self.format(out))
-        layer.self_attn = StackedSelfAttention.from_attention(attention, self.linear(qkv, self.format(qkv)))
+        stacked_qkv = self.linear(qkv, self.format(qkv), biases=biases)
+        layer.self_attn = StackedSelfAttention.from_attention(attention, stacked_qkv)
         ffn.down = self.linear(down, self.format(down))
         layer.feed_forward = StackedFeedForward.from_feed_forward(ffn, self.linear(gate_up, self.format(gate_up)))
 
-    def linear(self, sources: list[_Source], fmt: str) -> QuantizedLinear:
-        """One quantized layer whose rows are those of ``sources``, in order."""
+    def linear(self, sources: list[_Source], fmt: str, *, biases: list[_Source] | None = None) -> QuantizedLinear:
+        """One quantized layer whose rows are those of ``sources``, in order (and its bias ``biases``')."""
         inputs, rows = sources[0].inputs, sum(s.rows for s in sources)
         repack = fmt == "int4" and all(s.kind in REPACKED for s in sources)
         for source in sources:
             self.made[f"{source.kind} -> {fmt} {'as stored' if repack else 'quantized again'}"] += 1
+        bias = biases is not None
         if repack:
-            return _repacked(sources, inputs, rows)
-        layer = Int4Linear(inputs, rows, group_size=GROUP) if fmt == "int4" else Int8Linear(inputs, rows)
-        offset = 0
-        for source in sources:
-            for start, values in source.chunks():
-                check_finite([(source.name, values)], f"{self.path} holds", "the file is damaged")
-                _encode_rows(layer, offset + start, values)
-            offset += source.rows
+            layer = _repacked(sources, inputs, rows, bias=bias)
+        else:
+            layer = Int4Linear(inputs, rows, group_size=GROUP, bias=bias) if fmt == "int4" else \
+                Int8Linear(inputs, rows, bias=bias)
+            offset = 0
+            for source in sources:
+                for start, values in source.chunks():
+                    _encode_rows(layer, offset + start, values)
+                offset += source.rows
+        if bias:
+            with torch.no_grad():
+                layer.bias.copy_(torch.cat([_vector(b) for b in biases]))
         return layer
 
 
-def _repacked(sources: list[_Source], inputs: int, rows: int) -> Int4Linear:
+def _repacked(sources: list[_Source], inputs: int, rows: int, *, bias: bool) -> Int4Linear:
     """An int4 layer holding the 4-bit codes of ``sources`` as they are (see :mod:`qkv.interop.ggml_blocks`)."""
-    layer = Int4Linear(inputs, rows, group_size=GROUP)
+    layer = Int4Linear(inputs, rows, group_size=GROUP, bias=bias)
     offset = 0
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
@@ -236,7 +257,8 @@ def _repacked(sources: list[_Source], inputs: int, rows: int) -> Int4Linear:
             codes, scales, zeros = int4_groups(source.kind, source.raw(chunk))
             at = slice(offset + start, offset + start + len(chunk))
             scales, zeros = torch.from_numpy(scales), torch.from_numpy(zeros)
-            check_finite([(source.name, torch.cat([scales, zeros]))], "the GGUF file holds", "the file is damaged")
+            check_finite([(source.name, torch.cat([scales, zeros]))], f"{source.path} holds",
+                         "the file is damaged; use another copy")
             layer.codes[at] = pack_nibbles(torch.from_numpy(codes))
             layer.scales[at], layer.zeros[at] = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
         offset += source.rows
@@ -257,16 +279,17 @@ def _encode_rows(layer: QuantizedLinear, start: int, values: Tensor) -> None:
 def _copy_rows(weight: Tensor, source: _Source) -> None:
     with torch.no_grad():
         for start, values in source.chunks():
-            check_finite([(source.name, values)], "the GGUF file holds", "the file is damaged")
-            weight[start : start + len(values)] = values
+            weight[start : start + len(values)] = values.view(-1, weight.size(-1))
+
+
+def _vector(source: _Source) -> Tensor:
+    """A one-row tensor (a norm's gains, a bias), float32, checked finite."""
+    return torch.cat([values for _, values in source.chunks()]).flatten()
 
 
 def _set_norm(norm: nn.Module, source: _Source) -> None:
-    values = torch.from_numpy(dequantized_rows(source.kind, source.raw(np.arange(source.rows)),
-                                               source.tensor.tensor_type).copy())
-    check_finite([(source.name, values)], "the GGUF file holds", "the file is damaged")
     with torch.no_grad():
-        norm.weight.copy_(values.reshape(norm.weight.shape))
+        norm.weight.copy_(_vector(source).reshape(norm.weight.shape))
 
 
 __all__ = ["MODES", "load_quantized_gpt"]

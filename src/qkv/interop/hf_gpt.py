@@ -22,6 +22,7 @@ else raises one ValueError that lists every problem found.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -33,7 +34,9 @@ from ..footprint import build_model
 from ..models import GPT
 from .hf_common import HFStateDict, check_config, hf_field
 
-GPT_MODEL_TYPES = ("gpt2", "llama")
+GPT_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
+# The LLaMA family: one layout, told apart by their configs (Mistral: a sliding window; Qwen2: biases on Q, K, V)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2")
 
 
 _GPT2_ACTIVATIONS = {
@@ -66,7 +69,7 @@ def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     model_type = hf_config.get("model_type")
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type == "llama":
+    if model_type in LLAMA_FAMILY:
         return _llama_config(hf_config)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
@@ -111,6 +114,8 @@ def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
     for flag in ("attention_bias", "mlp_bias"):
         if hf_config.get(flag, False):
             raise ValueError(f"{flag}=true is not supported: a LLaMA-style qkv GPT has no biases (bias=False)")
+    if hf_config.get("use_sliding_window", False):
+        raise ValueError("use_sliding_window=true (a window on some layers only) is not supported")
     activation = hf_field(hf_config, "hidden_act", "silu")
     if activation != "silu":
         raise ValueError(f"LLaMA hidden_act must be 'silu' (qkv's swiglu), got {activation!r}")
@@ -137,26 +142,64 @@ def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
         activation="swiglu",
         bias=False,
         positional="rope",
+        qkv_bias=hf_config["model_type"] == "qwen2",
         rope_base=_rope_base(hf_config),
+        rope_freq_factors=hf_config.get("rope_freq_factors") or _llama3_factors(hf_config, d_model // n_heads),
+        window=hf_config.get("sliding_window") if hf_config["model_type"] == "mistral" else None,
         tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
     )
 
 
 
-def _rope_base(hf_config: Mapping[str, Any]) -> float:
-    """θ of plain RoPE. transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta`` and ``rope_scaling``."""
-    theta = hf_config.get("rope_theta")
-    for key in ("rope_scaling", "rope_parameters"):  # the later wins: rope_parameters is the current format
+def _rope_params(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The rotary settings, in either format: transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta``
+    and ``rope_scaling`` (the later wins). Only plain RoPE and Llama 3's scaling are taken."""
+    merged: dict[str, Any] = {"rope_theta": hf_config.get("rope_theta")}
+    for key in ("rope_scaling", "rope_parameters"):
         params = hf_config.get(key)
         if params is None:
             continue
         if not isinstance(params, Mapping):
             raise ValueError(f"{key} must be a dict, got {type(params).__name__} {params!r}")
         kind = params.get("rope_type", params.get("type", "default"))
-        if kind != "default":
-            raise ValueError(f"{key} has rope_type={kind!r}; qkv implements plain RoPE only (rope_type 'default')")
-        theta = params.get("rope_theta", theta)
+        if kind not in ("default", "llama3"):
+            raise ValueError(f"{key} has rope_type={kind!r}; qkv implements plain RoPE and Llama 3's scaling only "
+                             "(rope_type 'default' or 'llama3')")
+        merged.update({k: v for k, v in params.items() if v is not None or k != "rope_theta"}, rope_type=kind)
+    return merged
+
+
+def _rope_base(hf_config: Mapping[str, Any]) -> float:
+    theta = _rope_params(hf_config)["rope_theta"]
     return 10000.0 if theta is None else float(theta)
+
+
+def _llama3_factors(hf_config: Mapping[str, Any], head_dim: int) -> list[float] | None:
+    """Llama 3's rotary scaling as one divisor per frequency (see ``RotaryEmbedding``'s ``freq_factors``): a
+    pair whose wavelength is longer than the original context over ``low_freq_factor`` turns ``factor`` times
+    slower; one shorter than the context over ``high_freq_factor`` is left alone; in between, the two blend by
+    where the wavelength lies (Meta's published rule)."""
+    params = _rope_params(hf_config)
+    if params.get("rope_type") != "llama3":
+        return None
+    factor, low, high = (float(params.get(k, d)) for k, d in (("factor", 8.0), ("low_freq_factor", 1.0),
+                                                                ("high_freq_factor", 4.0)))
+    context = float(params.get("original_max_position_embeddings", 8192))
+    if not (factor > 0 and high > low > 0 and context > 0):
+        raise ValueError(f"llama3 rope scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0, got "
+                         f"{factor}, {high}, {low}")
+    theta = _rope_base(hf_config)
+    factors = []
+    for i in range(head_dim // 2):
+        wavelength = 2 * math.pi * theta ** (2 * i / head_dim)
+        if wavelength < context / high:
+            factors.append(1.0)
+        elif wavelength > context / low:
+            factors.append(factor)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
 
 
 
@@ -191,7 +234,7 @@ def gpt_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig, mod
     """
     if model_type == "gpt2":
         return _gpt2_state_dict(state_dict, cfg)
-    if model_type == "llama":
+    if model_type in LLAMA_FAMILY:
         return _llama_state_dict(state_dict, cfg)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
@@ -240,7 +283,7 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
 def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
     check_config(
         cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu",), bias=(False,),
-        norm_first=(True,), gated_attention=(False,), window=(None,),
+        norm_first=(True,), gated_attention=(False,),
     )
     ckpt = HFStateDict(
         state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
@@ -258,6 +301,9 @@ def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[
         "input_layernorm.weight": ("self_attn_norm.weight", (d,)),
         "post_attention_layernorm.weight": ("ffn_norm.weight", (d,)),
     }
+    if cfg.qkv_bias:  # Qwen2
+        layer.update({f"self_attn.{p}.bias": (f"self_attn.{p}.bias", (n,)) for p, n in
+                      (("q_proj", d), ("k_proj", d_kv), ("v_proj", d_kv))})
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
     for i in range(cfg.n_layers):
         for hf_name, (qkv_name, shape) in layer.items():

@@ -51,7 +51,9 @@ def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
 
 
 def rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
-    return RotaryEmbedding(cfg.head_dim, base=cfg.rope_base) if cfg.positional == "rope" else None
+    if cfg.positional != "rope":
+        return None
+    return RotaryEmbedding(cfg.head_dim, base=cfg.rope_base, freq_factors=cfg.rope_freq_factors)
 
 
 def norm(cfg: ModelConfig) -> nn.Module:
@@ -71,6 +73,7 @@ def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = 
         n_kv_heads=None if cross else cfg.n_kv_heads,
         dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
         bias=cfg.bias,
+        qkv_bias=None if cross else cfg.qkv_bias,
         causal=causal,
         window=None if cross else cfg.window,
         gated=cfg.gated_attention,

@@ -147,6 +147,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: number of key/value heads (defaults to ``n_heads``); must divide ``n_heads``.
         dropout: dropout on the attention weights during training.
         bias: whether the projections have biases.
+        qkv_bias: whether the query, key and value projections have biases (None: as ``bias``).
         causal: apply the causal mask.
         window: sliding-window size in positions, or None for full attention.
         gated: add the sigmoid output gate.
@@ -168,6 +169,7 @@ class MultiHeadAttention(nn.Module):
         n_kv_heads: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        qkv_bias: bool | None = None,
         causal: bool = False,
         window: int | None = None,
         gated: bool = False,
@@ -187,7 +189,7 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"rotary head_dim={rotary.head_dim} != d_model/n_heads={self.head_dim}")
         self.dropout, self.causal, self.window = dropout, causal, window
 
-        self._make_input_projections(bias)  # W^Q, W^K, W^V: one stacked layer in StackedSelfAttention
+        self._make_input_projections(bias if qkv_bias is None else qkv_bias)  # one layer in StackedSelfAttention
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if gated else None
         self.rotary = rotary

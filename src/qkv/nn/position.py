@@ -96,17 +96,24 @@ class RotaryEmbedding(nn.Module):
         base: the θ base (10000 in the paper, 100000 for SmolLM2).
         interleaved: pair features ``(0, 1), (2, 3), ...`` as in the paper and GGUF files; the default pairs
             ``(i, i + head_dim/2)``, the "rotate half" layout of Hugging Face LLaMA checkpoints.
+        freq_factors: ``θ_i`` divided by ``freq_factors[i]`` (``head_dim / 2`` of them): Llama 3 turns its slow
+            pairs slower still, so that positions beyond its training length look like ones it has seen.
 
     Shape:
         x ``(B, H, T, head_dim)``, positions ``(T,)`` or ``(B, T)`` -> ``(B, H, T, head_dim)``.
     """
 
-    def __init__(self, head_dim: int, *, base: float = 10000.0, interleaved: bool = False) -> None:
+    def __init__(self, head_dim: int, *, base: float = 10000.0, interleaved: bool = False,
+                 freq_factors: list[float] | None = None) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary embeddings need an even head_dim, got head_dim={head_dim}")
         two_i = torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu")  # CPU: see SinusoidalPositionalEncoding
         inv_freq = 1.0 / base ** (two_i / head_dim)  # (Dh/2,)
+        if freq_factors is not None:
+            if len(freq_factors) != head_dim // 2:
+                raise ValueError(f"freq_factors must have head_dim/2={head_dim // 2} entries, got {len(freq_factors)}")
+            inv_freq = inv_freq / torch.tensor(freq_factors, dtype=torch.float32, device="cpu")
         self.register_buffer("inv_freq", inv_freq.to(torch.get_default_device()), persistent=False)
         self.head_dim = head_dim
         self.interleaved = interleaved
