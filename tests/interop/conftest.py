@@ -47,11 +47,11 @@ def smollm2_file() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2(smollm2_file):
-    """qkv's SmolLM2 in float32 layers, as transformers holds it: ``load_pretrained("smollm2", gguf_mode="none")``
+    """qkv's SmolLM2 in float32 layers, as transformers holds it: ``load_pretrained("smollm2", weights="none")``
     (the form whose logits must equal transformers'; the quantized one is compared with this one)."""
     from qkv.interop import load_pretrained
 
-    return load_pretrained("smollm2", gguf_mode="none")
+    return load_pretrained("smollm2", weights="none")
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from hf_greedy import greedy_hf, greedy_qkv
 from tiny_gguf import TOKENS, llama_cpp_permute, write_gguf
 
 from qkv.interop import load_gpt_from_gguf, load_gpt_from_hf
-from qkv.interop.gguf_layers import load_quantized_gpt
+from qkv.interop.at_rest import load_quantized_gpt
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")

@@ -27,7 +27,7 @@ from qkv.interop import (
     unpermute_rope_rows,
 )
 from qkv.interop import gguf as qkv_gguf
-from qkv.interop.gguf_layers import load_quantized_gpt
+from qkv.interop.at_rest import load_quantized_gpt
 from qkv.quantize import QuantizedEmbedding
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 

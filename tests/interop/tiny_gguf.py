@@ -1,5 +1,5 @@
 """Tiny LLaMA models as GGUF files, written with ``gguf.GGUFWriter`` from a random transformers model, q and k
-permuted exactly as llama.cpp's converter does (for test_gguf.py and test_gguf_layers.py)."""
+permuted exactly as llama.cpp's converter does (for test_gguf.py and test_at_rest.py)."""
 
 from __future__ import annotations
 

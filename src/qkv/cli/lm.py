@@ -95,9 +95,9 @@ def load_lm(args: argparse.Namespace, device):
         from ..interop import load_pretrained
 
         # A GGUF file's weights stay quantized as they are stored (on a CPU, whose kernels qkv's layers use)
-        gguf_mode = args.quantize or ("auto" if device.type == "cpu" else "none")
+        weights = args.quantize or ("auto" if device.type == "cpu" else "none")
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()),
-                              gguf_mode=gguf_mode)
+                              weights=weights)
         stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
         return place(pre.model, device, args), pre.tokenizer, stops, pre.chat_template
     from ..checkpoint import load_checkpoint, resolve

