@@ -42,7 +42,6 @@ import torch
 from qkv.device import autocast, resolve_device, resolve_precision
 from qkv.generation import LMDecoder, generate
 from qkv.interop import load_pretrained, smollm2_path
-from qkv.quantize import quantize
 
 PROMPT = ("The Transformer architecture replaced recurrence with attention. In this article we explain how "
           "queries, keys and values interact, why the dot products are scaled by the square root of the key "
@@ -159,11 +158,11 @@ def main() -> None:
     modes = args.modes if DEVICE.type == "cpu" else ["none"]  # the int8/int4 kernels are the CPU's
     runners = {}
     for mode in modes:
-        model = quantize(load_pretrained("smollm2").model.eval(), mode).to(DEVICE)
+        model = load_pretrained("smollm2", weights=mode).model.eval().to(DEVICE)  # quantized as it is read
         if args.compile:
             model.compile(dynamic=True)
         runners[f"qkv {'fp32' if mode == 'none' else mode}"] = QkvRunner(model)
-    tok = load_pretrained("smollm2").tokenizer
+    tok = load_pretrained("smollm2", weights="none").tokenizer
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval().to(DEVICE)
     if args.compile:
         hf.generation_config.cache_implementation = "static"

@@ -129,7 +129,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     reference = None
     for mode in args.modes:
-        pretrained = load_pretrained("smollm2")
+        pretrained = load_pretrained("smollm2", weights="none")  # float32, quantized below
         model, tokenizer = pretrained.model.eval(), pretrained.tokenizer
         base = mode.removesuffix("-outliers")
         magnitudes = None

