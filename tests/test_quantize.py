@@ -18,10 +18,9 @@ from qkv.quantize import (
     Int8Linear,
     QuantizedLinear,
     input_magnitudes,
-    pack_nibbles,
+    int4_slots,
     quantize,
     quantize_linear,
-    unpack_nibbles,
 )
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
@@ -125,10 +124,39 @@ def test_dequantized_weights_are_within_half_a_step(mode, group):
     assert error.max() > 0  # the quantization did something
 
 
-def test_nibbles_pack_two_codes_a_byte_low_first():
-    codes = torch.tensor([[1, 2, 15, 0]], dtype=torch.uint8)
-    assert pack_nibbles(codes).tolist() == [[0x21, 0x0F]]
-    assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
+@pytest.mark.parametrize("rows, inputs", [(16, 64), (32, 64), (48, 128), (96, 32), (80, 256), (960, 64)])
+def test_int4_codes_lie_where_pytorchs_own_converter_puts_them(rows, inputs):
+    """The layout Int4Linear writes (int4_slots) is the one PyTorch's CPU kernel reads: its own converter, given
+    the same codes, makes the same bytes, for blocks of 32 rows and a last block of 16."""
+    codes = torch.randint(0, 16, (rows, inputs), generator=torch.Generator().manual_seed(rows), dtype=torch.int32)
+    theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+    layer = Int4Linear(inputs, rows)
+    layer.write_rows(0, codes=codes.to(torch.uint8), scales=torch.ones(rows, inputs // 32),
+                     zeros=torch.zeros(rows, inputs // 32))
+    assert torch.equal(layer.codes, theirs)
+    slots, nibbles = int4_slots(torch.arange(rows), inputs, rows)
+    assert len(set(zip(slots.flatten().tolist(), nibbles.repeat_interleave(inputs).tolist(), strict=True))) == \
+        rows * inputs  # every code its own place
+
+
+def test_int4_rows_written_in_pieces_equal_the_whole_and_padding_rows_are_zero():
+    w = torch.randn(40, 64)
+    whole = Int4Linear.from_linear(_linear(w))
+    pieces = Int4Linear(64, 40)
+    for start in (0, 7, 23):  # arbitrary cuts: rows that share a byte written apart
+        end = {0: 7, 7: 23, 23: 40}[start]
+        pieces.write_rows(start, **Int4Linear.encoded(w[start:end], 32))
+    assert torch.equal(pieces.codes, whole.codes) and torch.equal(pieces.scales_and_zeros, whole.scales_and_zeros)
+    assert whole.codes.shape == (48, 32)  # 40 rows padded to 48
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(whole(x), x @ whole.dequantized().T, atol=0.05, rtol=0.02)
+
+
+def _linear(w: torch.Tensor) -> nn.Linear:
+    linear = nn.Linear(w.size(1), w.size(0), bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(w)
+    return linear
 
 
 @pytest.mark.parametrize("mode, group", MODES)
@@ -142,7 +170,8 @@ def test_stacked_projections_quantize_to_the_codes_of_the_layers_they_replace(mo
     assert isinstance(layer.self_attn, StackedSelfAttention) and isinstance(layer.feed_forward, StackedFeedForward)
     assert "self_attn.q_proj.codes" not in str(model.state_dict())
     for stacked, parts in ((layer.self_attn.qkv_proj, alone[:3]), (layer.feed_forward.gate_up, alone[3:])):
-        for name in ("codes", "scales") + (("zeros",) if mode == "int4" else ()):
+        assert torch.equal(stacked.dequantized(), torch.cat([p.dequantized() for p in parts]))
+        for name in ("scales",) + (("zeros",) if mode == "int4" else ()):
             assert torch.equal(getattr(stacked, name), torch.cat([getattr(p, name) for p in parts]))
 
 

@@ -76,11 +76,11 @@ cost on a CPU. The output layer recomputes each row's largest outputs in fp32 fr
 (:meth:`QuantizedLinear._exact_largest`): the bf16 output rounds logits near 16 to steps of 1/16, enough to tie
 the two best tokens and flip greedy's choice.
 
-The codes are saved in a layout of qkv's own (int8 rows; int4 as two codes a byte, low nibble first) and
-repacked into the kernel's layout when loaded, so a saved model does not depend on PyTorch's internal layout.
-The state-dict keys of a quantized model are those of the model it was made from, except the stacked layers
-(``self_attn.qkv_proj``, ``feed_forward.gate_up``); qkv itself writes no quantized model to disk (the command
-line quantizes after loading).
+The codes are held in the layouts PyTorch's CPU kernels read (int8 rows; int4 in blocks of rows, see
+:class:`Int4Linear`), so each layer is one copy of its weights, multiplied by as it is. The state-dict keys of a
+quantized model are those of the model it was made from, except the stacked layers (``self_attn.qkv_proj``,
+``feed_forward.gate_up``) and int4's ``scales_and_zeros``; qkv itself writes no quantized model to disk (the
+command line quantizes after loading).
 """
 
 from __future__ import annotations
@@ -282,10 +282,19 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("scales", torch.ones(out_features, dtype=torch.bfloat16))
 
-    def _encode(self, w: Tensor) -> None:
+    @staticmethod
+    def encoded(w: Tensor) -> dict[str, Tensor]:
+        """The codes ``(rows, in)`` int8 and scales ``(rows,)`` of fp32 rows ``w``."""
         scales = _bf16(w.abs().amax(dim=1).clamp(min=1e-12) / 127)
-        self.codes.copy_((w / scales[:, None]).round().clamp(-127, 127).to(torch.int8))
-        self.scales.copy_(scales)
+        return {"codes": (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8), "scales": scales}
+
+    def _encode(self, w: Tensor) -> None:
+        self.write_rows(0, **self.encoded(w))
+
+    def write_rows(self, start: int, codes: Tensor, scales: Tensor) -> None:
+        """Rows ``start ...`` of the layer: their codes ``(r, in)`` int8 and scales ``(r,)``."""
+        self.codes[start : start + len(codes)] = codes
+        self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         codes, scales = (self.codes, self.scales) if outputs is None else (self.codes[outputs], self.scales[outputs])
@@ -309,8 +318,14 @@ class Int4Linear(QuantizedLinear):
     """W stored as int4 in groups of ``group_size`` inputs, each with a bf16 scale and zero point:
     ``W ≈ (q - 8) · s + z``.
 
-    Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (two codes a byte, low nibble first), ``scales``
-    and ``zeros`` ``(out_features, in_features / group_size)`` bf16.
+    Buffers, in the layout PyTorch's CPU kernel reads, so that it multiplies by them as they are (no second,
+    repacked copy): ``codes`` ``(rows, in_features / 2)`` uint8 and ``scales_and_zeros`` ``(n_groups, rows, 2)``
+    bf16, ``rows`` being ``out_features`` rounded up to 16 (the extra rows are zero weights). In ``codes`` the
+    rows go in blocks of 32 (a last block of 16 when ``rows`` is an odd multiple of 16), each block input by
+    input: for each input column, a byte per two rows of the block — rows ``i`` and ``i + 16`` (in a block of
+    16: ``2i`` and ``2i + 1``), the first in the low nibble. :func:`int4_slots` computes where a code lies;
+    :meth:`write_rows` and :meth:`_decoded` go through it; the first product checks it against the kernel's own
+    converter (:func:`check_int4_layout`). ``scales`` and ``zeros`` are ``(out_features, n_groups)`` views.
 
     Raises:
         ValueError: a group size PyTorch's kernel does not take, or one that does not divide ``in_features``.
@@ -323,46 +338,99 @@ class Int4Linear(QuantizedLinear):
         check_int4("the layer", in_features, group_size)
         super().__init__(in_features, out_features, bias=bias, outliers=outliers)
         self.group_size = group_size
-        n_groups = in_features // group_size
-        self.register_buffer("codes", torch.zeros(out_features, in_features // 2, dtype=torch.uint8))
-        self.register_buffer("scales", torch.ones(out_features, n_groups, dtype=torch.bfloat16))
-        self.register_buffer("zeros", torch.zeros(out_features, n_groups, dtype=torch.bfloat16))
+        rows = -(-out_features // 16) * 16
+        self.register_buffer("codes", torch.full((rows, in_features // 2), 0x88, dtype=torch.uint8))  # code 8: 0
+        self.register_buffer("scales_and_zeros", torch.zeros(in_features // group_size, rows, 2,
+                                                             dtype=torch.bfloat16))
 
-    def _encode(self, w: Tensor) -> None:
-        groups = w.view(w.size(0), -1, self.group_size)  # (out, n_groups, group)
+    @property
+    def scales(self) -> Tensor:
+        return self.scales_and_zeros[:, : self.out_features, 0].T
+
+    @property
+    def zeros(self) -> Tensor:
+        return self.scales_and_zeros[:, : self.out_features, 1].T
+
+    @staticmethod
+    def encoded(w: Tensor, group_size: int) -> dict[str, Tensor]:
+        """The codes ``(rows, in)`` uint8 in [0, 15], scales and zeros ``(rows, n_groups)`` of fp32 rows ``w``."""
+        groups = w.view(w.size(0), -1, group_size)  # (out, n_groups, group)
         lows, highs = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = _bf16((highs - lows).clamp(min=1e-12) / 15)
         zeros = _bf16(lows + 8 * scales)
         codes = ((groups - zeros[..., None]) / scales[..., None]).round().add(8).clamp(0, 15)
-        self.codes.copy_(pack_nibbles(codes.to(torch.uint8).view(w.size(0), -1)))
-        self.scales.copy_(scales)
-        self.zeros.copy_(zeros)
+        return {"codes": codes.to(torch.uint8).view(w.size(0), -1), "scales": scales, "zeros": zeros}
+
+    def _encode(self, w: Tensor) -> None:
+        self.write_rows(0, **self.encoded(w, self.group_size))
+
+    def write_rows(self, start: int, codes: Tensor, scales: Tensor, zeros: Tensor) -> None:
+        """Rows ``start ...`` of the layer: their codes ``(r, in)`` in [0, 15], scales and zeros ``(r, n_groups)``."""
+        rows = torch.arange(start, start + len(codes))
+        slots, nibbles = int4_slots(rows, self.in_features, self.codes.size(0))
+        data = self.codes.view(-1)
+        for nibble in (0, 1):  # two rows share each byte: one nibble at a time keeps the other
+            chosen = nibbles == nibble
+            at = slots[chosen]
+            data[at] = (data[at] & (0xF0 >> 4 * nibble)) | (codes[chosen].to(torch.uint8) << 4 * nibble)
+        self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
+        self.zeros[start : start + len(codes)] = zeros.to(torch.bfloat16)
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
-        codes, scales, zeros = self.codes, self.scales, self.zeros
-        if outputs is not None:
-            codes, scales, zeros = codes[outputs], scales[outputs], zeros[outputs]
-        levels = unpack_nibbles(codes).float().view(codes.size(0), -1, self.group_size)  # (rows, n_groups, group)
+        rows = torch.arange(self.out_features) if outputs is None else outputs.cpu()
+        slots, nibbles = int4_slots(rows, self.in_features, self.codes.size(0))
+        codes = (self.codes.view(-1)[slots.to(self.codes.device)] >> (4 * nibbles[:, None]).to(self.codes.device)) & 15
+        scales, zeros = self.scales[rows.to(self.codes.device)], self.zeros[rows.to(self.codes.device)]
+        levels = codes.float().view(len(rows), -1, self.group_size)  # (rows, n_groups, group)
         weights = (levels - 8) * scales.float()[..., None] + zeros.float()[..., None]
-        return weights.view(codes.size(0), self.in_features)
+        return weights.view(len(rows), self.in_features)
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
-        rows = -self.out_features % 16  # the kernel takes outputs in sixteens: pad with rows of zeros
-        codes = F.pad(unpack_nibbles(self.codes).to(torch.int32), (0, 0, 0, rows), value=8)  # (out', in)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)  # the kernel's (out', in/2) uint8
-        scales_and_zeros = F.pad(torch.stack([self.scales, self.zeros], dim=-1), (0, 0, 0, 0, 0, rows))
-        scales_and_zeros = scales_and_zeros.transpose(0, 1).contiguous()  # (n_groups, out', 2)
-        kernel = torch.ops.aten._weight_int4pack_mm_for_cpu
-        group_size, out_features = self.group_size, self.out_features
+        check_int4_layout()
+        codes, scales_and_zeros, kernel = self.codes, self.scales_and_zeros, torch.ops.aten._weight_int4pack_mm_for_cpu
+        group_size, out_features, padded = self.group_size, self.out_features, self.codes.size(0) != self.out_features
 
         def product(x: Tensor) -> Tensor:
-            y = kernel(x, packed, group_size, scales_and_zeros)
-            return y[:, :out_features] if rows else y
+            y = kernel(x, codes, group_size, scales_and_zeros)
+            return y[:, :out_features] if padded else y
 
         return product
 
     def _format(self) -> str:
         return f"int4, group_size={self.group_size}"
+
+
+def int4_slots(rows: Tensor, in_features: int, n_rows: int) -> tuple[Tensor, Tensor]:
+    """Where the codes of ``rows`` lie in an :class:`Int4Linear`'s ``codes`` of ``n_rows`` rows (a multiple of
+    16): the flat byte of each ``(row, input)`` ``(len(rows), in_features)``, and each row's nibble (0: low)."""
+    start = rows // 32 * 32
+    within = rows - start
+    tail = (start == n_rows - 16) if n_rows % 32 == 16 else torch.zeros_like(rows, dtype=torch.bool)
+    step = torch.where(tail, 8, 16)  # bytes per input column in the row's block
+    offset = torch.where(tail, within // 2, within % 16)
+    nibbles = torch.where(tail, within % 2, within // 16)
+    slots = (start * (in_features // 2) + offset)[:, None] + torch.arange(in_features)[None, :] * step[:, None]
+    return slots, nibbles
+
+
+_LAYOUT_CHECKED = False
+
+
+def check_int4_layout() -> None:
+    """The layout :func:`int4_slots` describes against PyTorch's own converter, once a process: a PyTorch
+    whose kernel reads another layout fails here, in one sentence, not with wrong numbers."""
+    global _LAYOUT_CHECKED
+    if _LAYOUT_CHECKED:
+        return
+    tracer = torch.randint(0, 16, (48, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(tracer, 1)
+    slots, nibbles = int4_slots(torch.arange(48), 64, 48)
+    shifted = (tracer << (4 * nibbles[:, None]).to(torch.int32)).flatten()
+    ours = torch.zeros(48 * 32, dtype=torch.int32).index_add_(0, slots.flatten(), shifted)
+    if not torch.equal(theirs.flatten().to(torch.int32), ours):
+        raise RuntimeError(f"PyTorch {torch.__version__}'s int4 kernel reads another layout of codes than qkv writes "
+                           "(qkv.quantize.int4_slots); use --quantize int8 or none")
+    _LAYOUT_CHECKED = True
 
 
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
@@ -413,16 +481,6 @@ def quantize_linear(linear: nn.Linear, mode: str, *, group_size: int = DEFAULT_G
 def _bf16(x: Tensor) -> Tensor:
     """``x`` rounded to the nearest bf16 value, kept in fp32."""
     return x.to(torch.bfloat16).float()
-
-
-def pack_nibbles(codes: Tensor) -> Tensor:
-    """``(rows, 2n)`` codes in [0, 15] -> ``(rows, n)`` bytes, the even column in the low nibble."""
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).to(torch.uint8)
-
-
-def unpack_nibbles(packed: Tensor) -> Tensor:
-    """The inverse of :func:`pack_nibbles`."""
-    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).view(packed.size(0), -1)
 
 
 @torch.no_grad()

@@ -48,7 +48,7 @@ from ..footprint import check_fits
 from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
-from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, pack_nibbles
+from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear
 from .ggml_blocks import GROUP, REPACKED, dequantized_rows, int4_groups
 from .gguf import (
     PERMUTED_ARCHITECTURES,
@@ -337,13 +337,10 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
             chunk = np.arange(start, min(start + CHUNK_ROWS, source.rows))
-            codes, scales, zeros = int4_groups(source.kind, source.raw(chunk))
-            at = slice(offset + start, offset + start + len(chunk))
-            scales, zeros = torch.from_numpy(scales), torch.from_numpy(zeros)
+            codes, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, source.raw(chunk)))
             check_finite([(source.name, torch.cat([scales, zeros]))], f"{source.path} holds",
                          "the file is damaged; use another copy")
-            layer.codes[at] = pack_nibbles(torch.from_numpy(codes))
-            layer.scales[at], layer.zeros[at] = scales.to(torch.bfloat16), zeros.to(torch.bfloat16)
+            layer.write_rows(offset + start, codes=codes, scales=scales, zeros=zeros)
         offset += source.rows
     return layer
 
@@ -351,12 +348,10 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
 def _encode_rows(layer: QuantizedLinear, start: int, values: Tensor) -> None:
     """Rows ``start ...`` of ``layer`` encoded from their float32 ``values``: each row's codes and scales depend
     on that row alone, so a layer is encoded a chunk at a time."""
-    part = type(layer)(layer.in_features, len(values), **({"group_size": layer.group_size}
-                                                           if isinstance(layer, Int4Linear) else {}))
-    part._encode(values)
-    at = slice(start, start + len(values))
-    for name, buffer in part.named_buffers():
-        getattr(layer, name)[at] = buffer
+    if isinstance(layer, Int4Linear):
+        layer.write_rows(start, **Int4Linear.encoded(values, layer.group_size))
+    else:
+        layer.write_rows(start, **Int8Linear.encoded(values))
 
 
 def _copy_rows(weight: Tensor, source: _Source) -> None:
