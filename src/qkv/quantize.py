@@ -366,13 +366,26 @@ class Int4Linear(QuantizedLinear):
 
     def write_rows(self, start: int, codes: Tensor, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` in [0, 15], scales and zeros ``(r, n_groups)``."""
-        rows = torch.arange(start, start + len(codes))
-        slots, nibbles = int4_slots(rows, self.in_features, self.codes.size(0))
-        data = self.codes.view(-1)
-        for nibble in (0, 1):  # two rows share each byte: one nibble at a time keeps the other
-            chosen = nibbles == nibble
-            at = slots[chosen]
-            data[at] = (data[at] & (0xF0 >> 4 * nibble)) | (codes[chosen].to(torch.uint8) << 4 * nibble)
+        codes = codes.to(torch.uint8)
+        end, n_rows = start + len(codes), self.codes.size(0)
+        whole = start % 32 == 0 and (end % 32 == 0 or end == self.out_features)
+        if whole:  # whole blocks: a reshape, not a scatter
+            padded = F.pad(codes, (0, 0, 0, (-len(codes)) % 16), value=8)
+            full = len(padded) // 32 * 32
+            blocks = padded[:full].view(-1, 2, 16, self.in_features)  # rows i and i + 16 of each block
+            self.codes[start : start + full] = (blocks[:, 0] | blocks[:, 1] << 4).transpose(1, 2).reshape(
+                full, self.in_features // 2)
+            if full < len(padded):  # the last block of 16: rows 2i and 2i + 1
+                tail = padded[full:].view(8, 2, self.in_features)
+                self.codes[start + full : start + full + 16] = (tail[:, 0] | tail[:, 1] << 4).T.reshape(
+                    16, self.in_features // 2)
+        else:
+            slots, nibbles = int4_slots(torch.arange(start, end), self.in_features, n_rows)
+            data = self.codes.view(-1)
+            for nibble in (0, 1):  # two rows share each byte: one nibble at a time keeps the other
+                chosen = nibbles == nibble
+                at = slots[chosen]
+                data[at] = (data[at] & (0xF0 >> 4 * nibble)) | (codes[chosen] << 4 * nibble)
         self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
         self.zeros[start : start + len(codes)] = zeros.to(torch.bfloat16)
 

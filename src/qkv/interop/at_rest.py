@@ -79,6 +79,9 @@ class _Source:
     def rows_at(self, start: int, end: int) -> Tensor:
         raise NotImplementedError
 
+    def release(self) -> None:
+        """Done with: the file's pages it was read from need not stay in this process's memory."""
+
     def chunks(self) -> Iterator[tuple[int, Tensor]]:
         """``(first row, float32 rows)`` chunk by chunk, checked finite."""
         for start in range(0, self.rows, CHUNK_ROWS):
@@ -98,6 +101,9 @@ class _GGUFSource(_Source):
     def raw(self, rows: np.ndarray) -> np.ndarray:
         """The stored bytes of ``rows``, in the model's order (a copy: only these pages of the file are read)."""
         return self.tensor.data[self.order[rows]]
+
+    def release(self) -> None:
+        self.tensor.release()
 
     def rows_at(self, start: int, end: int) -> Tensor:
         rows = np.arange(start, end)
@@ -327,6 +333,8 @@ class _Builder:
         if bias:
             with torch.no_grad():
                 layer.bias.copy_(torch.cat([_vector(b) for b in biases]))
+        for source in sources:
+            source.release()
         return layer
 
 
@@ -358,6 +366,7 @@ def _copy_rows(weight: Tensor, source: _Source) -> None:
     with torch.no_grad():
         for start, values in source.chunks():
             weight[start : start + len(values)] = values.view(-1, weight.size(-1))
+    source.release()
 
 
 def _vector(source: _Source) -> Tensor:

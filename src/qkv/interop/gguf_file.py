@@ -43,6 +43,16 @@ class GGUFTensor:
     shape: tuple[int, ...]
     tensor_type: Any  # gguf.GGMLQuantizationType
     data: np.ndarray = field(repr=False)
+    span: tuple[int, int] = (0, 0)  # its bytes' offsets in the file
+    buffer: Any = field(default=None, repr=False)  # the file's memory map
+
+    def release(self) -> None:
+        """Take the pages of this tensor that were read out of the process's memory (they stay in the operating
+        system's file cache): once a layer holds its own copy, the file's pages need not count twice."""
+        if isinstance(self.buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
+            begin = self.span[0] // mmap.PAGESIZE * mmap.PAGESIZE
+            end = -(-self.span[1] // mmap.PAGESIZE) * mmap.PAGESIZE
+            self.buffer.madvise(mmap.MADV_DONTNEED, begin, min(end, len(self.buffer)) - begin)
 
 
 @dataclass
@@ -135,7 +145,7 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         if end > len(buffer):
             raise ValueError(f"{path}: tensor {name!r} reaches past the end of the file (truncated?)")
         data = np.frombuffer(buffer, dtype=np.uint8, count=end - begin, offset=begin).reshape(rows, row_bytes)
-        tensors.append(GGUFTensor(name, shape, tensor_type, data))
+        tensors.append(GGUFTensor(name, shape, tensor_type, data, (begin, end), buffer))
     return GGUFHeader(path, metadata, tensors)
 
 
