@@ -68,7 +68,7 @@ def here(capsys, monkeypatch):
     import logging
 
     root = logging.getLogger()  # main() configures logging; leave it as it was for the tests that follow
-    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(root, "handlers", root.handlers)
     monkeypatch.setattr(root, "level", root.level)
 
     def run(*args, cwd: Path, input: str | None = None) -> subprocess.CompletedProcess:
@@ -79,6 +79,7 @@ def here(capsys, monkeypatch):
         stdin.isatty = lambda: input is None
         monkeypatch.setattr("sys.stdin", stdin)
         capsys.readouterr()
+        root.handlers = []  # pytest's own log capture among them: main() logs to this stderr, as a user sees it
         try:
             status = main([str(a) for a in args])
         except SystemExit as exit_:  # argparse's own errors

@@ -68,10 +68,10 @@ def test_resume_continues_from_step_6_to_9(work, run_copy):
     assert _csv_steps(run_copy / "log.csv") == [3, 6, 9]
 
 
-def test_tatoeba_tsv_with_bpe_and_test_split(work, tmp_path):
+def test_tatoeba_tsv_with_bpe_and_test_split(here, work, tmp_path):
     tsv = work / "zh.tsv"
-    proc = ok(qkv("train", "--tsv", tsv, "--tokenizer", "bpe", "--test-size", "20", "--valid-size", "30",
-                  "--out", "zh", "--max-steps", "2", *TINY, "--vocab-size", "400", cwd=tmp_path))
+    proc = ok(here("train", "--tsv", tsv, "--tokenizer", "bpe", "--test-size", "20", "--valid-size", "30",
+                   "--out", "zh", "--max-steps", "2", *TINY, "--vocab-size", "400", cwd=tmp_path))
     assert "250 pairs kept" in proc.stderr  # 300 - 20 test - 30 validation
     run = tmp_path / "zh"
     sources = (run / "test.src.txt").read_text(encoding="utf-8").splitlines()
@@ -93,10 +93,10 @@ def test_translate_arguments_with_attention_map(trained, tmp_path):
     assert (tmp_path / "a.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_translate_input_file(trained, tmp_path):
+def test_translate_input_file(here, trained, tmp_path):
     run, _ = trained
     (tmp_path / "in.de").write_text("Ein Hund.\nZwei Katzen schlafen.\nEine Frau liest ein Buch.\n", encoding="utf-8")
-    proc = ok(qkv("translate", "--model", run, "--input", "in.de", cwd=tmp_path))
+    proc = ok(here("translate", "--model", run, "--input", "in.de", cwd=tmp_path))
     assert len(proc.stdout.splitlines()) == 3
 
 
@@ -106,29 +106,29 @@ def test_translate_stdin(trained, tmp_path):
     assert len(proc.stdout.splitlines()) == len(SENTENCES)
 
 
-def test_translate_beam(trained, tmp_path):
+def test_translate_beam(here, trained, tmp_path):
     run, _ = trained
-    proc = ok(qkv("translate", "--model", run / "last", "--beam", "3", *SENTENCES, cwd=tmp_path))
+    proc = ok(here("translate", "--model", run / "last", "--beam", "3", *SENTENCES, cwd=tmp_path))
     assert len(proc.stdout.splitlines()) == len(SENTENCES)
 
 
 # --- evaluate -------------------------------------------------------------------------------------------------
 
-def test_evaluate_hyp_ref(work):
-    proc = ok(qkv("evaluate", "--hyp", "val.en", "--ref", "val.en", cwd=work))
+def test_evaluate_hyp_ref(here, work):
+    proc = ok(here("evaluate", "--hyp", "val.en", "--ref", "val.en", cwd=work))
     bleu, chrf = proc.stdout.splitlines()
     assert bleu.startswith("BLEU = 100.00") and "nrefs:1|" in bleu and "tok:13a" in bleu and "version:" in bleu
     assert chrf.startswith("chrF = 100.00") and "nrefs:1|" in chrf and "version:" in chrf
 
 
-def test_evaluate_lang_zh(work):
-    proc = ok(qkv("evaluate", "--hyp", "val.en", "--ref", "val.en", "--lang", "zh", cwd=work))
+def test_evaluate_lang_zh(here, work):
+    proc = ok(here("evaluate", "--hyp", "val.en", "--ref", "val.en", "--lang", "zh", cwd=work))
     assert "tok:zh" in proc.stdout.splitlines()[0]
 
 
-def test_evaluate_model_src_ref(trained, work):
+def test_evaluate_model_src_ref(here, trained, work):
     run, _ = trained
-    proc = ok(qkv("evaluate", "--model", run, "--src", "test.de", "--ref", "test.en", "--output", "hyp.en", cwd=work))
+    proc = ok(here("evaluate", "--model", run, "--src", "test.de", "--ref", "test.en", "--output", "hyp.en", cwd=work))
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("translated 10 sentences")
     assert lines[1].startswith("BLEU = ") and lines[2].startswith("chrF = ")
@@ -137,17 +137,17 @@ def test_evaluate_model_src_ref(trained, work):
 
 # --- mistakes: one line on stderr, no traceback ---------------------------------------------------------------
 
-def test_error_unequal_line_counts(work, tmp_path):
+def test_error_unequal_line_counts(here, work, tmp_path):
     (tmp_path / "short.de").write_text("Ein Hund.\nZwei Katzen.\n", encoding="utf-8")
-    proc = qkv("train", "--src", "short.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
-               cwd=tmp_path)
+    proc = here("train", "--src", "short.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
+                cwd=tmp_path)
     one_line_error(proc, "short.de", "2 lines", "400", "align")
     assert not (tmp_path / "out").exists()
 
 
 def test_error_missing_training_file(work, tmp_path, here):
     proc = here("train", "--src", "missing.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
-               cwd=tmp_path)
+                cwd=tmp_path)
     one_line_error(proc, "missing.de", "no such file")
 
 
@@ -161,7 +161,7 @@ def test_error_corrupt_gzip(work, tmp_path, here):
     packed = gzip.compress((work / "train.de").read_bytes())
     (tmp_path / "train.de.gz").write_bytes(packed[:10] + b"\xff" * 20 + packed[30:])
     proc = here("train", "--src", "train.de.gz", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
-               cwd=tmp_path)
+                cwd=tmp_path)
     one_line_error(proc, "train.de.gz")
 
 
@@ -212,7 +212,7 @@ def test_error_resume_a_finished_run(work, run_copy, here):
 
 def test_error_resume_without_checkpoint(work, tmp_path, here):
     proc = here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "fresh", "--resume",
-               "--max-steps", "1", cwd=tmp_path)
+                "--max-steps", "1", cwd=tmp_path)
     one_line_error(proc, "fresh", "no checkpoint to resume")
 
 

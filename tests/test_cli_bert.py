@@ -49,24 +49,24 @@ def test_train_mlm_writes_checkpoints_log_and_a_guess(work, mlm_run):
     assert "val_accuracy" in header and any(r.startswith("6,") for r in rows)
 
 
-def test_train_mlm_resumes_to_the_new_budget(work, mlm_run, tmp_path):
+def test_train_mlm_resumes_to_the_new_budget(here, work, mlm_run, tmp_path):
     run = tmp_path / "mlm"
     shutil.copytree(mlm_run, run)
-    proc = ok(qkv("train", "mlm", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=work))
+    proc = ok(here("train", "mlm", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=work))
     assert "after 9 steps" in proc.stdout and "fill-mask:" in proc.stdout
 
 
-def test_a_trained_bert_embeds_too(work, mlm_run):
-    lines = ok(qkv("embed", "--model", mlm_run, "to be or not to be", "that is the question", cwd=work)).stdout
+def test_a_trained_bert_embeds_too(here, work, mlm_run):
+    lines = ok(here("embed", "--model", mlm_run, "to be or not to be", "that is the question", cwd=work)).stdout
     rows = [json.loads(line) for line in lines.splitlines()]
     assert [r["text"] for r in rows] == ["to be or not to be", "that is the question"]
     assert len(rows[0]["embedding"]) == 32 and abs(np.linalg.norm(rows[0]["embedding"]) - 1) < 1e-5
 
 
-def test_train_classify_then_classify(work):
-    proc = ok(qkv("train", "classify", "--data", "kinds.tsv", "--out", "clf", "--max-steps", "6", *TINY, cwd=work))
+def test_train_classify_then_classify(here, work):
+    proc = ok(here("train", "classify", "--data", "kinds.tsv", "--out", "clf", "--max-steps", "6", *TINY, cwd=work))
     assert "val_accuracy" in proc.stdout
-    out = ok(qkv("classify", "--model", "clf", "A dog runs on the beach.", "Where is the station?", cwd=work)).stdout
+    out = ok(here("classify", "--model", "clf", "A dog runs on the beach.", "Where is the station?", cwd=work)).stdout
     labels = [line.split("\t") for line in out.splitlines()]
     assert len(labels) == 2 and all(label in ("caption", "tatoeba") and 0.5 <= float(p) <= 1 for label, p, _ in labels)
 
@@ -89,12 +89,12 @@ def test_embed_writes_npy_and_json_lines_from_arguments_files_and_stdin(work):
 
 
 @needs_minilm
-def test_search_finds_the_line_itself_and_its_paraphrase(work):
+def test_search_finds_the_line_itself_and_its_paraphrase(here, work):
     corpus = ["The weather is lovely today.", "He drove his car to the station.", "A man is playing the guitar.",
               "The weather is lovely today.", "Stocks fell sharply on Monday."]
     (work / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
-    out = ok(qkv("search", "--corpus", "corpus.txt", "--top-k", "2", "A man is playing the guitar.",
-                 "Someone plays an instrument", cwd=work)).stdout
+    out = ok(here("search", "--corpus", "corpus.txt", "--top-k", "2", "A man is playing the guitar.",
+                  "Someone plays an instrument", cwd=work)).stdout
     blocks = out.split("\n\n")
     assert blocks[0].splitlines()[0] == "query: A man is playing the guitar."
     score, _, line, *text = blocks[0].splitlines()[1].split()
@@ -104,26 +104,25 @@ def test_search_finds_the_line_itself_and_its_paraphrase(work):
 
 
 @needs_minilm
-def test_similarity_and_an_attention_map(work):
-    same = ok(qkv("similarity", "A cat.", "A cat.", cwd=work)).stdout.strip()
+def test_similarity_and_an_attention_map(here, work):
+    same = ok(here("similarity", "A cat.", "A cat.", cwd=work)).stdout.strip()
     assert same == "1.0000"
-    near = float(ok(qkv("similarity", "A man is eating food.", "A man eats a piece of bread.", "--attention",
-                        "att.png", "--layer", "0", "--head", "5", "--sentence", "1", cwd=work)).stdout)
-    far = float(ok(qkv("similarity", "A man is eating food.", "Quantum chromodynamics", cwd=work)).stdout)
+    near = float(ok(here("similarity", "A man is eating food.", "A man eats a piece of bread.", "--attention",
+                         "att.png", "--layer", "0", "--head", "5", "--sentence", "1", cwd=work)).stdout)
+    far = float(ok(here("similarity", "A man is eating food.", "Quantum chromodynamics", cwd=work)).stdout)
     assert near > 0.5 > far
     assert (work / "att.png").read_bytes().startswith(PNG_MAGIC)
 
 
 @needs_minilm
-def test_fine_tune_minilm_starts_from_its_weights(work):
-    proc = ok(qkv("train", "classify", "--data", "kinds.tsv", "--init", "minilm", "--pooling", "mean", "--out",
-                  "clf-minilm", "--max-steps", "3", "--eval-every", "3", "--batch-size", "8", "--max-length", "32",
-                  "--no-progress", cwd=work))
+def test_fine_tune_minilm_starts_from_its_weights(here, work):
+    proc = ok(here("train", "classify", "--data", "kinds.tsv", "--init", "minilm", "--pooling", "mean", "--out",
+                   "clf-minilm", "--max-steps", "3", "--eval-every", "3", "--batch-size", "8", "--max-length", "32",
+                   "--no-progress", cwd=work))
     assert "step budget reached after 3 steps" in proc.stdout
 
 
 def test_mistakes_end_in_one_line(work, mlm_run, tmp_path, here):
-    qkv = here
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 10, "hidden_size": 8,
@@ -133,21 +132,21 @@ def test_mistakes_end_in_one_line(work, mlm_run, tmp_path, here):
     shutil.copy(mlm_run / "best" / "tokenizer.text.json", broken / "tokenizer.json")
     (work / "notabs.tsv").write_text("no tab on this line\n", encoding="utf-8")
     (work / "blank.txt").write_text("\n  \n", encoding="utf-8")
-    one_line_error(qkv("embed", "--model", tmp_path / "nothing", "x", cwd=work), "nothing")
-    one_line_error(qkv("embed", "--model", broken, "x", cwd=work), "tokenizer.json")
-    one_line_error(qkv("embed", "--model", mlm_run, cwd=work, input=""), "nothing to embed")
-    one_line_error(qkv("embed", "--model", mlm_run, "--input", "blank.txt", cwd=work), "nothing to embed")
-    one_line_error(qkv("embed", "--model", mlm_run, "x", "--output", "v.txt", cwd=work), ".npy")
-    one_line_error(qkv("embed", "--model", mlm_run, "x", "--attention", "a.png", "--layer", "5", cwd=work), "layer")
-    one_line_error(qkv("embed", "--model", mlm_run, "x", "--attention", "a.png", "--sentence", "1", cwd=work),
+    one_line_error(here("embed", "--model", tmp_path / "nothing", "x", cwd=work), "nothing")
+    one_line_error(here("embed", "--model", broken, "x", cwd=work), "tokenizer.json")
+    one_line_error(here("embed", "--model", mlm_run, cwd=work, input=""), "nothing to embed")
+    one_line_error(here("embed", "--model", mlm_run, "--input", "blank.txt", cwd=work), "nothing to embed")
+    one_line_error(here("embed", "--model", mlm_run, "x", "--output", "v.txt", cwd=work), ".npy")
+    one_line_error(here("embed", "--model", mlm_run, "x", "--attention", "a.png", "--layer", "5", cwd=work), "layer")
+    one_line_error(here("embed", "--model", mlm_run, "x", "--attention", "a.png", "--sentence", "1", cwd=work),
                    "--sentence")
-    one_line_error(qkv("search", "--model", mlm_run, "--corpus", "missing.txt", "q", cwd=work), "missing.txt")
-    one_line_error(qkv("search", "--model", mlm_run, "--corpus", "blank.txt", "q", cwd=work), "no text to search")
-    one_line_error(qkv("train", "mlm", "--out", tmp_path / "r", "--max-steps", "1", cwd=work), "--text")
-    one_line_error(qkv("train", "classify", "--data", "notabs.tsv", "--out", tmp_path / "r", "--max-steps", "1",
-                       cwd=work), "line 1 has no tab")
-    one_line_error(qkv("train", "classify", "--data", "kinds.tsv", "--init", "minilm", "--preset", "mini", "--out",
-                       tmp_path / "r", "--max-steps", "1", cwd=work), "--preset")
-    one_line_error(qkv("train", "mlm", "--text", "shakespeare.txt", "--out", mlm_run, "--max-steps", "1", cwd=work),
+    one_line_error(here("search", "--model", mlm_run, "--corpus", "missing.txt", "q", cwd=work), "missing.txt")
+    one_line_error(here("search", "--model", mlm_run, "--corpus", "blank.txt", "q", cwd=work), "no text to search")
+    one_line_error(here("train", "mlm", "--out", tmp_path / "r", "--max-steps", "1", cwd=work), "--text")
+    one_line_error(here("train", "classify", "--data", "notabs.tsv", "--out", tmp_path / "r", "--max-steps", "1",
+                        cwd=work), "line 1 has no tab")
+    one_line_error(here("train", "classify", "--data", "kinds.tsv", "--init", "minilm", "--preset", "mini", "--out",
+                        tmp_path / "r", "--max-steps", "1", cwd=work), "--preset")
+    one_line_error(here("train", "mlm", "--text", "shakespeare.txt", "--out", mlm_run, "--max-steps", "1", cwd=work),
                    "already holds a trained model")
-    one_line_error(qkv("classify", "--model", mlm_run, "x", cwd=work), "not a classifier")
+    one_line_error(here("classify", "--model", mlm_run, "x", cwd=work), "not a classifier")

@@ -71,11 +71,11 @@ def test_a_folder_of_the_users_files_is_refused_and_left_as_it_was(cli_work, tmp
     assert all(p.read_text() == "mine" for p in tmp_path.iterdir())
 
 
-def test_the_same_seed_gives_the_same_weights(cli_work, tmp_path):
+def test_the_same_seed_gives_the_same_weights(here, cli_work, tmp_path):
     """The model's initialisation, the data order and dropout all follow --seed (translation shares the code)."""
     def train(name, seed):
-        ok(qkv("train", "lm", "--text", "shakespeare.txt", *LM_TINY, "--dropout", "0.1", "--out", tmp_path / name,
-               "--max-steps", "3", "--seed", seed, cwd=cli_work))
+        ok(here("train", "lm", "--text", "shakespeare.txt", *LM_TINY, "--dropout", "0.1", "--out", tmp_path / name,
+                "--max-steps", "3", "--seed", seed, cwd=cli_work))
         return load_file(tmp_path / name / "last" / "model.safetensors")
 
     a, b, c = train("a", 7), train("b", 7), train("c", 8)
@@ -85,7 +85,7 @@ def test_the_same_seed_gives_the_same_weights(cli_work, tmp_path):
 
 def test_no_bleu_samples_still_keeps_a_best_checkpoint(cli_work, tmp_path, here):
     proc = ok(here("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "3", *TRANSLATION_TINY,
-                  "--bleu-samples", "0", cwd=cli_work))
+                   "--bleu-samples", "0", cwd=cli_work))
     assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
     assert "best: val_loss" in proc.stdout
     proc = ok(here("translate", "--model", tmp_path / "run", "Ein Hund.", cwd=cli_work))
@@ -173,7 +173,7 @@ def test_closed_stdin(translation_trained, lm_run, args, phrase, tmp_path):
 
 def test_a_model_too_large_for_memory_is_refused_before_allocation(cli_work, tmp_path, here):
     proc = here("train", *DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "1", *TRANSLATION_TINY,
-               "--d-ff", "1000000000000", cwd=cli_work)
+                "--d-ff", "1000000000000", cwd=cli_work)
     last_line_error(proc, "parameters and needs", "TiB", "more than the", "choose smaller sizes")
 
 
@@ -185,7 +185,7 @@ def test_an_empty_first_sentence_cannot_be_drawn(translation_trained, tmp_path, 
 
 def test_a_layer_that_does_not_exist_fails_before_translating(translation_trained, tmp_path, here):
     proc = here("translate", "--model", translation_trained[0], "Ein Hund.", "--attention", "a.png", "--layer", "5",
-               cwd=tmp_path)
+                cwd=tmp_path)
     one_line_error(proc, "--layer 5 does not exist", "1 attention layer(s)")
     assert proc.stdout == ""
 

@@ -45,17 +45,17 @@ def test_generate_greedy_is_deterministic_and_streams_the_prompt_first(trained, 
     assert a == b and a.startswith("ROMEO:") and len(a.rstrip("\n")) == len("ROMEO:") + 12
 
 
-def test_generate_samples_batches_and_seeds(trained, work):
+def test_generate_samples_batches_and_seeds(here, trained, work):
     args = ["generate", "--model", trained, "--prompt", "KING:", "--prompt", "A", "--max-new-tokens", "10",
             "--temperature", "1.0", "--top-k", "20", "--top-p", "0.9", "--seed", "4"]
-    first, again = ok(qkv(*args, cwd=work)).stdout, ok(qkv(*args, cwd=work)).stdout
+    first, again = ok(here(*args, cwd=work)).stdout, ok(here(*args, cwd=work)).stdout
     assert first == again
     assert first.startswith("KING:") and "\n" + "-" * 40 + "\nA" in first
 
 
 def test_errors_are_one_line(trained, work, tmp_path, here):
     one_line_error(here("train", "lm", "--text", "missing.txt", "--out", tmp_path / "r", "--max-steps", "1",
-                       cwd=work), "missing.txt", "no such file")
+                        cwd=work), "missing.txt", "no such file")
     one_line_error(here("train", "lm", "--text", "shakespeare.txt", "--out", trained, "--max-steps", "1", cwd=work),
                    "already holds a trained model")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--beam", "2", cwd=work), "stop token")
@@ -71,16 +71,16 @@ needs_smollm2 = pytest.mark.skipif(
 
 
 @needs_smollm2
-def test_smollm2_continues_a_prompt_and_chats(tmp_path):
+def test_smollm2_continues_a_prompt_and_chats(tmp_path, here):
     """On the file's 4-bit weights by default (int4), as it says; --quantize none runs fp32 weights."""
     proc = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
                   "8", cwd=tmp_path))
     assert proc.stdout.startswith("The capital of France is") and "Paris" in proc.stdout
     assert "weights kept quantized (" in proc.stderr and "Q4_1 -> int4 as stored" in proc.stderr
-    fp32 = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
-                  "8", "--quantize", "none", cwd=tmp_path))
+    fp32 = ok(here("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
+                   "8", "--quantize", "none", cwd=tmp_path))
     assert "Paris" in fp32.stdout and "weights" not in fp32.stderr
-    chat = ok(qkv("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
+    chat = ok(here("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
     assert "Paris" in chat and "<|im_end|>" not in chat
 
 
@@ -90,8 +90,8 @@ def test_generate_with_quantized_weights(trained, work, here):
     for mode in ("int8", "int4"):
         args = ["generate", "--model", trained, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--quantize", mode,
                 "--group-size", "32"]
-        a = ok(qkv(*args, cwd=work)).stdout
-        assert a == ok(qkv(*args, "--no-cache", cwd=work)).stdout and a.startswith("ROMEO:")
+        a = ok(here(*args, cwd=work)).stdout
+        assert a == ok(here(*args, "--no-cache", cwd=work)).stdout and a.startswith("ROMEO:")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int4", "--group-size", "64",
                         cwd=work), "its 32 inputs are not divisible by the group size 64")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int3", cwd=work),

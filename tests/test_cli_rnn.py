@@ -8,9 +8,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clitools import PNG_MAGIC, ok, one_line_error, qkv
+from clitools import PNG_MAGIC, ok, one_line_error
 
-pytestmark = pytest.mark.slow  # about 20 subprocesses, each importing torch
+pytestmark = pytest.mark.slow  # trains four models; run in this process (test_cli.py starts the command as a user does)
 
 COMMON = ["--vocab-size", "300", "--batch-tokens", "800", "--eval-every", "2", "--bleu-samples", "5", "--no-progress",
           "--warmup", "2", "--max-steps", "3"]
@@ -31,18 +31,19 @@ def work(cli_work) -> Path:
     return cli_work
 
 
-def _trained(work: Path, arch: str) -> Path:
-    """The run of ``arch`` in ``work``, trained on first use (3 steps) and shared by every test after."""
+def _trained(here, work: Path, arch: str) -> Path:
+    """The run of ``arch`` in ``work``, trained on first use (3 steps, by ``qkv`` run in this process) and shared
+    by every test after."""
     if not (work / arch / "last").is_dir():
-        proc = ok(qkv("train", "--arch", arch, "--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de",
-                      "--valid-tgt", "val.en", "--out", arch, *SIZES[arch], *COMMON, cwd=work))
+        proc = ok(here("train", "--arch", arch, "--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de",
+                       "--valid-tgt", "val.en", "--out", arch, *SIZES[arch], *COMMON, cwd=work))
         assert "step budget reached after 3 steps" in proc.stdout
     return work / arch
 
 
 @pytest.fixture(params=list(SIZES))
-def run(request, work) -> tuple[str, Path]:
-    return request.param, _trained(work, request.param)
+def run(request, work, here) -> tuple[str, Path]:
+    return request.param, _trained(here, work, request.param)
 
 
 def test_every_arch_trains_into_the_same_checkpoints(run):
@@ -62,28 +63,28 @@ def test_every_arch_trains_into_the_same_checkpoints(run):
     assert (path / "loss.png").read_bytes().startswith(PNG_MAGIC)
 
 
-def test_every_arch_translates_and_evaluates(run, tmp_path):
+def test_every_arch_translates_and_evaluates(here, run, tmp_path):
     arch, path = run
     args = ["translate", "--model", path, "--beam", "2", *SENTENCES]
     if arch != "lstm":
         args += ["--attention", "a.png"]
-    proc = ok(qkv(*args, cwd=tmp_path))
+    proc = ok(here(*args, cwd=tmp_path))
     assert len(proc.stdout.splitlines()) == len(SENTENCES)
     if arch != "lstm":
         assert (tmp_path / "a.png").read_bytes().startswith(PNG_MAGIC)
     if arch == "lstm-dot":  # the carried state changes nothing but speed
-        no_cache = ok(qkv("translate", "--model", path, "--beam", "2", "--no-cache", *SENTENCES, cwd=tmp_path))
+        no_cache = ok(here("translate", "--model", path, "--beam", "2", "--no-cache", *SENTENCES, cwd=tmp_path))
         assert no_cache.stdout == proc.stdout
     work = path.parent
-    proc = ok(qkv("evaluate", "--model", path / "last", "--src", "test.de", "--ref", "test.en", cwd=work))
+    proc = ok(here("evaluate", "--model", path / "last", "--src", "test.de", "--ref", "test.en", cwd=work))
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("translated 10 sentences")
     assert lines[1].startswith("BLEU = ") and lines[2].startswith("chrF = ")
 
 
-def test_resume_an_lstm_run(work, tmp_path):
-    run = Path(shutil.copytree(_trained(work, "lstm-additive"), tmp_path / "run"))
-    proc = ok(qkv("train", "--out", run, "--resume", "--max-steps", "4", "--no-progress", cwd=work))
+def test_resume_an_lstm_run(work, tmp_path, here):
+    run = Path(shutil.copytree(_trained(here, work, "lstm-additive"), tmp_path / "run"))
+    proc = ok(here("train", "--out", run, "--resume", "--max-steps", "4", "--no-progress", cwd=work))
     assert "at step 3" in proc.stderr and "after 4 steps" in proc.stdout
     config = json.loads((run / "last" / "config.json").read_text())
     assert config["step"] == 4 and config["args"]["arch"] == "lstm-additive"
@@ -91,7 +92,7 @@ def test_resume_an_lstm_run(work, tmp_path):
 
 
 def test_error_attention_map_of_the_bottleneck_model(work, tmp_path, here):
-    proc = here("translate", "--model", _trained(work, "lstm"), "--attention", "a.png", "Ein Hund.", cwd=tmp_path)
+    proc = here("translate", "--model", _trained(here, work, "lstm"), "--attention", "a.png", "Ein Hund.", cwd=tmp_path)
     one_line_error(proc, "no attention", "lstm-dot or lstm-additive")
     assert not (tmp_path / "a.png").exists()
 
@@ -106,5 +107,5 @@ def test_error_attention_map_of_the_bottleneck_model(work, tmp_path, here):
 ])
 def test_error_options_of_the_other_architecture(work, tmp_path, args, phrases, here):
     proc = here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",
-               "--valid-size", "20", *args, cwd=tmp_path)
+                "--valid-size", "20", *args, cwd=tmp_path)
     one_line_error(proc, *phrases)

@@ -54,93 +54,93 @@ def test_train_vit_writes_a_classifier_that_knows_its_data(vit_run):
     assert (vit_run / "loss.png").read_bytes()[:8] == PNG_MAGIC
 
 
-def test_train_vit_resumes_to_the_new_budget(work, vit_run, tmp_path):
+def test_train_vit_resumes_to_the_new_budget(here, work, vit_run, tmp_path):
     run = tmp_path / "vit"
     shutil.copytree(vit_run, run)
-    proc = ok(qkv("train", "vit", "--out", run, "--resume", "--max-steps", "12", "--no-progress", cwd=work))
+    proc = ok(here("train", "vit", "--out", run, "--resume", "--max-steps", "12", "--no-progress", cwd=work))
     assert "after 12 steps" in proc.stdout and "test accuracy" in proc.stdout
-    last_line_error(qkv("train", "vit", "--out", run, "--resume", "--patch-size", "4", "--max-steps", "14", cwd=work),
+    last_line_error(here("train", "vit", "--out", run, "--resume", "--patch-size", "4", "--max-steps", "14", cwd=work),
                     "--patch-size 4 differs")
 
 
-def test_classify_image_files_a_test_set_and_picked_test_images(work, vit_run):
-    lines = ok(qkv("classify-image", "--model", vit_run, "digit0.png", "digit1.png", cwd=work)).stdout.splitlines()
+def test_classify_image_files_a_test_set_and_picked_test_images(here, work, vit_run):
+    lines = ok(here("classify-image", "--model", vit_run, "digit0.png", "digit1.png", cwd=work)).stdout.splitlines()
     assert len(lines) == 2 and lines[1].endswith("\tdigit1.png")
     label, prob, _ = lines[0].split("\t")
     assert label in [str(d) for d in range(10)] and 0 < float(prob) <= 1
-    summary = ok(qkv("classify-image", "--model", vit_run, "--data", "digits", cwd=work)).stdout
+    summary = ok(here("classify-image", "--model", vit_run, "--data", "digits", cwd=work)).stdout
     assert summary.startswith("accuracy: ") and "on 359 digits test images" in summary
-    picked = ok(qkv("classify-image", "--model", vit_run, "--data", "digits", "--index", "0", "1", cwd=work))
+    picked = ok(here("classify-image", "--model", vit_run, "--data", "digits", "--index", "0", "1", cwd=work))
     assert picked.stdout.splitlines()[0] == lines[0].replace("digit0.png", "digits[0]")  # the file is that image
 
 
-def test_attention_draws_the_cls_attention_and_rollout(work, vit_run, tmp_path):
-    proc = ok(qkv("classify-image", "--model", vit_run, "digit0.png", "digit2.png", "--attention",
-                  tmp_path / "att.png", "--image", "1", cwd=work))
+def test_attention_draws_the_cls_attention_and_rollout(here, work, vit_run, tmp_path):
+    proc = ok(here("classify-image", "--model", vit_run, "digit0.png", "digit2.png", "--attention",
+                   tmp_path / "att.png", "--image", "1", cwd=work))
     assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and "attention of digit2.png" in proc.stderr
 
 
-def test_wrong_images_are_one_clear_line(work, vit_run):
-    one_line_error(qkv("classify-image", "--model", vit_run, "big.png", cwd=work), "16x16 pixels", "reads 8x8",
+def test_wrong_images_are_one_clear_line(here, work, vit_run):
+    one_line_error(here("classify-image", "--model", vit_run, "big.png", cwd=work), "16x16 pixels", "reads 8x8",
                    "--resize")
-    one_line_error(qkv("classify-image", "--model", vit_run, "colour.png", cwd=work), "a colour image",
+    one_line_error(here("classify-image", "--model", vit_run, "colour.png", cwd=work), "a colour image",
                    "reads grey images")
-    one_line_error(qkv("classify-image", "--model", vit_run, "notes.txt", cwd=work), "not a PNG or JPEG")
-    one_line_error(qkv("classify-image", "--model", vit_run, "missing.png", cwd=work), "no such file")
-    one_line_error(qkv("classify-image", "--model", vit_run, cwd=work), "no images")
-    one_line_error(qkv("classify-image", "--model", vit_run, "--data", "digits", "--index", "400", cwd=work),
+    one_line_error(here("classify-image", "--model", vit_run, "notes.txt", cwd=work), "not a PNG or JPEG")
+    one_line_error(here("classify-image", "--model", vit_run, "missing.png", cwd=work), "no such file")
+    one_line_error(here("classify-image", "--model", vit_run, cwd=work), "no images")
+    one_line_error(here("classify-image", "--model", vit_run, "--data", "digits", "--index", "400", cwd=work),
                    "past the last of the 359")
-    one_line_error(qkv("classify-image", "--model", vit_run, "digit0.png", "--attention", "a.png", "--image", "3",
-                       cwd=work), "--image 3 is past the last")
-    resized = ok(qkv("classify-image", "--model", vit_run, "big.png", "colour.png", "--resize", cwd=work))
+    one_line_error(here("classify-image", "--model", vit_run, "digit0.png", "--attention", "a.png", "--image", "3",
+                        cwd=work), "--image 3 is past the last")
+    resized = ok(here("classify-image", "--model", vit_run, "big.png", "colour.png", "--resize", cwd=work))
     assert len(resized.stdout.splitlines()) == 2
 
 
-def test_train_swin_on_a_folder_with_a_test_folder(work, tmp_path):
-    proc = ok(qkv("train", "swin", "--data", "shapes", "--test-data", "shapes-test", "--image-size", "16",
-                  "--out", tmp_path / "swin", "--max-steps", "4", "--d-model", "12", "--depths", "2",
-                  "--stage-heads", "2", "--window-size", "4", "--patch-size", "2", "--batch-size", "8",
-                  "--valid-fraction", "0.25", "--eval-every", "2", "--no-progress", cwd=work))
+def test_train_swin_on_a_folder_with_a_test_folder(here, work, tmp_path):
+    proc = ok(here("train", "swin", "--data", "shapes", "--test-data", "shapes-test", "--image-size", "16",
+                   "--out", tmp_path / "swin", "--max-steps", "4", "--d-model", "12", "--depths", "2",
+                   "--stage-heads", "2", "--window-size", "4", "--patch-size", "2", "--batch-size", "8",
+                   "--valid-fraction", "0.25", "--eval-every", "2", "--no-progress", cwd=work))
     assert "on 12 shapes-test test images" in proc.stdout
     config = json.loads((tmp_path / "swin" / "best" / "config.json").read_text())
     assert config["arch"] == "swin-classifier" and config["model"]["channels"] == 3
     assert config["labels"] == ["dark", "light"]
-    lines = ok(qkv("classify-image", "--model", tmp_path / "swin", "shapes/light/0.png", "--resize",
-                   cwd=work)).stdout
+    lines = ok(here("classify-image", "--model", tmp_path / "swin", "shapes/light/0.png", "--resize",
+                    cwd=work)).stdout
     assert lines.split("\t")[0] in ("dark", "light")
-    one_line_error(qkv("classify-image", "--model", tmp_path / "swin", "shapes/light/0.png", "--resize",
-                       "--attention", tmp_path / "a.png", cwd=work), "is a Swin", "has none")
+    one_line_error(here("classify-image", "--model", tmp_path / "swin", "shapes/light/0.png", "--resize",
+                        "--attention", tmp_path / "a.png", cwd=work), "is a Swin", "has none")
 
 
-def test_train_clip_then_zero_shot_by_names(work, tmp_path):
-    proc = ok(qkv("train", "clip", "--data", "digits", "--out", tmp_path / "clip", "--max-steps", "6",
-                  "--patch-size", "2", "--n-layers", "1", "--text-layers", "1", "--projection-dim", "16",
-                  "--vocab-size", "200", *SMALL, cwd=work))
+def test_train_clip_then_zero_shot_by_names(here, work, tmp_path):
+    proc = ok(here("train", "clip", "--data", "digits", "--out", tmp_path / "clip", "--max-steps", "6",
+                   "--patch-size", "2", "--n-layers", "1", "--text-layers", "1", "--projection-dim", "16",
+                   "--vocab-size", "200", *SMALL, cwd=work))
     assert "zero-shot test accuracy: " in proc.stdout and "held-out templates" in proc.stdout
     assert "image to text@5" in proc.stdout
     run = tmp_path / "clip"
     config = json.loads((run / "best" / "config.json").read_text())
     assert config["arch"] == "clip" and config["class_names"] == [str(d) for d in range(10)]
-    lines = ok(qkv("zero-shot", "--model", run, "--labels", "0, 1, 2", "digit0.png", "digit1.png",
-                   "--attention", tmp_path / "att.png", cwd=work)).stdout.splitlines()
+    lines = ok(here("zero-shot", "--model", run, "--labels", "0, 1, 2", "digit0.png", "digit1.png",
+                    "--attention", tmp_path / "att.png", cwd=work)).stdout.splitlines()
     assert len(lines) == 2 and lines[0].split("\t")[0] in ("0", "1", "2")
     assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC
-    summary = ok(qkv("zero-shot", "--model", run, "--data", "digits", "--template", "a photo of a {}.",
-                     cwd=work)).stdout
+    summary = ok(here("zero-shot", "--model", run, "--data", "digits", "--template", "a photo of a {}.",
+                      cwd=work)).stdout
     assert summary.startswith("zero-shot accuracy: ") and "1 templates" in summary
-    one_line_error(qkv("zero-shot", "--model", run, "--labels", "0,,2", "digit0.png", cwd=work), "empty label")
-    one_line_error(qkv("zero-shot", "--model", run, "--labels", " , ", "digit0.png", cwd=work), "empty label")
-    one_line_error(qkv("zero-shot", "--model", run, "digit0.png", cwd=work), "no labels")
-    one_line_error(qkv("zero-shot", "--model", run, "--labels", "a,b", "--template", "a photo", "digit0.png",
-                       cwd=work), "has no {}")
-    one_line_error(qkv("classify-image", "--model", run, "digit0.png", cwd=work), "not an image classifier")
+    one_line_error(here("zero-shot", "--model", run, "--labels", "0,,2", "digit0.png", cwd=work), "empty label")
+    one_line_error(here("zero-shot", "--model", run, "--labels", " , ", "digit0.png", cwd=work), "empty label")
+    one_line_error(here("zero-shot", "--model", run, "digit0.png", cwd=work), "no labels")
+    one_line_error(here("zero-shot", "--model", run, "--labels", "a,b", "--template", "a photo", "digit0.png",
+                        cwd=work), "has no {}")
+    one_line_error(here("classify-image", "--model", run, "digit0.png", cwd=work), "not an image classifier")
 
 
-def test_bad_training_data_is_one_clear_line(work, tmp_path):
-    last_line_error(qkv("train", "vit", "--data", "nowhere", "--out", tmp_path / "a", "--max-steps", "1", cwd=work),
+def test_bad_training_data_is_one_clear_line(here, work, tmp_path):
+    last_line_error(here("train", "vit", "--data", "nowhere", "--out", tmp_path / "a", "--max-steps", "1", cwd=work),
                     "no such folder", "fashion-mnist / digits")
     (work / "one" / "only").mkdir(parents=True, exist_ok=True)
-    last_line_error(qkv("train", "swin", "--data", "one", "--out", tmp_path / "b", "--max-steps", "1", cwd=work),
+    last_line_error(here("train", "swin", "--data", "one", "--out", tmp_path / "b", "--max-steps", "1", cwd=work),
                     "at least 2")
-    last_line_error(qkv("train", "vit", "--data", "digits", "--patch-size", "3", "--out", tmp_path / "c",
-                        "--max-steps", "1", cwd=work), "divisible by patch_size=3")
+    last_line_error(here("train", "vit", "--data", "digits", "--patch-size", "3", "--out", tmp_path / "c",
+                         "--max-steps", "1", cwd=work), "divisible by patch_size=3")

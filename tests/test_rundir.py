@@ -157,15 +157,15 @@ def test_a_mark_that_became_a_link_after_the_check_is_not_followed(tmp_path, mon
     assert target.read_text() == "not the run's"
 
 
-def test_the_command_line_refuses_a_run_directory_with_a_link_and_writes_nothing(tmp_path):
-    from clitools import LM_TINY, one_line_error, qkv
+def test_the_command_line_refuses_a_run_directory_with_a_link_and_writes_nothing(here, tmp_path):
+    from clitools import LM_TINY, one_line_error
 
     (tmp_path / "text.txt").write_text("the cat sat on the mat.\n" * 50)
     with claim(tmp_path / "run", resume=False):  # an earlier run that stopped before its first checkpoint
         pass
     (tmp_path / "elsewhere.png").write_bytes(b"the user's picture")
     (tmp_path / "run" / "loss.png").symlink_to(tmp_path / "elsewhere.png")
-    one_line_error(qkv("train", "lm", "--text", "text.txt", *LM_TINY, "--max-steps", "2", "--out", "run",
-                       cwd=tmp_path), "holds symbolic links (loss.png -> ", "remove the links, or choose a new --out")
+    one_line_error(here("train", "lm", "--text", "text.txt", *LM_TINY, "--max-steps", "2", "--out", "run",
+                        cwd=tmp_path), "holds symbolic links (loss.png -> ", "remove the links, or choose a new --out")
     assert (tmp_path / "elsewhere.png").read_bytes() == b"the user's picture"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [MARK, "loss.png"]

@@ -13,6 +13,7 @@ then the values row by row. :func:`read_idx` reads it (gzipped or not) with the 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import math
 import struct
 import zlib
@@ -126,15 +127,26 @@ def load_fashion_mnist(split: str, root: str | Path = FASHION_MNIST_DIR) -> Imag
 
 
 def load_digits(split: str, *, test_fraction: float = 0.2, seed: int = 0) -> ImageSet:
-    """scikit-learn's 1,797 8×8 handwritten digits (16 grey levels, scaled to 0..255), split at random."""
-    from sklearn.datasets import load_digits as sklearn_digits
-
-    data = sklearn_digits()
-    pixels = torch.from_numpy((data.images * (255 / 16)).round().astype(np.uint8))[:, None]  # (N, 1, 8, 8)
+    """scikit-learn's 1,797 8×8 handwritten digits (16 grey levels, scaled to 0..255), split at random. Read from
+    the CSV file scikit-learn ships (64 grey levels and the label per row), without importing scikit-learn."""
+    table = np.loadtxt(_sklearn_file("datasets/data/digits.csv.gz"), delimiter=",", dtype=np.float64)
+    images, targets = table[:, :64].reshape(-1, 8, 8), table[:, 64].astype(np.int64)
+    pixels = torch.from_numpy((images * (255 / 16)).round().astype(np.uint8))[:, None]  # (N, 1, 8, 8)
     order = torch.randperm(len(pixels), generator=torch.Generator().manual_seed(seed))
     n_test = round(len(order) * test_fraction)
     rows = order[:n_test] if split == "test" else order[n_test:]
-    return ImageSet(pixels[rows], torch.from_numpy(data.target).long()[rows], [str(d) for d in range(10)])
+    return ImageSet(pixels[rows], torch.from_numpy(targets)[rows], [str(d) for d in range(10)])
+
+
+def _sklearn_file(name: str) -> Path:
+    """A data file inside the installed scikit-learn package, found without running its import."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the digits come with scikit-learn: pip install scikit-learn")
+    path = Path(spec.submodule_search_locations[0]) / name
+    if not path.is_file():
+        raise DataError(f"scikit-learn at {path.parents[2]} has no {name}: reinstall it (pip install scikit-learn)")
+    return path
 
 
 def _channels_of(mode: str) -> int:

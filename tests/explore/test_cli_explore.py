@@ -27,50 +27,50 @@ def test_export_writes_one_page_per_model(lm_dir, translator_dir, tmp_path):
 
 
 @pytest.mark.skipif(minilm_path() is None, reason=f"all-MiniLM-L6-v2 is not installed: {MINILM_INSTALL}")
-def test_export_minilm(tmp_path):
-    ok(qkv("explore", "--pretrained", "minilm", "--export", "m.html", "--text", "A cat sleeps.", cwd=tmp_path))
+def test_export_minilm(here, tmp_path):
+    ok(here("explore", "--pretrained", "minilm", "--export", "m.html", "--text", "A cat sleeps.", cwd=tmp_path))
     view = _data(tmp_path / "m.html")["views"][0]
     assert view["queries"] == ["[CLS]", "a", "cat", "sleeps", ".", "[SEP]"] and len(view["attention"]) == 6
 
 
-def test_mistakes_end_in_one_line(lm_dir, tmp_path):
-    one_line_error(qkv("explore", cwd=tmp_path), "give one model: --model DIR")
-    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", cwd=tmp_path),
+def test_mistakes_end_in_one_line(here, lm_dir, tmp_path):
+    one_line_error(here("explore", cwd=tmp_path), "give one model: --model DIR")
+    one_line_error(here("explore", "--model", lm_dir, "--export", "x.html", cwd=tmp_path),
                    "--export needs --text (or --image for an image model)")
-    one_line_error(qkv("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--text", "hi", cwd=tmp_path),
                    "--text and --image go with --export FILE.html")
-    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.txt", "--text", "hi", cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--export", "x.txt", "--text", "hi", cwd=tmp_path),
                    "--export writes an HTML page: name it FILE.html, not x.txt")
-    one_line_error(qkv("explore", "--model", lm_dir, "--export", "no/x.html", "--text", "hi", cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--export", "no/x.html", "--text", "hi", cwd=tmp_path),
                    "the folder no does not exist")
-    one_line_error(qkv("explore", "--model", lm_dir, "--export", "x.html", "--text", "x" * 60, cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--export", "x.html", "--text", "x" * 60, cwd=tmp_path),
                    "the prompt is 60 tokens long; the explorer shows at most 48: shorten it")
-    one_line_error(qkv("explore", "--model", tmp_path / "none", cwd=tmp_path), "none")
-    one_line_error(qkv("explore", "--model", lm_dir, "--port", "70000", cwd=tmp_path),
+    one_line_error(here("explore", "--model", tmp_path / "none", cwd=tmp_path), "none")
+    one_line_error(here("explore", "--model", lm_dir, "--port", "70000", cwd=tmp_path),
                    "argument --port: must be an integer")
-    one_line_error(qkv("explore", "--model", lm_dir, "--new-tokens", "60", cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--new-tokens", "60", cwd=tmp_path),
                    "--new-tokens 60 leaves no room for a prompt", "give at most 56")
     assert not (tmp_path / "x.html").exists()
 
 
-def test_export_an_image_classifier_and_image_mistakes(vit_dir, lm_dir, png, tmp_path):
-    ok(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", png, cwd=tmp_path))
+def test_export_an_image_classifier_and_image_mistakes(here, vit_dir, lm_dir, png, tmp_path):
+    ok(here("explore", "--model", vit_dir, "--export", "v.html", "--image", png, cwd=tmp_path))
     data = _data(tmp_path / "v.html")
     assert data["kind"] == "image" and data["image"]["grid"] == [2, 2] and len(data["views"][0]["queries"]) == 5
     assert data["steps"]["top"][0][0]["token"] in ("cat", "dog", "猫")
-    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--text", "hi", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--text", "hi", cwd=tmp_path),
                    "is an image model: export with --image FILE.png, not --text")
-    one_line_error(qkv("explore", "--model", lm_dir, "--export", "v.html", "--image", png, cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--export", "v.html", "--image", png, cwd=tmp_path),
                    "reads text: export with --text")
-    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", "none.png", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--image", "none.png", cwd=tmp_path),
                    "--image none.png: no such file")
     (tmp_path / "fake.png").write_text("not an image")
-    one_line_error(qkv("explore", "--model", vit_dir, "--export", "v.html", "--image", "fake.png", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--image", "fake.png", cwd=tmp_path),
                    "cannot read the image")
 
 
-def test_export_a_clip_with_its_zero_shot_classes(clip_dir, png, tmp_path):
-    ok(qkv("explore", "--model", clip_dir, "--export", "c.html", "--image", png, cwd=tmp_path))
+def test_export_a_clip_with_its_zero_shot_classes(here, clip_dir, png, tmp_path):
+    ok(here("explore", "--model", clip_dir, "--export", "c.html", "--image", png, cwd=tmp_path))
     data = _data(tmp_path / "c.html")
     assert data["kind"] == "image" and len(data["views"][0]["attention"]) == 2  # the image tower's two layers
     top = data["steps"]["top"][0]

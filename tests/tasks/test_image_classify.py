@@ -41,6 +41,18 @@ def test_a_small_vit_learns_the_digits(tmp_path):
     torch.testing.assert_close(probs.sum(-1), torch.ones(5))
 
 
+def test_the_digits_are_scikit_learns():
+    datasets = pytest.importorskip("sklearn.datasets")
+    reference = datasets.load_digits()
+    test, train = load_digits("test"), load_digits("train")
+    assert len(test) + len(train) == len(reference.target) == 1797
+    pixels = torch.cat([test.pixels, train.pixels]).flatten(1).double() * 16 / 255
+    labels = torch.cat([test.labels, train.labels])
+    order = torch.randperm(1797, generator=torch.Generator().manual_seed(0))  # the split's own order
+    torch.testing.assert_close(pixels.round(), torch.from_numpy(reference.data)[order])
+    assert labels.tolist() == reference.target[order.numpy()].tolist()
+
+
 def test_batches_are_the_same_when_read_again():
     digits = load_digits("test")
     task = ImageClassifyTask(torch.nn.Identity(), digits, digits, batch_size=16, pad=2, flip=True,
