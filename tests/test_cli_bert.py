@@ -72,18 +72,19 @@ def test_train_classify_then_classify(here, work):
 
 
 @needs_minilm
-def test_embed_writes_npy_and_json_lines_from_arguments_files_and_stdin(work):
-    ok(qkv("embed", "The cat sits.", "Il pleut.", "--output", "v.npy", "--batch-size", "1", cwd=work))
+def test_embed_writes_npy_and_json_lines_from_arguments_files_and_stdin(work, here):
+    """In this process, and from a pipe as a user starts it."""
+    ok(here("embed", "The cat sits.", "Il pleut.", "--output", "v.npy", "--batch-size", "1", cwd=work))
     matrix = np.load(work / "v.npy")
     assert matrix.shape == (2, 384) and matrix.dtype == np.float32
     (work / "sentences.txt").write_text("The cat sits.\n\nIl pleut.\n", encoding="utf-8")
-    ok(qkv("embed", "--input", "sentences.txt", "--output", "v.jsonl", cwd=work))
+    ok(here("embed", "--input", "sentences.txt", "--output", "v.jsonl", cwd=work))
     rows = [json.loads(line) for line in (work / "v.jsonl").read_text().splitlines()]
     assert [r["text"] for r in rows] == ["The cat sits.", "Il pleut."]  # the blank line is skipped
     np.testing.assert_allclose(np.array([r["embedding"] for r in rows]), matrix, atol=1e-6)
     piped = ok(qkv("embed", cwd=work, input="Il pleut.\n")).stdout
     np.testing.assert_allclose(json.loads(piped)["embedding"], matrix[1], atol=1e-6)
-    ok(qkv("embed", "The cat sits.", "Il pleut.", "--output", "v8.npy", "--quantize", "int8", cwd=work))
+    ok(here("embed", "The cat sits.", "Il pleut.", "--output", "v8.npy", "--quantize", "int8", cwd=work))
     eight = np.load(work / "v8.npy")  # calibrated int8 (outlier columns in fp32): near, not equal
     assert 0 < np.abs(eight @ eight.T - matrix @ matrix.T).max() < 0.01 and (eight * matrix).sum(1).min() > 0.99
 

@@ -35,15 +35,15 @@ def _steps(run: Path, column: str = "step") -> list[int]:
 
 # --- data loss and silently wrong results ---------------------------------------------------------------------
 
-def test_a_diverging_run_keeps_its_last_good_checkpoint(cli_work, translation_trained, copy_of):
+def test_a_diverging_run_keeps_its_last_good_checkpoint(cli_work, translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
     last = _snapshot(run / "last")
-    proc = qkv("train", "--out", run, "--resume", "--lr", "1e30", "--warmup", "0", "--max-steps", "25",
+    proc = here("train", "--out", run, "--resume", "--lr", "1e30", "--warmup", "0", "--max-steps", "25",
                "--eval-every", "1", "--no-progress", cwd=cli_work)
     last_line_error(proc, "training diverged at step 7", "last is kept", "Lower --lr")
     assert _snapshot(run / "last") == last  # step 6, as it was
     assert json.loads((run / "best" / "config.json").read_text())["step"] <= 6
-    proc = ok(qkv("train", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=cli_work))
+    proc = ok(here("train", "--out", run, "--resume", "--max-steps", "9", "--no-progress", cwd=cli_work))
     assert "at step 6" in proc.stderr and "after 9 steps" in proc.stdout
     assert _steps(run) == [3, 6, 9]  # the rows of the diverged attempt are gone
 

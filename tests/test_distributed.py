@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, ok, qkv
+from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, ok
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # each run starts two interpreters
@@ -33,8 +33,8 @@ TRANSLATION = ["train", "--src", "train.de", "--tgt", "train.en", "--valid-src",
 
 
 @pytest.mark.parametrize("trainer", [LM, TRANSLATION], ids=["lm", "translation"])
-def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path, trainer):
-    one = ok(qkv(*trainer, "--out", tmp_path / "one", "--max-steps", "4", "--accum", "2", cwd=cli_work))
+def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path, trainer, here):
+    one = ok(here(*trainer, "--out", tmp_path / "one", "--max-steps", "4", "--accum", "2", cwd=cli_work))
     two = torchrun(*trainer, "--out", tmp_path / "two", "--max-steps", "4", cwd=cli_work)
     assert two.stdout.count("step budget reached after 4 steps") == 1  # rank 0 reports, once
     validations = [[line for line in proc.stdout.splitlines() if line.startswith("step ")] for proc in (one, two)]
@@ -56,8 +56,9 @@ def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path,
                                                                      "loss.png"]
 
 
-def test_a_distributed_run_resumes(cli_work, tmp_path):
-    torchrun(*LM, "--out", tmp_path / "run", "--max-steps", "3", cwd=cli_work)
+def test_a_run_resumes_in_two_processes(cli_work, tmp_path, here):
+    """One process's run (the same global batch: two accumulated batches) goes on in two."""
+    ok(here(*LM, "--out", tmp_path / "run", "--max-steps", "3", "--accum", "2", cwd=cli_work))
     proc = torchrun("train", "lm", "--out", tmp_path / "run", "--resume", "--max-steps", "6", "--device", "cpu",
                     "--no-progress", cwd=cli_work)
     assert "at step 3" in proc.stderr and proc.stdout.count("after 6 steps") == 1
