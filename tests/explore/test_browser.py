@@ -26,9 +26,9 @@ try:
     from selenium.webdriver.support.ui import WebDriverWait
 except ImportError:
     webdriver = None
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (CHROMIUM and DRIVER and webdriver),
-    reason="needs Debian's chromium and chromium-driver and selenium (.ci/run installs them)")
+    reason="needs Debian's chromium and chromium-driver and selenium (.ci/run installs them)")]
 
 
 @pytest.fixture(scope="module")

@@ -58,6 +58,7 @@ def test_the_task_loss_is_clips_and_the_temperature_is_clamped_first():
     assert caption_ids(task.tokenizers["text"], "a photo of a 7. " * 20, 8)[-1] == EOS_ID
 
 
+@pytest.mark.slow
 def test_a_tiny_clip_learns_the_digits_zero_shot_with_held_out_templates(tmp_path):
     task = _digits_task(batch_size=128)
     opts = TrainOptions(out=str(tmp_path), max_steps=400, lr=3e-3, warmup=20, schedule="cosine", eval_every=400,
