@@ -87,7 +87,7 @@ class ModelConfig(Config):
 
     Attributes:
         d_model: width of every token vector.
-        n_heads: attention heads; must divide ``d_model``.
+        n_heads: attention heads; must divide ``d_model`` unless ``head_dim`` is given.
         n_layers: number of layers (for the encoder-decoder: each side, unless overridden).
         d_ff: hidden width of the feed-forward network (default 4 * d_model).
         max_seq_len: longest sequence; a hard limit for absolute (sinusoidal, learned) positions.
@@ -109,6 +109,10 @@ class ModelConfig(Config):
         rope_freq_factors: the rotary frequencies divided by these, one per feature pair (``head_dim / 2``);
             Llama 3 slows its low frequencies this way for long contexts (None: unscaled).
         n_kv_heads: key/value heads for grouped-query attention (default: n_heads).
+        head_dim: features per head (default ``d_model / n_heads``); Qwen3 sets it apart, so that its heads
+            together are wider or narrower than the model.
+        qk_norm: normalise each head's queries and keys (with ``norm``, over ``head_dim``) before the rotary
+            positions, as Qwen3 does: the scores then cannot grow without bound.
         gated_attention: add the sigmoid output gate to attention.
         window: sliding-window size of self-attention (None: full attention).
         init: ``"normal"`` (N(0, init_std)) or ``"xavier"`` (Xavier-uniform linear layers).
@@ -134,6 +138,8 @@ class ModelConfig(Config):
     rope_base: float = 10000.0
     rope_freq_factors: list[float] | None = None
     n_kv_heads: int | None = None
+    head_dim: int | None = None
+    qk_norm: bool = False
     gated_attention: bool = False
     window: int | None = None
     init: str = "normal"
@@ -145,10 +151,13 @@ class ModelConfig(Config):
         for name in ("d_model", "n_heads", "n_layers", "d_ff", "max_seq_len"):
             _check_int(name, getattr(self, name))
         _check_int("n_kv_heads", self.n_kv_heads, optional=True)
+        _check_int("head_dim", self.head_dim, optional=True)
         _check_int("window", self.window, optional=True)
         _check_int("pad_id", self.pad_id, minimum=0, optional=True)
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        if self.head_dim is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+            self.head_dim = self.d_model // self.n_heads
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -162,7 +171,7 @@ class ModelConfig(Config):
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("init", self.init, INITS)
         if self.positional == "rope" and self.head_dim % 2:
-            raise ValueError(f"rope needs an even head dimension, got d_model/n_heads={self.head_dim}")
+            raise ValueError(f"rope needs an even head dimension, got head_dim={self.head_dim}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         self._check_freq_factors()
@@ -177,10 +186,6 @@ class ModelConfig(Config):
                 isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
             raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers (one per rotary "
                              f"feature pair), got {str(factors)[:60]}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
     def table_rows(self, vocab_size: int) -> int:
         """Rows of an embedding or output table: ``vocab_size`` rounded up to ``vocab_multiple``.
@@ -459,9 +464,10 @@ class SwinConfig(ImageConfig):
                              f"positional must be 'none', got {self.positional!r}")
         if not self.norm_first:
             raise ValueError("Swin's blocks are Pre-Norm: norm_first must be True")
-        if self.n_kv_heads is not None or self.window is not None or self.gated_attention:
-            raise ValueError("Swin's window attention has no n_kv_heads, sliding window or gated_attention; "
-                             "leave them unset (the window is window_size)")
+        if self.n_kv_heads is not None or self.window is not None or self.gated_attention or self.qk_norm or \
+                self.head_dim != self.d_model // self.n_heads:
+            raise ValueError("Swin's window attention has no n_kv_heads, head_dim, sliding window, gated_attention "
+                             "or qk_norm; leave them unset (the window is window_size)")
         self.max_seq_len = self.n_patches
 
     @property

@@ -132,17 +132,19 @@ def test_smollm2_at_rest_stays_within_a_percent_of_float32(smollm2, smollm2_file
 
 
 @pytest.mark.parametrize(("family", "dtype", "shard"), [("llama", torch.float32, None), ("qwen2", torch.bfloat16, None),
-                                                        ("mistral", torch.float16, "20KB")])
+                                                        ("mistral", torch.float16, "20KB"),
+                                                        ("qwen3", torch.bfloat16, None)])
 def test_hugging_face_folders_read_a_slice_at_a_time_give_the_reference(tmp_path, family, dtype, shard):
     """float32 layers filled a chunk of rows at a time from the memory-mapped files (bf16, fp16, shards) equal
     the whole-file reading; int8 and int4 stay near them."""
-    from test_families import mistral, qwen2
+    from test_families import mistral, qwen2, qwen3
 
     from qkv.interop import load_gpt_from_hf, read_safetensors
     from qkv.interop.at_rest import load_hf_gpt_at_rest
     from qkv.interop.hf_folder import read_config
 
-    hf = {"llama": lambda: tiny_llama(tie=True), "qwen2": lambda: qwen2(tie=False), "mistral": mistral}[family]()
+    hf = {"llama": lambda: tiny_llama(tie=True), "qwen2": lambda: qwen2(tie=False), "mistral": mistral,
+          "qwen3": lambda: qwen3(tie=False)}[family]()
     hf.to(dtype).save_pretrained(tmp_path, **({"max_shard_size": shard} if shard else {}))
     assert (tmp_path / "model.safetensors.index.json").is_file() == bool(shard)
     config = read_config(tmp_path)

@@ -1,5 +1,6 @@
 """The LLaMA family's other members against transformers, from Hugging Face folders and from GGUF files: Qwen2
-(biases on Q, K and V; Q and K stored unpermuted in GGUF files), Mistral (a sliding window), and Llama 3's
+(biases on Q, K and V; Q and K stored unpermuted in GGUF files), Qwen3 (RMSNorm on each head's queries and keys,
+heads wider than the model's width over their count), Mistral (a sliding window), and Llama 3's
 rotary scaling (``rope_type: llama3`` in a config, ``rope_freqs`` in a GGUF file). Random weights in real
 layouts; the same logits to 1e-5 and the same greedy tokens through the KV cache."""
 
@@ -35,6 +36,12 @@ def qwen2(*, tie: bool):
     return _randomized(transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SIZES, tie_word_embeddings=tie)))
 
 
+def qwen3(*, tie: bool):
+    """Heads of 16 features where the width over the head count is 8, as Qwen3-0.6B's are 128 for 64."""
+    config = transformers.Qwen3Config(**SIZES, head_dim=16, tie_word_embeddings=tie)
+    return _randomized(transformers.Qwen3ForCausalLM(config))
+
+
 def mistral():
     return _randomized(transformers.MistralForCausalLM(transformers.MistralConfig(**SIZES, sliding_window=5,
                                                                                    tie_word_embeddings=False)))
@@ -54,13 +61,14 @@ def _same_as_transformers(model, hf):
     assert torch.equal(ours, theirs), f"qkv {ours.tolist()} != transformers {theirs.tolist()}"
 
 
-@pytest.mark.parametrize("make", [lambda: qwen2(tie=False), lambda: qwen2(tie=True), mistral, llama3],
-                         ids=["qwen2", "qwen2-tied", "mistral", "llama3"])
+@pytest.mark.parametrize("make", [lambda: qwen2(tie=False), lambda: qwen2(tie=True), lambda: qwen3(tie=True),
+                                  mistral, llama3], ids=["qwen2", "qwen2-tied", "qwen3", "mistral", "llama3"])
 def test_hugging_face_folders_of_the_family_match_transformers(make):
     hf = make()
     model = load_gpt_from_hf(hf.state_dict(), hf.config.to_dict())
     kind = hf.config.model_type
     assert model.config.qkv_bias == (kind == "qwen2") and model.config.window == (5 if kind == "mistral" else None)
+    assert model.config.qk_norm == (kind == "qwen3") and model.config.head_dim == (16 if kind == "qwen3" else 8)
     _same_as_transformers(model, hf)
 
 
@@ -77,13 +85,20 @@ def test_each_feature_matters():
         model = load_gpt_from_hf(state, config)
         with torch.no_grad():
             assert (model(ids) - hf(ids).logits).abs().max() > 1e-3, hf.config.model_type
+    hf = qwen3(tie=False)
+    model = load_gpt_from_hf(hf.state_dict(), hf.config.to_dict())
+    for layer in model.decoder.layers:
+        layer.self_attn.q_norm = layer.self_attn.k_norm = None
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max() > 1e-3, "qwen3"
 
 
 # ----------------------------------------------------------------------------------------------------- GGUF
 
 GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+              "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+              "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 
 
 def _gguf_file(path, hf, *, arch: str, rope_freqs=None):
@@ -104,7 +119,8 @@ def _gguf_file(path, hf, *, arch: str, rope_freqs=None):
         tensors[key] = weight.numpy()
     if rope_freqs is not None:
         tensors["rope_freqs.weight"] = torch.tensor(rope_freqs, dtype=torch.float32).numpy()
-    return write_gguf(path, tensors, arch=arch)
+    key_length = {f"{arch}.attention.key_length": hf.config.head_dim} if arch == "qwen3" else {}
+    return write_gguf(path, tensors, arch=arch, **key_length)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -115,6 +131,21 @@ def test_qwen2_gguf_files_match_transformers(tmp_path, tie):
         _same_as_transformers(load(path), hf)
     at_rest, _ = load_quantized_gpt(path, mode="int8")
     assert at_rest.decoder.layers[0].self_attn.qkv_proj.bias is not None
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen3_gguf_files_match_transformers(tmp_path, tie):
+    hf = qwen3(tie=tie)
+    path = _gguf_file(tmp_path / "qwen3.gguf", hf, arch="qwen3")
+    for load in (load_gpt_from_gguf, lambda p: load_quantized_gpt(p, mode="none")[0]):
+        _same_as_transformers(load(path), hf)
+    at_rest, _ = load_quantized_gpt(path, mode="int8")
+    attention = at_rest.decoder.layers[1].self_attn
+    assert attention.qkv_proj.out_features == (4 + 2 * 2) * 16  # the stacked layer, heads of 16
+    assert torch.equal(attention.k_norm.weight, hf.model.layers[1].self_attn.k_norm.weight)
+    with torch.no_grad():  # int8 weights: near the reference, not equal
+        ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(2))
+        assert (at_rest(ids) - hf(ids).logits).abs().max() < 0.05 * hf(ids).logits.abs().max()
 
 
 def test_llama3_rope_freqs_in_a_gguf_file_match_transformers(tmp_path):

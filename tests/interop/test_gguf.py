@@ -115,6 +115,20 @@ def test_without_unpermuting_q_and_k_the_logits_are_wrong(tiny, monkeypatch):
         assert (model(ids) - hf(ids).logits).abs().max() > 1e-2
 
 
+def test_chat_runs_the_files_own_template(tiny, tmp_path, here):
+    """A template of another layout than ChatML runs in the sandbox; one that reaches into Python is refused in
+    one line (after the weights are read) before a message is. (A short layout: the tiny model reads 64 tokens.)"""
+    from clitools import last_line_error, ok
+
+    hf, _ = tiny
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    path = write_gguf(tmp_path / "headers.gguf", gguf_tensors(hf), chat_template=template)
+    ok(here("chat", "--pretrained", path, "--max-new-tokens", "3", cwd=tmp_path, input="the cat\n"))
+    path = write_gguf(tmp_path / "sly.gguf", gguf_tensors(hf), chat_template="{{ ''.__class__.__mro__ }}")
+    last_line_error(here("chat", "--pretrained", path, cwd=tmp_path, input="the cat\n"),
+                   "the model's chat template reaches for what a template may not")
+
+
 def test_load_pretrained_gguf_file_brings_tokenizer_and_chat_template(tiny, tmp_path):
     hf, _ = tiny
     path = write_gguf(tmp_path / "chatty.gguf", gguf_tensors(hf), chat_template="{{ messages }}")
@@ -173,13 +187,13 @@ def test_missing_and_leftover_tensors_are_named(tiny, tmp_path):
     hf, _ = tiny
     tensors = gguf_tensors(hf)
     del tensors["blk.1.ffn_norm.weight"]
-    tensors["blk.0.attn_q_norm.weight"] = np.ones(8, np.float32)  # Qwen3's, which a LLaMA does not have
+    tensors["blk.0.attn_sinks.weight"] = np.ones(8, np.float32)  # gpt-oss's, which a LLaMA does not have
     path = write_gguf(tmp_path / "odd.gguf", tensors)
     for load in (load_gpt_from_gguf, load_quantized_gpt):
         with pytest.raises(ValueError) as err:
             load(path)
         message = str(err.value)
-        assert "layers.1.post_attention_layernorm.weight" in message and "blk.0.attn_q_norm.weight" in message
+        assert "layers.1.post_attention_layernorm.weight" in message and "blk.0.attn_sinks.weight" in message
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [

@@ -176,8 +176,22 @@ def generate_cmd(args: argparse.Namespace) -> None:
         print(prompt + text)
 
 
+def _chat_layout(template: str, tokenizer):
+    """messages -> the prompt, laid out by the model's own chat template (checked now on a first message, so
+    that a template qkv cannot run fails before anything is typed)."""
+    from ..interop import render_chat
+
+    token = {name: "" if i is None else tokenizer.hf.id_to_token(i)
+             for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+
+    def layout(messages):
+        return render_chat(template, messages, **token)
+
+    layout([{"role": "user", "content": "Hello"}])
+    return layout
+
+
 def chat_cmd(args: argparse.Namespace) -> None:
-    from ..interop import chat_prompt
     from ..tasks.language_model import complete
 
     sampling = _sampling(args)
@@ -193,9 +207,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
     model, tokenizer, stops, template = load_lm(args, device)
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
-    if "<|im_start|>" not in template:
-        raise ValueError("qkv chat writes ChatML (<|im_start|>role ...), and this model's chat template is another "
-                         "format; use qkv generate with the prompt laid out by hand")
+    chat_prompt = _chat_layout(template, tokenizer)
     interactive = sys.stdin.isatty()
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if interactive:

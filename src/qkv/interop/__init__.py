@@ -7,10 +7,12 @@
 * :mod:`.hf_common`: what those converters share (config fields, strict tensor-by-tensor reading);
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
 * :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
+* :mod:`.chat`: conversations laid out as a chat model expects (ChatML by hand, any model's own template);
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
 * :mod:`.sentence`: one door for sentence encoders such as all-MiniLM-L6-v2 (:func:`load_sentence_encoder`).
 """
 
+from .chat import chat_prompt, render_chat
 from .gguf import (
     GGUFContents,
     hf_config_from_gguf,
@@ -26,7 +28,7 @@ from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tok
 from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf, load_gpt_from_hf
 from .hf_swin import load_swin_from_hf, swin_config_from_hf, swin_state_dict_from_hf
 from .hf_vit import load_vit_from_hf, vit_config_from_hf, vit_state_dict_from_hf
-from .pretrained import Pretrained, chat_prompt, load_pretrained, smollm2_path
+from .pretrained import Pretrained, load_pretrained, smollm2_path
 from .sentence import SentenceEncoder, load_sentence_encoder, minilm_path
 
 __all__ = [
@@ -53,6 +55,7 @@ __all__ = [
     "minilm_path",
     "read_gguf",
     "read_safetensors",
+    "render_chat",
     "smollm2_path",
     "swin_config_from_hf",
     "swin_state_dict_from_hf",

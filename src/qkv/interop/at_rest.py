@@ -164,7 +164,7 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
 
 
 def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: str = "none") -> GPT:
-    """A :class:`GPT` from a Hugging Face folder of the LLaMA family (``model_type`` llama, mistral, qwen2), read
+    """A :class:`GPT` from a Hugging Face folder of the LLaMA family (``model_type`` llama, mistral, qwen2, qwen3), read
     through memory maps of its safetensors files and converted (``mode`` "none": float32) or quantized ("int8",
     "int4"; "auto" is int8 for these) a chunk of rows at a time.
 
@@ -262,10 +262,11 @@ class _Builder:
 
     def bytes_needed(self, cfg) -> int:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
-        d, d_kv, d_ff, vocab = cfg.d_model, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim, cfg.d_ff, cfg.vocab_size
+        d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
+        d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
         per_weight = {"int4": 0.5 + 4 / GROUP, "int8": 1.0, "none": 4.0}
         layer = 0.0
-        for names, shape in ((("attn_q", "attn_k", "attn_v"), (d + 2 * d_kv) * d), (("attn_output",), d * d),
+        for names, shape in ((("attn_q", "attn_k", "attn_v"), (d_q + 2 * d_kv) * d), (("attn_output",), d * d_q),
                              (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
             sources = [self.source(f"blk.0.{n}.weight") for n in names]
             layer += per_weight[self.format(sources)] * shape
@@ -293,6 +294,9 @@ class _Builder:
         _set_norm(layer.self_attn_norm, self.source(f"{prefix}.attn_norm.weight"))
         _set_norm(layer.ffn_norm, self.source(f"{prefix}.ffn_norm.weight"))
         attention, ffn = layer.self_attn, layer.feed_forward
+        if attention.q_norm is not None:  # Qwen3
+            _set_norm(attention.q_norm, self.source(f"{prefix}.attn_q_norm.weight"))
+            _set_norm(attention.k_norm, self.source(f"{prefix}.attn_k_norm.weight"))
         qkv = [self.source(f"{prefix}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v")]
         biases = [self.source(f"{prefix}.{n}.bias") for n in ("attn_q", "attn_k", "attn_v")] \
             if attention.q_proj.bias is not None else None  # Qwen2's

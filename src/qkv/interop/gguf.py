@@ -44,9 +44,9 @@ from .hf_gpt import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
 # llama.cpp's converter reorders the rows of Q and K for the architectures it rotates in interleaved pairs (see
-# unpermute_rope_rows); Qwen2 it rotates in halves, as Hugging Face does, and stores as they are.
+# unpermute_rope_rows); Qwen2 and Qwen3 it rotates in halves, as Hugging Face does, and stores as they are.
 PERMUTED_ARCHITECTURES = ("llama",)
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per frequency (config rope_freq_factors)
 
@@ -60,6 +60,8 @@ LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }

