@@ -16,7 +16,7 @@ A third kind is not trained here but comes with a pretrained model:
 * :class:`PretrainedTokenizer`: the model's own tokenizer (usually byte-level BPE, as in GPT-2 and SmolLM2)
   with the special-token ids its authors chose. The readers of other projects' files build it:
   :func:`qkv.interop.hf_folder.tokenizer_from_hf_folder` from a Hugging Face ``tokenizer.json``, and
-  :func:`qkv.interop.gguf.tokenizer_from_gguf` from the vocabulary and merges stored in a GGUF file.
+  :func:`qkv.interop.gguf_tokenizer.tokenizer_from_gguf` from the vocabulary and merges stored in a GGUF file.
 
 and a fourth is BERT's, trained here or read with a pretrained encoder:
 

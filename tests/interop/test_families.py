@@ -179,7 +179,25 @@ def test_each_pre_tokenizer_splits_as_transformers_reads_the_file(tmp_path, monk
         assert ours.encode(text) == theirs.encode(text, add_special_tokens=False), (pre, text)
 
 
+def test_sentencepiece_llama_files_tokenize_as_transformers_reads_them(tmp_path):
+    """LLaMA 2's kind: pieces joined by score, ▁ for spaces and one in front, byte tokens for the rest."""
+    from tiny_gguf import SPM_TOKENS
+
+    table = torch.zeros(len(SPM_TOKENS), 32).numpy()
+    path = write_gguf(tmp_path / "spm.gguf", {"token_embd.weight": table}, tokenizer="llama")
+    ours = _tokenizer(path)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    for text in ("the cat sits on it", "  the  猫 sits\nin   the cat. Ünï 😀", "<s>the cat</s> sits", "cat"):
+        ids = ours.encode(text)
+        assert ids == theirs.encode(text, add_special_tokens=False), text
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+    assert ours.tokens("the cat sits") == ["▁the", "▁cat", "▁sits"]
+    assert ours.tokens("é") == ["▁", "<0xC3>", "<0xA9>"]  # not in the vocabulary: its UTF-8 bytes
+    assert (ours.bos_id, ours.eos_id) == (1, 2) and ours.decode(ours.encode("the 猫  😀")) == "the 猫  😀"
+
+
 def _tokenizer(path):
-    from qkv.interop.gguf import open_gguf, tokenizer_from_gguf
+    from qkv.interop.gguf import open_gguf
+    from qkv.interop.gguf_tokenizer import tokenizer_from_gguf
 
     return tokenizer_from_gguf(open_gguf(path)[1])

@@ -197,7 +197,7 @@ def test_missing_and_leftover_tensors_are_named(tiny, tmp_path):
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("tokenizer.ggml.model", "llama", "tokenizer.ggml.model='llama' is not supported"),
+    ("tokenizer.ggml.model", "bert", "tokenizer.ggml.model='bert' is not supported"),
     ("tokenizer.ggml.pre", "deepseek-coder", "tokenizer.ggml.pre='deepseek-coder' is not supported"),
 ])
 def test_unsupported_gguf_tokenizers(key, value, message):

@@ -34,6 +34,15 @@ TOKENS = SPECIALS + byte_alphabet() + ["Ġt", "he", "Ġthe"]
 VOCAB = len(TOKENS)
 
 
+# A SentencePiece vocabulary (tokenizer.ggml.model "llama"): unknown, bos, eos, the 256 byte tokens, then pieces
+# in the order BPE learnt them, each scored minus its rank, as LLaMA 2's are.
+SPM_PIECES = ["▁", "t", "h", "e", "c", "a", "s", "i", "n", "o", "猫", "he", "▁t", "▁the", "at", "▁c", "▁cat",
+              "in", "▁s", "it", "▁sit", "▁sits", "on", "▁on", "▁▁", "▁▁▁", "▁i", "▁in"]
+SPM_TOKENS = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), *SPM_PIECES]
+SPM_TYPES = [2, 3, 3, *[6] * 256, *[1] * len(SPM_PIECES)]
+SPM_SCORES = [0.0] * 259 + [-float(i) for i in range(len(SPM_PIECES))]
+
+
 def tiny_llama(*, tie: bool):
     config = transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
@@ -82,7 +91,8 @@ def gguf_tensors(model, *, matrices: str = "F32") -> dict[str, np.ndarray]:
 
 
 def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, pre="smollm", **metadata):
-    """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys."""
+    """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys.
+    ``tokenizer``: True (byte-level BPE), "llama" (SentencePiece) or False."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(2)
     writer.add_context_length(64)
@@ -92,7 +102,15 @@ def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=Non
     writer.add_head_count_kv(N_KV_HEADS)
     writer.add_rope_freq_base(500.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    if tokenizer:
+    if tokenizer == "llama":
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(SPM_TOKENS)
+        writer.add_token_scores(SPM_SCORES)
+        writer.add_token_types(SPM_TYPES)
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_unk_token_id(0)
+    elif tokenizer:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre)
         writer.add_token_list(TOKENS)

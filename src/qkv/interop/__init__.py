@@ -6,7 +6,7 @@
   :class:`~qkv.Swin`, :class:`~qkv.CLIP` (and the classifiers);
 * :mod:`.hf_common`: what those converters share (config fields, strict tensor-by-tensor reading);
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
-* :mod:`.gguf`: GGUF files (llama.cpp's format): weights and tokenizer;
+* :mod:`.gguf`, :mod:`.gguf_tokenizer`: GGUF files (llama.cpp's format): weights and tokenizer;
 * :mod:`.chat`: conversations laid out as a chat model expects (ChatML by hand, any model's own template);
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
 * :mod:`.sentence`: one door for sentence encoders such as all-MiniLM-L6-v2 (:func:`load_sentence_encoder`).
@@ -19,9 +19,9 @@ from .gguf import (
     hf_state_dict_from_gguf,
     load_gpt_from_gguf,
     read_gguf,
-    tokenizer_from_gguf,
     unpermute_rope_rows,
 )
+from .gguf_tokenizer import tokenizer_from_gguf
 from .hf_bert import bert_config_from_hf, bert_state_dict_from_hf, load_bert_from_hf
 from .hf_clip import clip_config_from_hf, clip_state_dict_from_hf, load_clip_from_hf
 from .hf_folder import read_safetensors, tokenizer_from_hf_folder, wordpiece_tokenizer_from_hf_folder

@@ -10,8 +10,8 @@ translates, so that the existing, strict Hugging Face converter does the loading
     GGUF tensors  ── dequantize, rename, ─────> LLaMA state dict ─────────┴─ load_gpt_from_hf ─> GPT
                      un-permute q/k (hf_state_dict_from_gguf)
 
-The tokenizer is rebuilt from the metadata as well (:func:`tokenizer_from_gguf`): a GGUF file has no
-``tokenizer.json``, but holds its vocabulary, merges and special ids.
+The tokenizer is rebuilt from the metadata as well (:mod:`qkv.interop.gguf_tokenizer`): a GGUF file has no
+``tokenizer.json``, but holds its vocabulary, merges or scores, and special ids.
 
 Quantization is lossy, but once the weights are dequantized to float32 the model is an ordinary LLaMA model:
 qkv's logits equal those of any other implementation that dequantizes the same file (transformers does).
@@ -39,7 +39,6 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from ..tokenizers import PretrainedTokenizer
 from .hf_gpt import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
@@ -347,155 +346,12 @@ def load_gpt_from_gguf(source: str | Path | GGUFContents) -> GPT:
         raise ValueError(f"{contents.path}: {err}") from None
 
 
-# ------------------------------------------------------------------------------------------------ tokenizer
-
-# llama.cpp's token types (tokenizer.ggml.token_type). CONTROL tokens are special: matched whole in the text
-# and dropped when decoding. USER_DEFINED ones are matched whole but are ordinary text when decoded.
-_GGUF_CONTROL, _GGUF_USER_DEFINED = 3, 4
-
-
-def _digits_then_bytelevel():
-    """SmolLM2's pre-tokenizer, as in its ``tokenizer.json`` (and StarCoder's): every digit alone, then GPT-2's.
-
-    The digit split runs first, so it also cuts a run of spaces off the number that follows: "a  1" is
-    ``a ĠĠ 1``, where GPT-2's rule alone gives ``a Ġ Ġ1`` and then, for lack of a merge, ``a Ġ Ġ 1``.
-    llama.cpp's "smollm" pre-tokenizer does the same with the regex ``\\p{N}`` ahead of GPT-2's.
-    """
-    from tokenizers import pre_tokenizers
-
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])
-
-
-def _gpt2_bytelevel():
-    """GPT-2's pre-tokenizer: its regex (words, numbers, punctuation runs, spaces) inside ``ByteLevel``."""
-    from tokenizers import pre_tokenizers
-
-    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-
-
-# The splits of Llama 3 and Qwen2, as their tokenizer.json files write them: contractions, letters with one
-# leading non-letter, numbers (Qwen2: one digit at a time; Llama 3: up to three), punctuation runs, line breaks,
-# spaces. They differ only in how digits are grouped.
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
-
-
-def _split_then_bytes(pattern: str):
-    """A regex split (each match a piece of its own), then GPT-2's bytes-to-characters mapping without its own
-    regex: how Llama 3 and Qwen2 pre-tokenize."""
-    from tokenizers import Regex, pre_tokenizers
-
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-
-
-# tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
-# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests, "qwen2"
-# against transformers' own (slow, Python) Qwen2 tokenizer; "gpt2" is llama.cpp's copy of the GPT-2 regex that
-# ByteLevel runs. Another name is an error, not a guess.
-GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel,
-                       "llama-bpe": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
-                       "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT)}
-
-
-def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
-    """Rebuild a byte-level BPE tokenizer from the metadata of a GGUF file.
-
-    A GGUF file has no ``tokenizer.json``, but it stores what one is made of: the vocabulary
-    (``tokenizer.ggml.tokens``, already spelt in GPT-2's byte alphabet), the merges in priority order
-    (``tokenizer.ggml.merges``, ``"Ġ t"``), each token's type (``tokenizer.ggml.token_type``), the special
-    ids, and the name of the pre-tokenizer (``tokenizer.ggml.pre``), which is code in llama.cpp and is
-    rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
-
-    Args:
-        metadata: ``GGUFContents.metadata`` (see :func:`read_gguf`).
-
-    Returns:
-        The tokenizer, with the bos, eos and padding ids the file names (None for those it does not).
-
-    Raises:
-        ValueError: for a tokenizer other than byte-level BPE (``tokenizer.ggml.model`` ``"gpt2"``), an
-            unknown pre-tokenizer, missing tokens/merges, a merge that is not two tokens of the vocabulary
-            (named), or token types that do not match the tokens.
-    """
-    from tokenizers import AddedToken, decoders, models
-    from tokenizers import Tokenizer as HFTokenizer
-
-    model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(
-            f"tokenizer.ggml.model={model!r} is not supported; qkv rebuilds byte-level BPE ('gpt2') only"
-        )
-    # No default: a file without the key gets llama.cpp's "default" split, which is not GPT-2's.
-    pre = metadata.get("tokenizer.ggml.pre")
-    if pre not in GGUF_PRE_TOKENIZERS:
-        raise ValueError(
-            f"tokenizer.ggml.pre={pre!r} is not supported; expected one of {sorted(GGUF_PRE_TOKENIZERS)}"
-        )
-    tokens, merges = metadata.get("tokenizer.ggml.tokens"), metadata.get("tokenizer.ggml.merges")
-    if not tokens or not merges:
-        raise ValueError("the GGUF metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-    vocab = _vocabulary(tokens)
-    hf = HFTokenizer(models.BPE(vocab=vocab, merges=_merge_pairs(merges, vocab)))
-    hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
-    hf.decoder = decoders.ByteLevel()
-    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if not isinstance(types, list) or len(types) != len(tokens):
-        raise ValueError(f"tokenizer.ggml.token_type must give a type for each of the {len(tokens)} tokens")
-    # Tokens already in the vocabulary keep their ids; being "added" makes them match whole in the text.
-    # normalized=False: matched as written, not after the normalizer.
-    hf.add_special_tokens([
-        AddedToken(token, special=True, normalized=False)
-        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_CONTROL
-    ])
-    hf.add_tokens([
-        AddedToken(token, special=False, normalized=False)
-        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_USER_DEFINED
-    ])
-    return PretrainedTokenizer(
-        hf,
-        bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
-        eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
-        pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
-    )
-
-
-def _vocabulary(tokens: Any) -> dict[str, int]:
-    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
-        raise ValueError("tokenizer.ggml.tokens must be a list of strings")
-    return {token: i for i, token in enumerate(tokens)}
-
-
-def _merge_pairs(merges: Any, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
-    """``"Ġ t"`` -> ``("Ġ", "t")``, each merge checked against the vocabulary: the tokenizers library would
-    otherwise fail with its own exception, naming neither the file nor the merge."""
-    pairs = []
-    for i, merge in enumerate(merges if isinstance(merges, list) else [merges]):
-        pair = merge.split(" ") if isinstance(merge, str) else []
-        if len(pair) != 2:
-            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} is not two tokens separated by one space")
-        unknown = [t for t in (*pair, "".join(pair)) if t not in vocab]
-        if unknown:
-            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} names {unknown[0]!r}, which is not in "
-                             "tokenizer.ggml.tokens")
-        pairs.append((pair[0], pair[1]))
-    return pairs
-
-
 __all__ = [
-    "GGUF_PRE_TOKENIZERS",
     "GGUFContents",
     "hf_config_from_gguf",
     "hf_state_dict_from_gguf",
     "load_gpt_from_gguf",
     "open_gguf",
     "read_gguf",
-    "tokenizer_from_gguf",
     "unpermute_rope_rows",
 ]

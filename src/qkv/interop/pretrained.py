@@ -26,7 +26,8 @@ from ..models import GPT
 from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
 from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
-from .gguf import open_gguf, tokenizer_from_gguf
+from .gguf import open_gguf
+from .gguf_tokenizer import tokenizer_from_gguf
 from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
 from .hf_gpt import GPT_MODEL_TYPES, LLAMA_FAMILY, load_gpt_from_hf
 

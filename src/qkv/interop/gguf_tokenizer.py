@@ -1,0 +1,211 @@
+"""A GGUF file's tokenizer, rebuilt from its metadata with the ``tokenizers`` library.
+
+A GGUF file has no ``tokenizer.json``, but it stores what one is made of: the vocabulary
+(``tokenizer.ggml.tokens``), each token's type (``tokenizer.ggml.token_type``: normal, control, user-defined,
+byte), the special ids, and, by ``tokenizer.ggml.model``:
+
+* ``"gpt2"``: byte-level BPE (SmolLM2, Llama 3, Qwen2 and Qwen3). The merges in priority order
+  (``tokenizer.ggml.merges``, ``"Ġ t"``), and the name of the pre-tokenizer (``tokenizer.ggml.pre``), which is
+  code in llama.cpp and is rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
+* ``"llama"``: SentencePiece BPE (LLaMA 1 and 2, Mistral 7B, TinyLlama). No merges: a score per token
+  (``tokenizer.ggml.scores``), and the pair whose joined piece scores highest joins first. Spaces are written
+  ``▁`` with one added in front of the text; a character outside the vocabulary is spelt in byte tokens
+  (``<0xE7>``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from ..tokenizers import PretrainedTokenizer
+
+# llama.cpp's token types (tokenizer.ggml.token_type). CONTROL tokens are special: matched whole in the text
+# and dropped when decoding. USER_DEFINED ones are matched whole but are ordinary text when decoded.
+_GGUF_NORMAL, _GGUF_CONTROL, _GGUF_USER_DEFINED = 1, 3, 4
+
+
+def _digits_then_bytelevel():
+    """SmolLM2's pre-tokenizer, as in its ``tokenizer.json`` (and StarCoder's): every digit alone, then GPT-2's.
+
+    The digit split runs first, so it also cuts a run of spaces off the number that follows: "a  1" is
+    ``a ĠĠ 1``, where GPT-2's rule alone gives ``a Ġ Ġ1`` and then, for lack of a merge, ``a Ġ Ġ 1``.
+    llama.cpp's "smollm" pre-tokenizer does the same with the regex ``\\p{N}`` ahead of GPT-2's.
+    """
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+
+
+def _gpt2_bytelevel():
+    """GPT-2's pre-tokenizer: its regex (words, numbers, punctuation runs, spaces) inside ``ByteLevel``."""
+    from tokenizers import pre_tokenizers
+
+    return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+
+
+# The splits of Llama 3 and Qwen2, as their tokenizer.json files write them: contractions, letters with one
+# leading non-letter, numbers (Qwen2: one digit at a time; Llama 3: up to three), punctuation runs, line breaks,
+# spaces. They differ only in how digits are grouped.
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+def _split_then_bytes(pattern: str):
+    """A regex split (each match a piece of its own), then GPT-2's bytes-to-characters mapping without its own
+    regex: how Llama 3 and Qwen2 pre-tokenize."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+
+
+# tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
+# -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests, "qwen2"
+# against transformers' own (slow, Python) Qwen2 tokenizer; "gpt2" is llama.cpp's copy of the GPT-2 regex that
+# ByteLevel runs. Another name is an error, not a guess.
+GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel,
+                       "llama-bpe": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
+                       "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT)}
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
+    """Rebuild the tokenizer a GGUF file describes (see the module's text for the two kinds).
+
+    Args:
+        metadata: ``GGUFContents.metadata`` (see :func:`~qkv.interop.gguf.read_gguf`).
+
+    Returns:
+        The tokenizer, with the bos, eos and padding ids the file names (None for those it does not).
+
+    Raises:
+        ValueError: for another ``tokenizer.ggml.model``, an unknown pre-tokenizer, missing tokens, merges or
+            scores, a merge that is not two tokens of the vocabulary (named), or types or scores that do not
+            match the tokens.
+    """
+    from tokenizers import AddedToken
+
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind not in _BUILDERS:
+        raise ValueError(f"tokenizer.ggml.model={kind!r} is not supported; qkv rebuilds byte-level BPE ('gpt2') "
+                         "and SentencePiece BPE ('llama')")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError("the GGUF metadata lacks tokenizer.ggml.tokens")
+    vocab = _vocabulary(tokens)
+    types = metadata.get("tokenizer.ggml.token_type") or [_GGUF_NORMAL] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise ValueError(f"tokenizer.ggml.token_type must give a type for each of the {len(tokens)} tokens")
+    hf = _BUILDERS[kind](metadata, vocab, types)
+    # Tokens already in the vocabulary keep their ids; being "added" makes them match whole in the text.
+    # normalized=False: matched as written, not after the normalizer.
+    hf.add_special_tokens([
+        AddedToken(token, special=True, normalized=False)
+        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_CONTROL
+    ])
+    hf.add_tokens([
+        AddedToken(token, special=False, normalized=False)
+        for token, kind in zip(tokens, types, strict=True) if kind == _GGUF_USER_DEFINED
+    ])
+    return PretrainedTokenizer(
+        hf,
+        bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
+        eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
+        pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
+    )
+
+
+def _byte_level_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: list[int]):
+    """GPT-2's byte-level BPE: the vocabulary already spelt in its byte alphabet, merges in priority order, and
+    the file's pre-tokenizer."""
+    from tokenizers import Tokenizer, decoders, models
+
+    # No default: a file without the key gets llama.cpp's "default" split, which is not GPT-2's.
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(
+            f"tokenizer.ggml.pre={pre!r} is not supported; expected one of {sorted(GGUF_PRE_TOKENIZERS)}"
+        )
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not merges:
+        raise ValueError("the GGUF metadata lacks tokenizer.ggml.merges, which byte-level BPE needs")
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=_merge_pairs(merges, vocab)))
+    hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
+    hf.decoder = decoders.ByteLevel()
+    return hf
+
+
+def _sentencepiece_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: list[int]):
+    """SentencePiece BPE: pieces join by score; ``▁`` for spaces, one in front of the text (unless the file
+    says ``add_space_prefix`` false); characters outside the vocabulary as byte tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    scores = metadata.get("tokenizer.ggml.scores")
+    if not isinstance(scores, list) or len(scores) != len(vocab) or \
+            not all(isinstance(x, (int, float)) for x in scores):
+        raise ValueError(f"tokenizer.ggml.scores must give a number for each of the {len(vocab)} tokens")
+    unknown = metadata.get("tokenizer.ggml.unknown_token_id")
+    names = list(vocab)
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=_merges_by_score(vocab, scores, types), byte_fallback=True,
+                              unk_token=names[unknown] if isinstance(unknown, int) and 0 <= unknown < len(names)
+                              else None, fuse_unk=True))
+    prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first" if prefix else "never",
+                                                split=False)
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    hf.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return hf
+
+
+SPACE = "\u2581"  # ▁, SentencePiece's visible space
+
+
+def _merges_by_score(vocab: Mapping[str, int], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """The merges SentencePiece's scores imply: every way of cutting a normal piece into two pieces of the
+    vocabulary is a merge, ranked by the joined piece's score, highest first (BPE's merge order, which
+    SentencePiece wrote down as scores)."""
+    ranked = []
+    for piece, i in vocab.items():
+        if types[i] != _GGUF_NORMAL:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[i], vocab[left], vocab[right], left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+_BUILDERS = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+
+
+def _vocabulary(tokens: Any) -> dict[str, int]:
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError("tokenizer.ggml.tokens must be a list of strings")
+    return {token: i for i, token in enumerate(tokens)}
+
+
+def _merge_pairs(merges: Any, vocab: Mapping[str, int]) -> list[tuple[str, str]]:
+    """``"Ġ t"`` -> ``("Ġ", "t")``, each merge checked against the vocabulary: the tokenizers library would
+    otherwise fail with its own exception, naming neither the file nor the merge."""
+    pairs = []
+    for i, merge in enumerate(merges if isinstance(merges, list) else [merges]):
+        pair = merge.split(" ") if isinstance(merge, str) else []
+        if len(pair) != 2:
+            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} is not two tokens separated by one space")
+        unknown = [t for t in (*pair, "".join(pair)) if t not in vocab]
+        if unknown:
+            raise ValueError(f"tokenizer.ggml.merges[{i}] = {merge!r} names {unknown[0]!r}, which is not in "
+                             "tokenizer.ggml.tokens")
+        pairs.append((pair[0], pair[1]))
+    return pairs
+
+
+__all__ = ["GGUF_PRE_TOKENIZERS", "tokenizer_from_gguf"]
