@@ -159,3 +159,10 @@ def test_hugging_face_folders_read_a_slice_at_a_time_give_the_reference(tmp_path
                 assert torch.equal(ours.get_submodule(name).state_dict()[buffer], value), (family, mode, name)
     error = (_logits(load_hf_gpt_at_rest(tmp_path, config, mode="int8")) - expected).abs().max()
     assert error / expected.abs().max() < 0.09, error  # the int8 embedding table: a few percent
+    bf16 = load_hf_gpt_at_rest(tmp_path, config, mode="bf16")  # the float32 reference's weights, rounded once
+    reference_weights = reference.state_dict()
+    assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    for name, value in bf16.state_dict().items():
+        assert torch.equal(value, reference_weights[name].to(value.dtype)), (family, name)
+    error = (_logits(bf16).float() - expected).abs().max()
+    assert error / expected.abs().max() < 0.03, error

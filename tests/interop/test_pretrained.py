@@ -239,6 +239,24 @@ def test_smollm2_by_name(smollm2, smollm2_file):
     assert smollm2.tokenizer.vocab_size == smollm2.model.config.vocab_size == 49152
 
 
+def test_precision_bf16_keeps_a_folders_weights_in_bf16(tmp_path, here):
+    """qkv generate --precision bf16 on a folder of float weights: bf16 layers (half the memory), and the text
+    that those layers give through the Python API."""
+    from clitools import ok
+
+    from qkv.tasks.language_model import complete
+
+    folder = _save(tmp_path / "llama", _hf_model("llama"))
+    proc = ok(here("generate", "--pretrained", folder, "--precision", "bf16", "--prompt", "Hello", "--max-new-tokens",
+                   "8", cwd=tmp_path))
+    assert "llama: weights in bf16" in proc.stderr
+    pretrained = load_pretrained(folder, weights="bf16")
+    assert {p.dtype for p in pretrained.model.parameters()} == {torch.bfloat16}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        text = complete(pretrained.model, pretrained.tokenizer, ["Hello"], max_new_tokens=8)[0]
+    assert proc.stdout == f"Hello{text}\n"
+
+
 # -------------------------------------------------------------------------------------------- chat prompts
 
 CONVERSATIONS = [

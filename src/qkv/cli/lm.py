@@ -86,16 +86,23 @@ def _sampling(args: argparse.Namespace):
         raise ValueError(f"{err} (see --temperature, --top-k, --top-p, --repetition-penalty)") from None
 
 
-def load_lm(args: argparse.Namespace, device):
+def load_lm(args: argparse.Namespace, device, precision):
     """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained, the model on ``device``;
-    the --stop texts are checked against the tokenizer before the weights are read."""
+    the --stop texts are checked against the tokenizer before the weights are read. A pretrained model's float
+    weights are kept in bf16 when it computes in bf16 (--precision)."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|FILE.gguf|HF_DIR")
     if args.pretrained:
+        from pathlib import Path
+
+        import torch
+
         from ..interop import load_pretrained
 
         # A GGUF file's weights stay quantized as they are stored (on a CPU, whose kernels qkv's layers use)
-        weights = args.quantize or ("auto" if device.type == "cpu" else "none")
+        weights = args.quantize or ("auto" if device.type == "cpu" and not Path(args.pretrained).is_dir() else "none")
+        if weights == "none" and precision.dtype == torch.bfloat16:
+            weights = "bf16"
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()),
                               weights=weights)
         stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
@@ -157,8 +164,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if not prompts:
         raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
     _stop_texts(args.stop)
-    device, _, amp = runtime(args)
-    model, tokenizer, stops, _ = load_lm(args, device)
+    device, precision, amp = runtime(args)
+    model, tokenizer, stops, _ = load_lm(args, device, precision)
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
     kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, beam_size=args.beam, stop_ids=stops,
                   seed=args.seed, use_cache=not args.no_cache)
@@ -201,10 +208,10 @@ def chat_cmd(args: argparse.Namespace) -> None:
         raise ValueError("qkv chat reads your messages from stdin, which is closed; run it in a terminal or pipe "
                          "messages into it")
     _stop_texts(args.stop)
-    device, _, amp = runtime(args)
+    device, precision, amp = runtime(args)
     if not args.model and not args.pretrained:
         args.pretrained = "smollm2"
-    model, tokenizer, stops, template = load_lm(args, device)
+    model, tokenizer, stops, template = load_lm(args, device, precision)
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
     chat_prompt = _chat_layout(template, tokenizer)

@@ -21,7 +21,8 @@ norms, biases               fp32                            none
 
 ``mode="int4"`` quantizes every matrix to int4 (the 4-bit formats as above, the others again from their
 values); ``"int8"`` every matrix to int8; ``"none"`` builds float32 layers, the reference path's numbers in its
-memory. As :func:`qkv.quantize.quantize` does, the output layer is int8 in every quantized mode, with its
+memory; ``"bf16"`` bfloat16 layers, half that memory (fast where the CPU multiplies bf16 natively, slow where it
+does not: measure). As :func:`qkv.quantize.quantize` does, the output layer is int8 in every quantized mode, with its
 largest logits recomputed in fp32, and the Q, K, V projections (and the gate and up projections) are stacked
 into one layer each, built from the file's rows directly.
 
@@ -62,7 +63,8 @@ from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf
 
 log = logging.getLogger(__name__)
 
-MODES = ("auto", "int4", "int8", "none")
+MODES = ("auto", "int4", "int8", "none", "bf16")
+FLOAT_LAYERS = ("none", "bf16")  # the modes that quantize nothing: float32 or bfloat16 layers
 CHUNK_ROWS = 512  # rows decoded at once: a layer's float32 rows never all exist together
 
 
@@ -140,8 +142,8 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
 
     Args:
         path: the ``.gguf`` file.
-        mode: "auto" (each matrix as close to its stored form as qkv's layers hold it), "int4", "int8" or
-            "none" (float32).
+        mode: "auto" (each matrix as close to its stored form as qkv's layers hold it), "int4", "int8",
+            "none" (float32) or "bf16".
 
     Returns:
         The model in eval mode, and the file's metadata (the tokenizer and chat template are made of it).
@@ -165,8 +167,8 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
 
 def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: str = "none") -> GPT:
     """A :class:`GPT` from a Hugging Face folder of the LLaMA family (``model_type`` llama, mistral, qwen2, qwen3), read
-    through memory maps of its safetensors files and converted (``mode`` "none": float32) or quantized ("int8",
-    "int4"; "auto" is int8 for these) a chunk of rows at a time.
+    through memory maps of its safetensors files and converted (``mode`` "none": float32; "bf16") or quantized
+    ("int8", "int4"; "auto" is int8 for these) a chunk of rows at a time.
 
     Raises:
         ValueError: as :func:`~qkv.interop.hf_folder.open_safetensors` and the strict converter do; an unknown
@@ -213,9 +215,14 @@ def _build(cfg, sources: dict[str, _Source], path: Path, mode: str) -> GPT:
     check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
     with skip_init():  # every weight is set from the file below; untouched memory is never resident
         model = GPT(cfg)
+    if mode == "bf16":
+        for param in model.parameters():  # new, untouched memory: the float32 pages are never read
+            param.data = torch.empty_like(param, dtype=torch.bfloat16)
     builder.fill(model)
-    if mode != "none":
+    if mode not in FLOAT_LAYERS:
         log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
+    elif mode == "bf16":
+        log.info("%s: weights in bf16 (--precision fp32 for float32)", path.name)
     return model.eval()
 
 
@@ -251,9 +258,9 @@ class _Builder:
         return self.tensors[name]
 
     def format(self, sources: list[_Source], *, output: bool = False) -> str:
-        """What a layer from ``sources`` becomes: "int4", "int8" or "none"."""
-        if self.mode == "none":
-            return "none"
+        """What a layer from ``sources`` becomes: "int4", "int8" or the mode's float layers."""
+        if self.mode in FLOAT_LAYERS:
+            return self.mode
         if output or self.mode == "int8":
             return "int8"
         if self.mode == "int4" or all(s.kind in REPACKED for s in sources):
@@ -264,14 +271,14 @@ class _Builder:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
         d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
         d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-        per_weight = {"int4": 0.5 + 4 / GROUP, "int8": 1.0, "none": 4.0}
+        per_weight = {"int4": 0.5 + 4 / GROUP, "int8": 1.0, "none": 4.0, "bf16": 2.0}
         layer = 0.0
         for names, shape in ((("attn_q", "attn_k", "attn_v"), (d_q + 2 * d_kv) * d), (("attn_output",), d * d_q),
                              (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
             sources = [self.source(f"blk.0.{n}.weight") for n in names]
             layer += per_weight[self.format(sources)] * shape
         tables = 1 if cfg.tie_embeddings else 2
-        table = per_weight["none" if self.mode == "none" else "int8"] * vocab * d
+        table = per_weight[self.mode if self.mode in FLOAT_LAYERS else "int8"] * vocab * d
         return int(cfg.n_layers * (layer + 8 * d) + tables * table)
 
     def fill(self, model: GPT) -> None:
@@ -279,7 +286,7 @@ class _Builder:
             self._fill_layer(layer, f"blk.{i}")
         _set_norm(model.decoder.norm, self.source("output_norm.weight"))
         embedding, tied = self.source("token_embd.weight"), model.config.tie_embeddings
-        if self.mode == "none":
+        if self.mode in FLOAT_LAYERS:
             _copy_rows(model.tok_emb.weight, embedding)
             if not tied:
                 _copy_rows(model.lm_head.weight, self.source("output.weight"))
@@ -302,7 +309,7 @@ class _Builder:
             if attention.q_proj.bias is not None else None  # Qwen2's
         gate_up = [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
         out, down = [self.source(f"{prefix}.attn_output.weight")], [self.source(f"{prefix}.ffn_down.weight")]
-        if self.mode == "none":
+        if self.mode in FLOAT_LAYERS:
             for module, sources in ((attention.q_proj, qkv[:1]), (attention.k_proj, qkv[1:2]),
                                     (attention.v_proj, qkv[2:]), (attention.out_proj, out), (ffn.gate, gate_up[:1]),
                                     (ffn.up, gate_up[1:]), (ffn.down, down)):

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..models import GPT
 from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
@@ -84,8 +86,8 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
         check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
             tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
         weights: how the weights are held (see :mod:`qkv.interop.at_rest`): "int4", "int8", "none" (float32),
-            or "auto": a GGUF file's quantized at rest, as close to the file's own formats as qkv's layers hold
-            them; a Hugging Face folder's in float32.
+            "bf16", or "auto": a GGUF file's quantized at rest, as close to the file's own formats as qkv's layers
+            hold them; a Hugging Face folder's in float32.
 
     Returns:
         The model (eval, its weights as ``weights`` says), tokenizer, chat template and name.
@@ -142,7 +144,8 @@ def _load_hf_folder(folder: Path, *, mode: str,
         model = load_hf_gpt_at_rest(folder, config, mode=mode)
     else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
         try:
-            model = quantize(load_gpt_from_hf(read_safetensors(folder), config), mode)
+            model = load_gpt_from_hf(read_safetensors(folder), config)
+            model = model.to(torch.bfloat16) if mode == "bf16" else quantize(model, mode)
         except ValueError as err:
             raise ValueError(f"{folder}: {err}") from None
     _check_vocab(model, tokenizer, folder)

@@ -65,8 +65,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))  # γ
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fused:
-            return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).type_as(x)
+        if self.fused:  # in float32, the gains too (bf16 weights would take the kernel's slow path)
+            return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).type_as(x)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return (y * self.weight).type_as(x)
