@@ -152,10 +152,12 @@ def test_missing_corrupt_and_truncated_files_raise_one_line_errors(tiny, tmp_pat
     _, path = tiny
     garbage = tmp_path / "garbage.gguf"
     garbage.write_bytes(b"GGML this is not a GGUF file" * 10)
-    truncated = tmp_path / "truncated.gguf"
-    truncated.write_bytes(path.read_bytes()[:300])
+    cuts = []
+    for at in (300, 1500, 3001, 4500):  # in the header's strings: the vocabulary, the merges
+        cuts.append(tmp_path / f"truncated-{at}.gguf")
+        cuts[-1].write_bytes(path.read_bytes()[:at])
     for bad, message in [(tmp_path / "nope.gguf", "no GGUF file"), (garbage, "not a readable GGUF file"),
-                         (truncated, "not a readable GGUF file")]:
+                         *((cut, "not a readable GGUF file") for cut in cuts)]:
         with pytest.raises(ValueError, match=message) as err:
             load_gpt_from_gguf(bad)
         assert str(bad) in str(err.value) and "\n" not in str(err.value)

@@ -59,6 +59,7 @@ from .gguf import (
     hf_state_dict_from_gguf,
     open_gguf,
 )
+from .gguf_file import GGUFHeader
 from .hf_gpt import gpt_config_from_hf, gpt_state_dict_from_hf
 
 log = logging.getLogger(__name__)
@@ -137,11 +138,12 @@ def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
     return unpermute_rope_rows(torch.arange(rows, dtype=torch.float64)[:, None], heads)[:, 0].long().numpy()
 
 
-def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, dict[str, Any]]:
+def load_quantized_gpt(source: str | Path | GGUFHeader, *, mode: str = "auto") -> tuple[GPT, dict[str, Any]]:
     """A :class:`GPT` from a LLaMA-architecture GGUF file, its weights quantized at rest (see the module's text).
 
     Args:
-        path: the ``.gguf`` file.
+        source: the ``.gguf`` file, or its header as :func:`~qkv.interop.gguf.open_gguf` read it (so that the
+            metadata, a vocabulary among it, is read once).
         mode: "auto" (each matrix as close to its stored form as qkv's layers hold it), "int4", "int8",
             "none" (float32) or "bf16".
 
@@ -154,8 +156,8 @@ def load_quantized_gpt(path: str | Path, *, mode: str = "auto") -> tuple[GPT, di
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r} for a GGUF file; choose one of {', '.join(MODES)}")
-    path = Path(path)
-    header, metadata = open_gguf(path)
+    header = source if isinstance(source, GGUFHeader) else open_gguf(source)[0]
+    path, metadata = header.path, header.metadata
     tensors = {t.name: t for t in header.tensors}
     cfg = _checked_config(path, metadata, tensors)
     heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads or cfg.n_heads}

@@ -97,7 +97,23 @@ class _Cursor:
             return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).tolist()
         if count > len(self.buffer) - self.at:  # each item takes a byte at least
             raise ValueError(f"an array of {count} items cannot fit in the rest of the file")
+        if kind == _STRING:
+            return self.strings(count)
         return [self.value(kind) for _ in range(count)]
+
+    def strings(self, count: int) -> list[str]:
+        """``count`` strings in a row (a vocabulary, its merges: 100,000 of them and more), in one tight loop."""
+        buffer, at, end = self.buffer, self.at, len(self.buffer)
+        length = struct.Struct(self.order + "Q").unpack_from
+        out = []
+        for _ in range(count):
+            n = length(buffer, at)[0] if at + 8 <= end else -1
+            if n < 0 or at + 8 + n > end:
+                raise ValueError(f"the header runs past the end of the file (a string at byte {at})")
+            out.append(str(buffer[at + 8 : at + 8 + n], "utf-8", "replace"))
+            at += 8 + n
+        self.at = at
+        return out
 
 
 def read_gguf_header(path: str | Path) -> GGUFHeader:

@@ -117,11 +117,11 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
 
 def _load_gguf(path: Path, *, name: str, mode: str,
                check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
-    _, metadata = open_gguf(path)  # the tokenizer is made of the metadata alone: checked before the tensors
+    header, metadata = open_gguf(path)  # the tokenizer is made of the metadata alone: checked before the tensors
     tokenizer = _gguf_tokenizer(metadata, path)
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
-    model, _ = load_quantized_gpt(path, mode=mode)
+    model, _ = load_quantized_gpt(header, mode=mode)
     _check_vocab(model, tokenizer, path)
     return Pretrained(model, tokenizer, metadata.get("tokenizer.chat_template"), name)
 
