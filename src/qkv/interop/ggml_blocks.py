@@ -55,8 +55,15 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
 
 def _halves(qs: np.ndarray) -> np.ndarray:
-    """Bytes ``(..., 32)`` -> codes ``(..., 2, 32)``: the low nibbles, then the high ones."""
-    return np.stack([qs & 0x0F, qs >> 4], axis=-2)
+    """Bytes ``(..., n)`` -> codes ``(..., 2, n)``: the low nibbles, then the high ones (written in place, by
+    PyTorch on every core: a model's codes are gigabytes)."""
+    import torch
+
+    q = torch.from_numpy(qs)
+    codes = torch.empty((*q.shape[:-1], 2, q.shape[-1]), dtype=torch.uint8)
+    torch.bitwise_and(q, 0x0F, out=codes[..., 0, :])
+    torch.bitwise_right_shift(q, 4, out=codes[..., 1, :])
+    return codes.numpy()
 
 
 def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
