@@ -6,6 +6,7 @@ bound quantization sets, the tied table shared, and SmolLM2's perplexity within 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,44 @@ def test_hugging_face_folders_read_a_slice_at_a_time_give_the_reference(tmp_path
         assert torch.equal(value, reference_weights[name].to(value.dtype)), (family, name)
     error = (_logits(bf16).float() - expected).abs().max()
     assert error / expected.abs().max() < 0.03, error
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+_PEAK = """
+import re, sys
+from pathlib import Path
+import torch
+from qkv.interop import load_pretrained
+
+def high_water_mark():  # this process's peak resident bytes (not its parent's, as ru_maxrss may be)
+    return int(re.search(r"VmHWM:\\s+(\\d+) kB", Path("/proc/self/status").read_text())[1]) * 1024
+
+imported = high_water_mark()
+pre = load_pretrained(sys.argv[1])
+ids = torch.tensor([pre.tokenizer.encode("The Transformer reads a whole prompt at once. " * 4)[:32]])
+with torch.no_grad():
+    cache = pre.model.new_cache()
+    token = pre.model(ids, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+    for _ in range(31):
+        token = pre.model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+print(high_water_mark() - imported)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads the peak from /proc (Linux)")
+def test_a_135m_parameter_file_runs_within_the_memory_bound(smollm2_file):
+    """SmolLM2-135M (its 94 MiB Q4_1 file) loaded, a 32-token prompt and 32 new tokens, in a process of its own:
+    the peak above importing torch and qkv stays under 1.25 × the file + the KV cache + 150 MB (measured: about
+    190 MB; a float32 copy of the model would be 540 MB more)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _PEAK, str(smollm2_file)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    kv_cache = 2 * 30 * 192 * 64 * 4  # keys and values: 30 layers, 3 heads of 64, 64 positions, float32
+    bound = 1.25 * smollm2_file.stat().st_size + kv_cache + 150 * 2**20
+    peak = int(proc.stdout.split()[-1])
+    assert peak < bound, f"{peak / 2**20:.0f} MiB above the import, bound {bound / 2**20:.0f} MiB"
