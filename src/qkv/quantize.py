@@ -373,8 +373,9 @@ class Int4Linear(QuantizedLinear):
             padded = F.pad(codes, (0, 0, 0, (-len(codes)) % 16), value=8)
             full = len(padded) // 32 * 32
             blocks = padded[:full].view(-1, 2, 16, self.in_features)  # rows i and i + 16 of each block
-            self.codes[start : start + full] = (blocks[:, 0] | blocks[:, 1] << 4).transpose(1, 2).reshape(
-                full, self.in_features // 2)
+            bytes_ = self.codes[start : start + full].view(-1, self.in_features, 16)  # a block: input by input
+            torch.bitwise_left_shift(blocks[:, 1].transpose(1, 2), 4, out=bytes_)  # written in place
+            bytes_ |= blocks[:, 0].transpose(1, 2)
             if full < len(padded):  # the last block of 16: rows 2i and 2i + 1
                 tail = padded[full:].view(8, 2, self.in_features)
                 self.codes[start + full : start + full + 16] = (tail[:, 0] | tail[:, 1] << 4).T.reshape(

@@ -359,7 +359,7 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
         for start in range(0, source.rows, CHUNK_ROWS):
             chunk = np.arange(start, min(start + CHUNK_ROWS, source.rows))
             codes, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, source.raw(chunk)))
-            check_finite([(source.name, torch.cat([scales, zeros]))], f"{source.path} holds",
+            check_finite([(source.name, scales), (source.name, zeros)], f"{source.path} holds",
                          "the file is damaged; use another copy")
             layer.write_rows(offset + start, codes=codes, scales=scales, zeros=zeros)
         offset += source.rows
