@@ -207,6 +207,8 @@ class PretrainedTokenizer:
         hf: the Hugging Face ``tokenizers.Tokenizer``.
         bos_id, eos_id, pad_id: the begin/end-of-sequence and padding ids, None where the model has none.
         stop_ids: tokens that end generation: eos and the end-of-turn markers in the vocabulary (END_MARKERS).
+        add_bos: whether the model reads every text after ``bos_id`` (LLaMA 1/2, Llama 3), as it was trained:
+            :meth:`encode_prompt` puts it there.
     """
 
     kind = "pretrained"
@@ -219,9 +221,11 @@ class PretrainedTokenizer:
         eos_id: int | None,
         pad_id: int | None = None,
         stop_ids: Iterable[int] | None = None,
+        add_bos: bool = False,
     ) -> None:
         self.hf = hf_tokenizer
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        self.add_bos = add_bos and bos_id is not None
         self.stop_ids = set(default_stop_ids(hf_tokenizer, eos_id) if stop_ids is None else stop_ids)
         for name, value in (("bos_id", bos_id), ("eos_id", eos_id), ("pad_id", pad_id)):
             if value is not None and not 0 <= value < self.vocab_size:
@@ -241,6 +245,12 @@ class PretrainedTokenizer:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
 
+    def encode_prompt(self, text: str) -> list[int]:
+        """Token ids of a text the model continues: :meth:`encode`, after ``bos_id`` where the model wants one
+        (``add_bos``) and the text does not already begin with it (a chat template may write it)."""
+        ids = self.encode(text)
+        return [self.bos_id, *ids] if self.add_bos and ids[:1] != [self.bos_id] else ids
+
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``, special tokens left out.
 
@@ -259,7 +269,7 @@ class PretrainedTokenizer:
     def to_dict(self) -> dict:
         return {
             "kind": self.kind, "hf": json.loads(self.hf.to_str()), "bos_id": self.bos_id, "eos_id": self.eos_id,
-            "pad_id": self.pad_id, "stop_ids": sorted(self.stop_ids),
+            "pad_id": self.pad_id, "stop_ids": sorted(self.stop_ids), "add_bos": self.add_bos,
         }
 
 
@@ -447,7 +457,7 @@ def tokenizer_from_dict(data: dict) -> Tokenizer:
 
         return PretrainedTokenizer(
             HFTokenizer.from_str(json.dumps(data["hf"])), bos_id=data["bos_id"], eos_id=data["eos_id"],
-            pad_id=data["pad_id"], stop_ids=data["stop_ids"],
+            pad_id=data["pad_id"], stop_ids=data["stop_ids"], add_bos=bool(data.get("add_bos", False)),
         )
     if kind == "wordpiece":
         from tokenizers import Tokenizer as HFTokenizer

@@ -194,6 +194,9 @@ def test_sentencepiece_llama_files_tokenize_as_transformers_reads_them(tmp_path)
     assert ours.tokens("the cat sits") == ["▁the", "▁cat", "▁sits"]
     assert ours.tokens("é") == ["▁", "<0xC3>", "<0xA9>"]  # not in the vocabulary: its UTF-8 bytes
     assert (ours.bos_id, ours.eos_id) == (1, 2) and ours.decode(ours.encode("the 猫  😀")) == "the 猫  😀"
+    # a prompt starts with <s>, as transformers' encode (special tokens on) and llama.cpp put it; once only
+    assert ours.add_bos and ours.encode_prompt("the cat") == theirs.encode("the cat") == [1, *ours.encode("the cat")]
+    assert ours.encode_prompt("<s>the cat") == ours.encode("<s>the cat")
 
 
 def _tokenizer(path):

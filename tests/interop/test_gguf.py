@@ -138,6 +138,7 @@ def test_load_pretrained_gguf_file_brings_tokenizer_and_chat_template(tiny, tmp_
     tok = pretrained.tokenizer
     assert (tok.bos_id, tok.eos_id, tok.pad_id, tok.vocab_size) == (1, 2, None, VOCAB)
     assert tok.stop_ids == {0, 2}  # eos, and <|endoftext|> is an end marker too
+    assert not tok.add_bos and tok.encode_prompt("the") == tok.encode("the")  # byte-level: no bos unless asked
     assert tok.tokens("the theme") == ["t", "he", "Ġthe", "m", "e"]  # merges applied in rank order
     text = "<|im_start|>the café 123 🙂<|im_end|>"
     ids = tok.encode(text)

@@ -120,6 +120,21 @@ def test_half_precision_weights_are_widened_to_float32(tmp_path):
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-5, rtol=1e-5)
 
 
+def test_a_folder_whose_tokenizer_puts_bos_first_gets_it_in_front_of_prompts(tmp_path):
+    """Llama's tokenizer.json adds <s> (Llama 3: <|begin_of_text|>) in its post-processor; qkv's prompts then
+    start with it, as transformers' encode does."""
+    from tokenizers import processors
+
+    plain = _train_tokenizer()
+    assert not tokenizer_from_hf_folder(_save(tmp_path / "plain", _hf_model("llama"), plain)).add_bos
+    bos = plain.convert_tokens_to_ids("<|endoftext|>")
+    plain.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    tokenizer = tokenizer_from_hf_folder(_save(tmp_path / "bos", _hf_model("llama"), plain))
+    assert tokenizer.add_bos
+    assert tokenizer.encode_prompt("Hello") == plain.encode("Hello") == [bos, *tokenizer.encode("Hello")]
+
+
 def test_chat_template_and_tokenizer_round_trip(tmp_path):
     tokenizer = _train_tokenizer()
     tokenizer.chat_template = TEMPLATE

@@ -119,6 +119,8 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
         bos_id=metadata.get("tokenizer.ggml.bos_token_id"),
         eos_id=metadata.get("tokenizer.ggml.eos_token_id"),
         pad_id=metadata.get("tokenizer.ggml.padding_token_id"),
+        # llama.cpp's defaults when the key is absent: SentencePiece files start with bos, byte-level ones do not
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")),
     )
 
 

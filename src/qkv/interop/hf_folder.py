@@ -192,8 +192,11 @@ def tokenizer_from_hf_folder(folder: str | Path) -> PretrainedTokenizer:
         if text is not None and hf.token_to_id(text) is not None:
             ids[name] = hf.token_to_id(text)
     stop_ids = default_stop_ids(hf, ids["eos"]) | extra_stops
+    # whether the model reads texts after bos: what tokenizer.json's post-processor puts in front of one
+    add_bos = ids["bos"] is not None and hf.encode("a", add_special_tokens=True).ids[:1] == [ids["bos"]]
     try:
-        return PretrainedTokenizer(hf, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], stop_ids=stop_ids)
+        return PretrainedTokenizer(hf, bos_id=ids["bos"], eos_id=ids["eos"], pad_id=ids["pad"], stop_ids=stop_ids,
+                                   add_bos=add_bos)
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
 

@@ -173,7 +173,8 @@ def complete(
     from ..generation import GREEDY, beam_search
 
     model.eval()
-    ids = [tokenizer.encode(p) for p in prompts]
+    encode = getattr(tokenizer, "encode_prompt", tokenizer.encode)  # a pretrained model's may start with bos
+    ids = [encode(p) for p in prompts]
     if any(not i for i in ids):
         raise ValueError("a prompt is empty (or has no known tokens); give some text to continue")
     check_decoding(model.config, sequences=len(ids), beams=beam_size, device=device_of(model),
