@@ -123,23 +123,25 @@ def _gguf_file(path, hf, *, arch: str, rope_freqs=None):
     return write_gguf(path, tensors, arch=arch, **key_length)
 
 
-@pytest.mark.parametrize("tie", [False, True])
-def test_qwen2_gguf_files_match_transformers(tmp_path, tie):
-    hf = qwen2(tie=tie)
-    path = _gguf_file(tmp_path / "qwen2.gguf", hf, arch="qwen2")
+def _gguf_at_rest(tmp_path, hf, arch):
+    """``hf`` written as a GGUF file: read by the float32 reference path and into float32 layers at rest, both
+    the same as transformers; returned read into int8 layers at rest."""
+    path = _gguf_file(tmp_path / f"{arch}.gguf", hf, arch=arch)
     for load in (load_gpt_from_gguf, lambda p: load_quantized_gpt(p, mode="none")[0]):
         _same_as_transformers(load(path), hf)
-    at_rest, _ = load_quantized_gpt(path, mode="int8")
+    return load_quantized_gpt(path, mode="int8")[0]
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_qwen2_gguf_files_match_transformers(tmp_path, tie):
+    at_rest = _gguf_at_rest(tmp_path, qwen2(tie=tie), "qwen2")
     assert at_rest.decoder.layers[0].self_attn.qkv_proj.bias is not None
 
 
 @pytest.mark.parametrize("tie", [False, True])
 def test_qwen3_gguf_files_match_transformers(tmp_path, tie):
     hf = qwen3(tie=tie)
-    path = _gguf_file(tmp_path / "qwen3.gguf", hf, arch="qwen3")
-    for load in (load_gpt_from_gguf, lambda p: load_quantized_gpt(p, mode="none")[0]):
-        _same_as_transformers(load(path), hf)
-    at_rest, _ = load_quantized_gpt(path, mode="int8")
+    at_rest = _gguf_at_rest(tmp_path, hf, "qwen3")
     attention = at_rest.decoder.layers[1].self_attn
     assert attention.qkv_proj.out_features == (4 + 2 * 2) * 16  # the stacked layer, heads of 16
     assert torch.equal(attention.k_norm.weight, hf.model.layers[1].self_attn.k_norm.weight)
