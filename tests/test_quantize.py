@@ -20,6 +20,7 @@ from qkv.quantize import (
     input_magnitudes,
     int4_slots,
     quantize,
+    unpaired,
     quantize_linear,
 )
 
@@ -137,6 +138,24 @@ def test_int4_codes_lie_where_pytorchs_own_converter_puts_them(rows, inputs):
     slots, nibbles = int4_slots(torch.arange(rows), inputs, rows)
     assert len(set(zip(slots.flatten().tolist(), nibbles.repeat_interleave(inputs).tolist(), strict=True))) == \
         rows * inputs  # every code its own place
+
+
+@pytest.mark.parametrize("span", [16, 32])
+def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span):
+    """write_pairs moves ggml's bytes (inputs j and j + span) into the kernel's (rows i and i + 16) by shifts and
+    masks: the same layer as the codes unpacked and written one by one, whole blocks of 32 rows or not."""
+    rows, inputs = 112, 128  # blocks of 32 rows, then one of 16
+    pairs = torch.randint(0, 256, (rows, inputs // 2), generator=torch.Generator().manual_seed(span),
+                          dtype=torch.uint8)
+    codes = unpaired(pairs, span)
+    assert torch.equal(codes[:, span], pairs[:, 0] >> 4) and torch.equal(codes[:, 2 * span + 1], pairs[:, span + 1] & 15)
+    scales, zeros = torch.rand(rows, inputs // 32), torch.rand(rows, inputs // 32)
+    one_by_one, paired = Int4Linear(inputs, rows), Int4Linear(inputs, rows)
+    one_by_one.write_rows(0, codes, scales, zeros)
+    for start, end in [(0, 64), (64, 77), (77, 112)]:  # whole blocks, then rows that share bytes with others
+        paired.write_pairs(start, pairs[start:end], span, scales[start:end], zeros[start:end])
+    assert torch.equal(paired.codes, one_by_one.codes)
+    assert torch.equal(paired.scales_and_zeros, one_by_one.scales_and_zeros)
 
 
 def test_int4_rows_written_in_pieces_equal_the_whole_and_padding_rows_are_zero():

@@ -390,6 +390,26 @@ class Int4Linear(QuantizedLinear):
         self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
         self.zeros[start : start + len(codes)] = zeros.to(torch.bfloat16)
 
+    def write_pairs(self, start: int, pairs: Tensor, span: int, scales: Tensor, zeros: Tensor) -> None:
+        """Rows ``start ...`` from codes packed two to a byte as ggml stores them (see :func:`unpaired`):
+        ``pairs`` ``(r, ...)``, each row ``in / 2`` bytes. Whole blocks of 32 rows go byte to byte: rows ``i`` and
+        ``i + 16`` meet in one byte by a shift and a mask, row by row, then one copy turns the bytes input by
+        input; never a byte per code (a model's codes are gigabytes)."""
+        if start % 32 or len(pairs) % 32 or self.in_features % (2 * span):
+            self.write_rows(start, unpaired(pairs.reshape(len(pairs), -1), span), scales, zeros)
+            return
+        runs = self.in_features // (2 * span)
+        rows = pairs.reshape(-1, 2, 16, runs, span)  # (block, rows i / i + 16, i, run, j)
+        low, high = rows[:, 0], rows[:, 1]
+        met = torch.empty(len(rows), 16, runs, 2, span, dtype=torch.uint8)  # inputs j, then j + span
+        torch.bitwise_and(low, 0x0F, out=met[:, :, :, 0])
+        met[:, :, :, 0] |= high << 4
+        torch.bitwise_right_shift(low, 4, out=met[:, :, :, 1])
+        met[:, :, :, 1] |= high & 0xF0
+        self.codes[start : start + len(pairs)].view(len(rows), runs, 2, span, 16).copy_(met.permute(0, 2, 3, 4, 1))
+        self.scales[start : start + len(pairs)] = scales.to(torch.bfloat16)
+        self.zeros[start : start + len(pairs)] = zeros.to(torch.bfloat16)
+
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         rows = torch.arange(self.out_features) if outputs is None else outputs.cpu()
         slots, nibbles = int4_slots(rows, self.in_features, self.codes.size(0))
@@ -412,6 +432,17 @@ class Int4Linear(QuantizedLinear):
 
     def _format(self) -> str:
         return f"int4, group_size={self.group_size}"
+
+
+def unpaired(pairs: Tensor, span: int) -> Tensor:
+    """Codes packed two to a byte as ggml stores them, one code per byte in the inputs' order: in each run of
+    ``2 · span`` inputs, byte ``j`` holds input ``j`` in its low nibble and input ``j + span`` in its high one.
+    ``(rows, in / 2)`` uint8 -> ``(rows, in)``."""
+    runs = pairs.reshape(len(pairs), -1, span)
+    codes = torch.empty(len(pairs), runs.size(1), 2, span, dtype=torch.uint8)
+    torch.bitwise_and(runs, 0x0F, out=codes[:, :, 0])
+    torch.bitwise_right_shift(runs, 4, out=codes[:, :, 1])
+    return codes.view(len(pairs), -1)
 
 
 def int4_slots(rows: Tensor, in_features: int, n_rows: int) -> tuple[Tensor, Tensor]:

@@ -6,7 +6,10 @@ import pytest
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 
-from qkv.interop.ggml_blocks import int4_groups  # noqa: E402
+import torch  # noqa: E402
+
+from qkv.interop.ggml_blocks import SPANS, int4_groups  # noqa: E402
+from qkv.quantize import unpaired  # noqa: E402
 
 
 def _random_rows(kind: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray:
@@ -26,8 +29,9 @@ def _random_rows(kind: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q4_K"])
 def test_int4_groups_are_the_weights_ggml_decodes(kind):
     raw = _random_rows(kind, rows=5, inputs=512)
-    codes, scales, zeros = int4_groups(kind, raw)
-    assert codes.shape == (5, 512) and scales.shape == zeros.shape == (5, 16)
+    pairs, scales, zeros = int4_groups(kind, raw)
+    codes = unpaired(torch.from_numpy(pairs).reshape(5, -1), SPANS[kind]).numpy()
+    assert pairs.shape[0] == 5 and pairs[0].size == 256 and codes.shape == (5, 512) and scales.shape == zeros.shape == (5, 16)
     assert codes.min() >= 0 and codes.max() <= 15
     ours = (codes.astype(np.float32) - 8).reshape(5, 16, 32) * scales[..., None] + zeros[..., None]
     reference = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[kind])

@@ -50,7 +50,7 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear
-from .ggml_blocks import GROUP, REPACKED, dequantized_rows, int4_groups
+from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups
 from .gguf import (
     PERMUTED_ARCHITECTURES,
     ROPE_FREQS,
@@ -358,10 +358,10 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
             chunk = np.arange(start, min(start + CHUNK_ROWS, source.rows))
-            codes, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, source.raw(chunk)))
+            pairs, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, source.raw(chunk)))
             check_finite([(source.name, scales), (source.name, zeros)], f"{source.path} holds",
                          "the file is damaged; use another copy")
-            layer.write_rows(offset + start, codes=codes, scales=scales, zeros=zeros)
+            layer.write_pairs(offset + start, pairs, SPANS[source.kind], scales=scales, zeros=zeros)
         offset += source.rows
     return layer
 

@@ -13,9 +13,10 @@ Q4_K     256 weights (144): fp16 d and dmin, 8 six-bit        ``W = d·sc_j q - 
          scales sc_j and mins m_j (12 bytes), 128 of codes     s = d·sc_j, z = 8 s - dmin·m_j
 =======  ===================================================  ============================================
 
-The codes lie in a different order within a block: Q4_0 and Q4_1 keep weight ``i`` in the low nibble of byte
-``i`` and weight ``i + 16`` in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 32
-bytes). :func:`int4_groups` returns them one code per weight, in the weights' order. The other formats
+The codes lie two to a byte: Q4_0 and Q4_1 keep weight ``i`` in the low nibble of byte ``i`` and weight ``i + 16``
+in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 32 bytes), weights ``i`` and
+``i + 32``. :func:`int4_groups` returns the bytes as they are, with that distance (:data:`SPANS`), for
+:meth:`~qkv.quantize.Int4Linear.write_pairs`. The other formats
 (Q8_0, Q5_K, Q6_K, fp16, bf16, fp32) have no int4 form; :func:`dequantized_rows` decodes them, a few rows at a
 time, for a layer that is quantized again (see :mod:`qkv.quantize`).
 """
@@ -26,6 +27,7 @@ import numpy as np
 
 GROUP = 32  # weights per group of every format here (a Q4_K super-block holds eight)
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}  # format -> (weights, bytes) of a block
+SPANS = {"Q4_0": 16, "Q4_1": 16, "Q4_K": 32}  # format -> distance between the two weights of a byte
 REPACKED = tuple(BLOCKS)
 
 
@@ -37,8 +39,10 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
         raw: ``(rows, bytes_per_row)`` uint8.
 
     Returns:
-        ``codes`` ``(rows, inputs)`` uint8 in [0, 15], and ``scales`` and ``zeros`` ``(rows, inputs / 32)``
-        float32, such that weight ``[r, i] = (codes[r, i] - 8) * scales[r, i // 32] + zeros[r, i // 32]``.
+        ``pairs`` ``(rows, blocks, bytes)`` uint8, the codes two to a byte ``SPANS[kind]`` weights apart, read
+        in place (one code per weight: ``qkv.quantize.unpaired(pairs.reshape(rows, -1), SPANS[kind])``), and ``scales`` and ``zeros`` ``(rows,
+        inputs / 32)`` float32, such that weight ``[r, i] = (code[r, i] - 8) * scales[r, i // 32] + zeros[r, i //
+        32]``.
 
     Raises:
         ValueError: another format, or rows that are not whole blocks.
@@ -50,20 +54,8 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     if width % size:
         raise ValueError(f"a row of {width} bytes is not a whole number of {kind} blocks of {size} bytes")
     blocks = np.ascontiguousarray(raw).reshape(rows, width // size, size)
-    codes, scales, zeros = (_q4_k if kind == "Q4_K" else _q4_0_1)(blocks, kind)
-    return codes.reshape(rows, -1), scales.reshape(rows, -1), zeros.reshape(rows, -1)
-
-
-def _halves(qs: np.ndarray) -> np.ndarray:
-    """Bytes ``(..., n)`` -> codes ``(..., 2, n)``: the low nibbles, then the high ones (written in place, by
-    PyTorch on every core: a model's codes are gigabytes)."""
-    import torch
-
-    q = torch.from_numpy(qs)
-    codes = torch.empty((*q.shape[:-1], 2, q.shape[-1]), dtype=torch.uint8)
-    torch.bitwise_and(q, 0x0F, out=codes[..., 0, :])
-    torch.bitwise_right_shift(q, 4, out=codes[..., 1, :])
-    return codes.numpy()
+    pairs, scales, zeros = (_q4_k if kind == "Q4_K" else _q4_0_1)(blocks, kind)
+    return pairs, scales.reshape(rows, -1), zeros.reshape(rows, -1)
 
 
 def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
@@ -75,9 +67,9 @@ def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
 def _q4_0_1(blocks: np.ndarray, kind: str):
     d = _fp16(blocks, 0)
     start = 2 if kind == "Q4_0" else 4
-    codes = _halves(blocks[..., start : start + 16])  # (rows, n, 2, 16)
+    pairs = blocks[..., start : start + 16]
     zeros = np.zeros_like(d) if kind == "Q4_0" else _fp16(blocks, 2) + 8 * d
-    return codes, d, zeros
+    return pairs, d, zeros
 
 
 def _q4_k(blocks: np.ndarray, kind: str):
@@ -86,10 +78,9 @@ def _q4_k(blocks: np.ndarray, kind: str):
     low, high = packed[..., 0:4], packed[..., 4:8]
     sc = np.concatenate([low & 63, (packed[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
     mins = np.concatenate([high & 63, (packed[..., 8:12] >> 4) | ((high >> 6) << 4)], axis=-1)
-    qs = blocks[..., 16:144].reshape(*blocks.shape[:-1], 4, 32)
-    codes = _halves(qs)  # (rows, n, 4, 2, 32): sub-block 2c, then 2c + 1
+    pairs = blocks[..., 16:144]  # four runs of 32 bytes: sub-blocks 2c and 2c + 1
     scales = d[..., None] * sc
-    return codes, scales, 8 * scales - dmin[..., None] * mins
+    return pairs, scales, 8 * scales - dmin[..., None] * mins
 
 
 def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
@@ -103,4 +94,4 @@ def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
         raise ValueError(f"tensors stored as {kind} cannot be decoded by the gguf package") from None
 
 
-__all__ = ["GROUP", "REPACKED", "dequantized_rows", "int4_groups"]
+__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups"]
