@@ -20,8 +20,8 @@ from qkv.quantize import (
     input_magnitudes,
     int4_slots,
     quantize,
-    unpaired,
     quantize_linear,
+    unpaired,
 )
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
@@ -148,7 +148,8 @@ def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span):
     pairs = torch.randint(0, 256, (rows, inputs // 2), generator=torch.Generator().manual_seed(span),
                           dtype=torch.uint8)
     codes = unpaired(pairs, span)
-    assert torch.equal(codes[:, span], pairs[:, 0] >> 4) and torch.equal(codes[:, 2 * span + 1], pairs[:, span + 1] & 15)
+    assert torch.equal(codes[:, span], pairs[:, 0] >> 4)  # input span: the high nibble of the run's first byte
+    assert torch.equal(codes[:, 2 * span + 1], pairs[:, span + 1] & 15)  # the second run's second input
     scales, zeros = torch.rand(rows, inputs // 32), torch.rand(rows, inputs // 32)
     one_by_one, paired = Int4Linear(inputs, rows), Int4Linear(inputs, rows)
     one_by_one.write_rows(0, codes, scales, zeros)

@@ -1,4 +1,4 @@
-"""qkv's small files: reading JSON with a one-line error that names the file, and writing a file whole.
+"""qkv's small files: reading JSON or text with a one-line error that names the file, and writing a file whole.
 
 Configs, tokenizers and the side files of other projects' model folders are small JSON files. Each reader
 wants the same thing of them: the value, or one ``ValueError`` that names the file and says what is wrong
@@ -47,16 +47,9 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = 
             an ``expect``.
     """
     path = Path(path)
-    if not path.exists():
-        if required:
-            raise ValueError(f"cannot read {path}: no such file")
+    if not path.exists() and not required:
         return expect()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"cannot read {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
-    except OSError as err:  # a folder, no permission, ...: strerror says which without repeating the path
-        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
@@ -68,6 +61,24 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = 
         actual = _JSON_NAMES.get(type(data), type(data).__name__)
         raise ValueError(f"cannot read {path}: expected a JSON {expected}, got a JSON {actual}")
     return data
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The UTF-8 text of ``path``.
+
+    Raises:
+        ValueError: ``"cannot read {path}: {reason}"``, one line, for a missing file, one that cannot be read or
+            is not UTF-8.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"cannot read {path}: no such file")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"cannot read {path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except OSError as err:  # a folder, no permission, ...: strerror says which without repeating the path
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
 
 
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
@@ -89,4 +100,4 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
     return path
 
 
-__all__ = ["read_json", "write_atomically"]
+__all__ = ["read_json", "read_text", "write_atomically"]

@@ -40,9 +40,9 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
     Returns:
         ``pairs`` ``(rows, blocks, bytes)`` uint8, the codes two to a byte ``SPANS[kind]`` weights apart, read
-        in place (one code per weight: ``qkv.quantize.unpaired(pairs.reshape(rows, -1), SPANS[kind])``), and ``scales`` and ``zeros`` ``(rows,
-        inputs / 32)`` float32, such that weight ``[r, i] = (code[r, i] - 8) * scales[r, i // 32] + zeros[r, i //
-        32]``.
+        in place (one code per weight: ``qkv.quantize.unpaired(pairs.reshape(rows, -1), SPANS[kind])``), and
+        ``scales`` and ``zeros`` ``(rows, inputs / 32)`` float32, such that weight ``[r, i] = (code[r, i] - 8)
+        * scales[r, i // 32] + zeros[r, i // 32]``.
 
     Raises:
         ValueError: another format, or rows that are not whole blocks.

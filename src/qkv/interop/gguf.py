@@ -1,4 +1,4 @@
-"""GGUF files (llama.cpp's format) -> qkv's GPT, by way of a Hugging Face LLaMA checkpoint.
+"""GGUF files (llama.cpp's format) -> qkv's GPT, by way of a Hugging Face LLaMA (or GPT-2) checkpoint.
 
 A GGUF file is one binary holding a key-value metadata table (the architecture's sizes, the tokenizer's
 vocabulary and merges, a chat template) and the tensors, usually quantized in blocks: ``Q4_1`` stores 32
@@ -43,7 +43,7 @@ from .hf_gpt import load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
 # llama.cpp's converter reorders the rows of Q and K for the architectures it rotates in interleaved pairs (see
 # unpermute_rope_rows); Qwen2 and Qwen3 it rotates in halves, as Hugging Face does, and stores as they are.
 PERMUTED_ARCHITECTURES = ("llama",)
@@ -64,6 +64,12 @@ LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
 }
+# The same for GPT-2 (Hugging Face names under transformer.), whose Conv1D weights Hugging Face stores (in, out)
+GPT2_GLOBAL_NAMES = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
+                     "output_norm": "transformer.ln_f", "output": "lm_head"}
+GPT2_LAYER_NAMES = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj", "ffn_norm": "ln_2",
+                    "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+GPT2_CONV1D = ("attn_qkv", "attn_output", "ffn_up", "ffn_down")
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -213,6 +219,8 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     arch = _check_architecture(contents)
     meta = contents.metadata
     get = functools.partial(_size, contents, arch)
+    if arch == "gpt2":
+        return _gpt2_hf_config(contents, get)
     if meta.get(f"{arch}.expert_count", 0):
         raise ValueError(f"{contents.path}: a mixture of experts ({arch}.expert_count > 0) is not supported")
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
@@ -223,13 +231,9 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
             f"{contents.path}: rope.dimension_count={rotary_dim} differs from the head size {head_dim}; "
             "qkv rotates whole heads only"
         )
-    if "token_embd.weight" in contents.tensors:
-        vocab_size = contents.tensors["token_embd.weight"].shape[0]
-    else:  # the strict converter will report the missing embedding; a size is still needed to get there
-        vocab_size = meta.get(f"{arch}.vocab_size", len(meta.get("tokenizer.ggml.tokens", ())))
     config = {
         "model_type": arch,
-        "vocab_size": int(vocab_size),
+        "vocab_size": _vocab_size(contents, arch),
         "hidden_size": d_model,
         "intermediate_size": get("feed_forward_length"),
         "num_hidden_layers": get("block_count"),
@@ -251,6 +255,24 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     if scaling != "none":  # handed on, so that gpt_config_from_hf rejects it with its usual message
         config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor")}
     return config
+
+
+def _gpt2_hf_config(contents: GGUFContents, get: Callable[..., Any]) -> dict[str, Any]:
+    """GPT-2's ``config.json`` of a ``gpt2`` GGUF file (GELU with tanh, as llama.cpp computes it)."""
+    return {"model_type": "gpt2", "vocab_size": _vocab_size(contents, "gpt2"), "n_embd": get("embedding_length"),
+            "n_head": get("attention.head_count"), "n_layer": get("block_count"),
+            "n_inner": get("feed_forward_length"), "n_positions": get("context_length"),
+            "layer_norm_epsilon": float(get("attention.layer_norm_epsilon", 1e-5, real=True)),
+            "activation_function": "gelu_new", "tie_word_embeddings": "output.weight" not in contents.tensors,
+            "bos_token_id": contents.metadata.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": contents.metadata.get("tokenizer.ggml.eos_token_id")}
+
+
+def _vocab_size(contents: GGUFContents, arch: str) -> int:
+    if "token_embd.weight" in contents.tensors:
+        return int(contents.tensors["token_embd.weight"].shape[0])
+    # the strict converter will report the missing embedding; a size is still needed to get there
+    return int(contents.metadata.get(f"{arch}.vocab_size", len(contents.metadata.get("tokenizer.ggml.tokens", ()))))
 
 
 def _size(contents: GGUFContents, arch: str, key: str, default: Any = None, *, real: bool = False) -> Any:
@@ -302,6 +324,8 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
     Returns:
         Hugging Face name -> tensor.
     """
+    if hf_config["model_type"] == "gpt2":
+        return _gpt2_state_dict(contents)
     heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
     if hf_config["model_type"] not in PERMUTED_ARCHITECTURES:
         heads = {}
@@ -321,6 +345,23 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
         if kind in heads and part == "weight":
             tensor = unpermute_rope_rows(tensor, heads[kind])
         out[f"model.layers.{layer}.{LAYER_NAMES[kind]}.{part}"] = tensor
+    return out
+
+
+def _gpt2_state_dict(contents: GGUFContents) -> dict[str, Tensor]:
+    """GPT-2's Hugging Face names, its matrices turned back to Conv1D's ``(in, out)``."""
+    out: dict[str, Tensor] = {}
+    for name, tensor in contents.tensors.items():
+        base, _, part = name.rpartition(".")
+        match = _LAYER_TENSOR.fullmatch(name)
+        if base in GPT2_GLOBAL_NAMES:
+            out[f"{GPT2_GLOBAL_NAMES[base]}.{part}"] = tensor
+        elif match is None or match[2] not in GPT2_LAYER_NAMES:
+            out[name] = tensor  # reported by the strict converter
+        else:
+            layer, kind, part = match.groups()
+            transposed = kind in GPT2_CONV1D and part == "weight"
+            out[f"transformer.h.{layer}.{GPT2_LAYER_NAMES[kind]}.{part}"] = tensor.T if transposed else tensor
     return out
 
 

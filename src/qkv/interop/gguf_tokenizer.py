@@ -76,6 +76,22 @@ GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel
                        "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT)}
 
 
+def pre_tokenizer_name(hf) -> str | None:
+    """The ``tokenizer.ggml.pre`` name of ``hf``'s pre-tokenizer (a ``tokenizers.Tokenizer``): the name in
+    :data:`GGUF_PRE_TOKENIZERS` whose split is the same, compared as the library writes them; None if none is."""
+    import json
+
+    from tokenizers import Tokenizer, models
+
+    def written(pre_tokenizer) -> Any:
+        probe = Tokenizer(models.BPE())
+        probe.pre_tokenizer = pre_tokenizer
+        return json.loads(probe.to_str())["pre_tokenizer"]
+
+    ours = json.loads(hf.to_str())["pre_tokenizer"]
+    return next((name for name, build in GGUF_PRE_TOKENIZERS.items() if written(build()) == ours), None)
+
+
 def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
     """Rebuild the tokenizer a GGUF file describes (see the module's text for the two kinds).
 
@@ -211,4 +227,4 @@ def _merge_pairs(merges: Any, vocab: Mapping[str, int]) -> list[tuple[str, str]]
     return [(a, b) for a, b in pairs]
 
 
-__all__ = ["GGUF_PRE_TOKENIZERS", "tokenizer_from_gguf"]
+__all__ = ["GGUF_PRE_TOKENIZERS", "pre_tokenizer_name", "tokenizer_from_gguf"]

@@ -8,6 +8,9 @@ torch alone; it never imports ``transformers``.
     state dict  ── gpt_state_dict_from_hf ─> qkv state dict
     both        ── load_gpt_from_hf ───────> GPT (strictly loaded, eval mode)
 
+and back, for export (:mod:`qkv.interop.export`): ``gpt_config_to_hf`` and ``gpt_state_dict_to_hf``, each
+the inverse of the reader, and checked by it.
+
 Layouts that differ on the way:
 
 * GPT-2 keeps its linear layers as ``Conv1D``: weights ``(in, out)``, the transpose of ``nn.Linear``'s
@@ -27,6 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..config import GPTConfig
@@ -279,17 +283,12 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
 
 
 
-def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
-    check_config(
-        cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu",), bias=(False,),
-        norm_first=(True,), gated_attention=(False,),
-    )
-    ckpt = HFStateDict(
-        state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
-    )
+def _llama_layer(cfg: GPTConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """One LLaMA-family layer's tensors: Hugging Face name -> (qkv name, shape); the rotate-half order of the
+    query and key rows is qkv's too, so every tensor is taken as it is, both ways."""
     d, d_ff = cfg.d_model, cfg.d_ff
     d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-    layer = {  # Hugging Face name -> (qkv name, shape); the rotate-half q/k layout is qkv's too
+    layer = {
         "self_attn.q_proj.weight": ("self_attn.q_proj.weight", (d_q, d)),
         "self_attn.k_proj.weight": ("self_attn.k_proj.weight", (d_kv, d)),
         "self_attn.v_proj.weight": ("self_attn.v_proj.weight", (d_kv, d)),
@@ -306,9 +305,21 @@ def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[
     if cfg.qk_norm:  # Qwen3
         layer.update({f"self_attn.{n}.weight": (f"self_attn.{n}.weight", (cfg.head_dim,))
                       for n in ("q_norm", "k_norm")})
+    return layer
+
+
+def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    check_config(
+        cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu",), bias=(False,),
+        norm_first=(True,), gated_attention=(False,),
+    )
+    ckpt = HFStateDict(
+        state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
+    )
+    d = cfg.d_model
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
     for i in range(cfg.n_layers):
-        for hf_name, (qkv_name, shape) in layer.items():
+        for hf_name, (qkv_name, shape) in _llama_layer(cfg).items():
             out[f"decoder.layers.{i}.{qkv_name}"] = ckpt.take(f"layers.{i}.{hf_name}", shape)
     out["decoder.norm.weight"] = ckpt.take("norm.weight", (d,))
     out["lm_head.weight"] = ckpt.output_head("lm_head.weight", cfg, out["tok_emb.weight"])
@@ -336,4 +347,110 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     return model.eval()
 
 
-__all__ = ["GPT_MODEL_TYPES", "gpt_config_from_hf", "gpt_state_dict_from_hf", "load_gpt_from_hf"]
+# ------------------------------------------------------------------------------------ qkv -> Hugging Face
+
+# The class transformers builds for each model_type (config.json's "architectures").
+HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# What a training run sets and a checkpoint's weights do not depend on: not compared when a config is read back.
+_TRAINING_ONLY = ("dropout", "attention_dropout", "activation_dropout", "pad_id", "vocab_multiple", "init",
+                  "init_std")
+
+
+def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    """The Hugging Face ``config.json`` of a :class:`GPT`: GPT-2's for a GPT-2-style model (LayerNorm, learned
+    positions), else the LLaMA family's (RMSNorm, rotary positions, SwiGLU) as the model's features name it:
+    Qwen3 with QK-norm, Qwen2 with biases on Q, K and V, Mistral with a sliding window, LLaMA otherwise.
+
+    The result is read back with :func:`gpt_config_from_hf`: a field that would come back different (a window
+    in a GPT-2, Llama 3's rotary scaling, which qkv keeps only as divisors) is an error, not a silent change.
+
+    Raises:
+        ValueError: a config that no Hugging Face family holds, naming the fields.
+    """
+    if cfg.norm == "layer" and cfg.positional == "learned":
+        activation = {ours: theirs for theirs, ours in _GPT2_ACTIVATIONS.items()}.get(cfg.activation)
+        if activation is None:
+            raise ValueError(f"GPT-2 has no activation {cfg.activation!r}; a GPT-2-style model exports with one of "
+                             f"{sorted(set(_GPT2_ACTIVATIONS.values()))}")
+        hf = {"model_type": "gpt2", "vocab_size": cfg.vocab_size, "n_embd": cfg.d_model, "n_head": cfg.n_heads,
+              "n_layer": cfg.n_layers, "n_inner": cfg.d_ff, "n_positions": cfg.max_seq_len,
+              "activation_function": activation, "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout,
+              "embd_pdrop": cfg.dropout, "attn_pdrop": _attention_dropout(cfg), "scale_attn_weights": True}
+    elif cfg.norm == "rms" and cfg.positional == "rope" and cfg.activation == "swiglu":
+        model_type = "qwen3" if cfg.qk_norm else "qwen2" if _qkv_bias(cfg) else "mistral" if cfg.window else "llama"
+        hf = {"model_type": model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+              "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+              "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads, "head_dim": cfg.head_dim,
+              "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
+              "hidden_act": "silu", "attention_dropout": _attention_dropout(cfg)}
+        hf |= {"mistral": {"sliding_window": cfg.window}, "llama": {"attention_bias": False, "mlp_bias": False}
+               }.get(model_type, {"use_sliding_window": False})
+    else:
+        raise ValueError(f"a GPT with norm={cfg.norm!r}, positional={cfg.positional!r} and activation="
+                         f"{cfg.activation!r} has no Hugging Face family: GPT-2 is norm 'layer' with positional "
+                         "'learned'; LLaMA is norm 'rms', positional 'rope', activation 'swiglu'")
+    hf |= {"architectures": [HF_ARCHITECTURES[hf["model_type"]]], "tie_word_embeddings": cfg.tie_embeddings}
+    lost = _differences(cfg, gpt_config_from_hf(hf))
+    if lost:
+        raise ValueError(f"a Hugging Face {hf['model_type']} config cannot hold {', '.join(lost)}")
+    return hf
+
+
+def _attention_dropout(cfg: GPTConfig) -> float:
+    return cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
+
+
+def _qkv_bias(cfg: GPTConfig) -> bool:
+    return cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
+
+
+def _differences(ours: GPTConfig, theirs: GPTConfig) -> list[str]:
+    """The fields (as ``name=value``) that ``ours`` sets and ``theirs`` does not, those of training aside."""
+    def seen(cfg: GPTConfig) -> dict[str, Any]:
+        fields = {k: v for k, v in cfg.to_dict().items() if k not in _TRAINING_ONLY}
+        return fields | {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "qkv_bias": _qkv_bias(cfg)}
+    mine, read = seen(ours), seen(theirs)
+    return [f"{k}={str(v)[:40]}" for k, v in mine.items() if read[k] != v]
+
+
+def gpt_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """A :class:`GPT`'s tensors under the names (and, for GPT-2, in the layouts) of the Hugging Face family
+    :func:`gpt_config_to_hf` chose: the inverse of :func:`gpt_state_dict_from_hf`. Embedding and output tables
+    are cut to ``vocab_size`` rows (their padding is never a token); a tied output layer is not written twice.
+    Every tensor is a fresh contiguous copy (safetensors stores no shared or strided tensors)."""
+    sd = {k: v.detach() for k, v in state_dict.items()}
+    head = {} if cfg.tie_embeddings else {"lm_head.weight": sd["lm_head.weight"][: cfg.vocab_size]}
+    if cfg.norm == "layer":
+        out = _gpt2_tensors(sd, cfg)
+    else:
+        out = {"model.embed_tokens.weight": sd["tok_emb.weight"][: cfg.vocab_size],
+               "model.norm.weight": sd["decoder.norm.weight"]}
+        for i in range(cfg.n_layers):
+            for hf_name, (qkv_name, _) in _llama_layer(cfg).items():
+                out[f"model.layers.{i}.{hf_name}"] = sd[f"decoder.layers.{i}.{qkv_name}"]
+    return {name: t.contiguous().clone() for name, t in (out | head).items()}
+
+
+def _gpt2_tensors(sd: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
+    """GPT-2's names, its Conv1D ``(in, out)`` weights and its fused ``[q | k | v]`` projection."""
+    out = {"transformer.wte.weight": sd["tok_emb.weight"][: cfg.vocab_size], "transformer.wpe.weight":
+           sd["positions.weight"], "transformer.ln_f.weight": sd["decoder.norm.weight"],
+           "transformer.ln_f.bias": sd["decoder.norm.bias"]}
+    for i in range(cfg.n_layers):
+        hf, qkv = f"transformer.h.{i}.", f"decoder.layers.{i}."
+        projections = [f"{qkv}self_attn.{p}_proj" for p in "qkv"]
+        out[hf + "attn.c_attn.weight"] = torch.cat([sd[p + ".weight"] for p in projections]).T
+        out[hf + "attn.c_attn.bias"] = torch.cat([sd[p + ".bias"] for p in projections])
+        for hf_name, qkv_name in (("attn.c_proj", "self_attn.out_proj"), ("mlp.c_fc", "feed_forward.up"),
+                                  ("mlp.c_proj", "feed_forward.down")):
+            out[f"{hf}{hf_name}.weight"] = sd[f"{qkv}{qkv_name}.weight"].T
+            out[f"{hf}{hf_name}.bias"] = sd[f"{qkv}{qkv_name}.bias"]
+        for hf_norm, qkv_norm in (("ln_1", "self_attn_norm"), ("ln_2", "ffn_norm")):
+            for part in ("weight", "bias"):
+                out[f"{hf}{hf_norm}.{part}"] = sd[f"{qkv}{qkv_norm}.{part}"]
+    return out
+
+
+__all__ = ["GPT_MODEL_TYPES", "HF_ARCHITECTURES", "gpt_config_from_hf", "gpt_config_to_hf", "gpt_state_dict_from_hf",
+           "gpt_state_dict_to_hf", "load_gpt_from_hf"]

@@ -28,7 +28,7 @@ from ..models import GPT
 from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
 from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
-from .gguf import open_gguf
+from .gguf import load_gpt_from_gguf, open_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
 from .hf_gpt import GPT_MODEL_TYPES, LLAMA_FAMILY, load_gpt_from_hf
@@ -121,7 +121,11 @@ def _load_gguf(path: Path, *, name: str, mode: str,
     tokenizer = _gguf_tokenizer(metadata, path)
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
-    model, _ = load_quantized_gpt(header, mode=mode)
+    if metadata.get("general.architecture") == "gpt2":  # small: read whole, then quantized if asked
+        model = load_gpt_from_gguf(path)
+        model = model.to(torch.bfloat16) if mode == "bf16" else quantize(model, "int8" if mode == "auto" else mode)
+    else:
+        model, _ = load_quantized_gpt(header, mode=mode)
     _check_vocab(model, tokenizer, path)
     return Pretrained(model, tokenizer, metadata.get("tokenizer.chat_template"), name)
 

@@ -1,0 +1,49 @@
+"""``qkv export``: a trained model out of qkv, as a Hugging Face folder or a GGUF file (see
+:mod:`qkv.interop.export` and :mod:`qkv.interop.gguf_export`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import command
+
+
+def export_cmd(args: argparse.Namespace) -> None:
+    from ..checkpoint import load_checkpoint
+    from ..files import read_text
+
+    if args.type is not None and args.format != "gguf":
+        raise ValueError("--type sets how a GGUF file stores its matrices; give it with --format gguf")
+    template = read_text(args.chat_template) if args.chat_template else None
+    out = Path(args.out)
+    from ..interop.export import check_out
+
+    check_out(out, "folder" if args.format == "hf" else "file")  # before the weights are read
+    ckpt = load_checkpoint(args.model)
+    if "text" not in ckpt.tokenizers:
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (qkv train lm)")
+    if args.format == "hf":
+        from ..interop.export import export_hf
+
+        export_hf(ckpt.model, ckpt.tokenizers["text"], out, chat_template=template)
+    else:
+        from ..interop.gguf_export import export_gguf
+
+        export_gguf(ckpt.model, ckpt.tokenizers["text"], out, storage=args.type or "f16", chat_template=template)
+    print(out)
+
+
+def add_commands(sub) -> None:
+    from ..interop.gguf_export import TYPES
+
+    p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
+                               "a GGUF file (llama.cpp runs it)")
+    p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
+    p.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a folder; gguf: one file (default hf)")
+    p.add_argument("--out", required=True, help="the folder or file to write; it must not exist (or be an empty "
+                                                "folder)")
+    p.add_argument("--type", choices=TYPES, help="gguf: how the matrices are stored (default f16; q8_0 and q4_0 "
+                                                 "are llama.cpp's 8- and 4-bit blocks)")
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to ship with the model")
+    p.set_defaults(run=export_cmd)

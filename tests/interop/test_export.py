@@ -1,0 +1,203 @@
+"""Models made in qkv, out of qkv: Hugging Face folders that transformers loads with its own classes (the model's
+logits to 1e-5, its greedy tokens, its tokenizer's ids and text), and GGUF files that the gguf package reads as
+written, that qkv and transformers read back to the same logits, and, where a llama.cpp build is found, that
+llama.cpp runs. Tiny models with random weights, tokenizers trained here on English, German, Chinese and emoji;
+nothing downloaded."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hf_greedy import greedy_hf, greedy_qkv
+
+from qkv import GPT, GPTConfig
+from qkv.interop import load_pretrained
+from qkv.interop.export import export_hf
+from qkv.interop.gguf_export import export_gguf
+from qkv.interop.hf_gpt import HF_ARCHITECTURES
+from qkv.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf", reason="writing GGUF files needs the gguf package: pip install gguf")
+
+TEXTS = {"en": "The robot picked up the red ball, 42 times.", "de": "Der Roboter hob den roten Ball über 3 Stühle.",
+         "zh": "机器人捡起了红色的球。", "emoji": "Well done 🙂👍🏽!"}
+CORPUS = [*TEXTS.values(), "The cat sat on the mat.", "Die Katze saß auf der Matte.", "猫坐在垫子上。"] * 20
+LLAMA = dict(norm="rms", positional="rope", activation="swiglu", bias=False)
+# transformers' GGUF reader gives GPT-2 1,024 positions and an FFN 4 times as wide as the model, whatever the file
+FAMILIES = {"gpt2": dict(max_seq_len=1024, d_ff=128),
+            "llama": dict(LLAMA, n_kv_heads=2, tie_embeddings=False), "qwen2": dict(LLAMA, qkv_bias=True),
+            "qwen3": dict(LLAMA, qk_norm=True, head_dim=16), "mistral": dict(LLAMA, window=4)}
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    return {"byte-level BPE": BPETokenizer.train(CORPUS, vocab_size=400, byte_level=True),
+            "BPE": BPETokenizer.train(CORPUS, vocab_size=300), "characters": CharTokenizer.train(CORPUS)}
+
+
+def _model(family: str, vocab_size: int, d_model: int = 32) -> GPT:
+    """A tiny GPT of ``family``'s shape, its table padded to 64 rows (the export cuts the padding), its weights
+    moved away from their initial values (unit gains, zero biases), so that a swapped tensor shows."""
+    cfg = GPTConfig(vocab_size=vocab_size, d_model=d_model, n_heads=4, n_layers=2, vocab_multiple=64,
+                    **{"max_seq_len": 64, "d_ff": 64, **FAMILIES[family]})
+    model = GPT(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def _ids(tokenizer, n: int = 24) -> torch.Tensor:
+    return torch.tensor([tokenizer.encode(TEXTS["en"] + " " + TEXTS["zh"])[:n]])
+
+
+# ------------------------------------------------------------------------------------------ Hugging Face
+
+
+@pytest.mark.parametrize("family, kind", [("gpt2", "byte-level BPE"), ("llama", "characters"),
+                                          ("qwen2", "byte-level BPE"), ("qwen3", "BPE"), ("mistral", "byte-level BPE")])
+def test_an_exported_folder_is_the_model_in_transformers(family, kind, tokenizers, tmp_path):
+    tokenizer = tokenizers[kind]
+    model = _model(family, tokenizer.vocab_size)
+    export_hf(model, tokenizer, tmp_path / "out")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    assert type(hf).__name__ == HF_ARCHITECTURES[family]
+    ids = _ids(tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-5, rtol=1e-5)
+        assert torch.equal(greedy_hf(hf, ids[:, :8], 10), greedy_qkv(model, ids[:, :8], 10))
+
+
+@pytest.mark.parametrize("kind", ["byte-level BPE", "BPE", "characters"])
+def test_an_exported_tokenizer_encodes_and_decodes_as_qkvs(kind, tokenizers, tmp_path):
+    """transformers' own fast tokenizer, from tokenizer.json and tokenizer_config.json, on English, German,
+    Chinese and emoji: the same ids, the same text back, the same special ids."""
+    tokenizer = tokenizers[kind]
+    export_hf(_model("gpt2", tokenizer.vocab_size), tokenizer, tmp_path / "out")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    for text in TEXTS.values():
+        ids = theirs(text, add_special_tokens=False).input_ids
+        assert ids == tokenizer.encode(text), text
+        assert theirs.decode(ids) == tokenizer.decode(ids)
+    assert (theirs.pad_token_id, theirs.bos_token_id, theirs.eos_token_id, theirs.unk_token_id) == (0, 1, 2, 3)
+    assert len(theirs) == tokenizer.vocab_size
+
+
+def test_a_pretrained_tokenizer_that_starts_with_bos_does_so_in_transformers(tokenizers, tmp_path):
+    trained = tokenizers["byte-level BPE"]
+    tokenizer = PretrainedTokenizer(trained.hf, bos_id=1, eos_id=2, add_bos=True)
+    export_hf(_model("llama", tokenizer.vocab_size), tokenizer, tmp_path / "out", chat_template="{{ messages }}")
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    for text in TEXTS.values():
+        assert theirs(text).input_ids == tokenizer.encode_prompt(text) == [1, *tokenizer.encode(text)]
+    assert theirs.chat_template == "{{ messages }}"
+    assert trained.hf.post_processor is None  # the export's post-processor is its own copy's
+
+
+def test_what_has_no_hugging_face_form_is_refused_in_one_line_and_nothing_is_written(tokenizers, tmp_path):
+    from qkv import BERT, BERTConfig
+
+    tokenizer = tokenizers["byte-level BPE"]
+    cases = [
+        (GPT(GPTConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=1, norm="rms")),
+         "has no Hugging Face family: GPT-2 is norm 'layer' with positional 'learned'"),
+        (GPT(GPTConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=1, window=4)),
+         "a Hugging Face gpt2 config cannot hold window=4"),
+        (GPT(GPTConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=1, **LLAMA,
+                       rope_freq_factors=[2.0] * 4)), "a Hugging Face llama config cannot hold rope_freq_factors="),
+        (GPT(GPTConfig(vocab_size=tokenizer.vocab_size + 1, d_model=32, n_heads=4, n_layers=1)),
+         "they were not trained together"),
+        (BERT(BERTConfig(vocab_size=30, d_model=32, n_heads=4, n_layers=1)), "a BERT has no exporter"),
+    ]
+    for model, message in cases:
+        with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+            export_hf(model, tokenizer, tmp_path / "out")
+        assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="exists; give --out a new folder"):
+        export_hf(_model("gpt2", tokenizer.vocab_size), tokenizer, tmp_path / "taken")
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------------------------ GGUF
+
+
+def _expected_tensors(family: str, n_layers: int = 2) -> set[str]:
+    if family == "gpt2":
+        per_layer = [f"{n}.{p}" for n in ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
+                     for p in ("weight", "bias")]
+        top = ["token_embd.weight", "position_embd.weight", "output_norm.weight", "output_norm.bias"]
+    else:
+        per_layer = [f"{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                                              "ffn_gate", "ffn_up", "ffn_down")]
+        per_layer += {"qwen2": ["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+                      "qwen3": ["attn_q_norm.weight", "attn_k_norm.weight"]}.get(family, [])
+        top = ["token_embd.weight", "output_norm.weight"] + (["output.weight"] if family == "llama" else [])
+    return set(top) | {f"blk.{i}.{name}" for i in range(n_layers) for name in per_layer}
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3"])
+def test_an_exported_gguf_file_holds_the_model_and_reads_back_as_it(family, tokenizers, tmp_path):
+    tokenizer = tokenizers["byte-level BPE"]
+    model = _model(family, tokenizer.vocab_size)
+    path = export_gguf(model, tokenizer, tmp_path / "m.gguf", storage="f32", chat_template="{{ messages }}")
+    reader = gguf.GGUFReader(path)
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == family and fields["tokenizer.ggml.pre"] == "smollm"
+    assert fields["tokenizer.ggml.tokens"] == [tokenizer.hf.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    assert (fields["tokenizer.ggml.bos_token_id"], fields["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert fields["tokenizer.chat_template"] == "{{ messages }}"
+    assert {t.name for t in reader.tensors} == _expected_tensors(family)
+    ids = _ids(tokenizer)
+    back = load_pretrained(path, weights="none")  # qkv's reader: exactly the model, and its tokenizer
+    with torch.no_grad():
+        torch.testing.assert_close(back.model(ids), model(ids), atol=1e-5, rtol=1e-5)
+    for text in TEXTS.values():
+        assert back.tokenizer.encode(text) == tokenizer.encode(text)
+    if family != "qwen3":  # transformers' GGUF reader takes a Qwen3 head as 128 wide, whatever the file says
+        hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file="m.gguf").eval()
+        with torch.no_grad():
+            torch.testing.assert_close(hf(ids).logits, model(ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("storage, kind, bound", [("f16", "F16", 0.005), ("q8_0", "Q8_0", 0.05),
+                                                  ("q4_0", "Q4_0", 0.5)])
+def test_a_quantized_gguf_export_is_the_model_with_its_matrices_rounded_by_ggml(storage, kind, bound, tokenizers,
+                                                                               tmp_path):
+    """Matrices stored as asked (norms in F32): read back, the model is exactly the original with each matrix
+    quantized and dequantized by the gguf package (llama.cpp's formulas), and its logits stay within the
+    format's error (relative norm; random weights make it larger than a trained model's)."""
+    tokenizer = tokenizers["byte-level BPE"]
+    model = _model("llama", tokenizer.vocab_size, d_model=64)  # rows of whole 32-weight blocks
+    path = export_gguf(model, tokenizer, tmp_path / "m.gguf", storage=storage)
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.ffn_down.weight"] == types["token_embd.weight"] == kind
+    assert types["blk.0.attn_norm.weight"] == "F32"
+    rounded = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in rounded.parameters():
+            if p.dim() == 2:
+                stored = gguf.quants.quantize(p.numpy(), gguf.GGMLQuantizationType[kind])
+                p.copy_(torch.from_numpy(gguf.quants.dequantize(stored, gguf.GGMLQuantizationType[kind])))
+    ids = _ids(tokenizer)
+    with torch.no_grad():
+        back = load_pretrained(path, weights="none").model(ids)
+        torch.testing.assert_close(back, rounded(ids), atol=1e-5, rtol=1e-5)
+        exact = model(ids)
+    assert 0 < (back - exact).norm() / exact.norm() < bound
+
+
+def test_what_has_no_gguf_form_is_refused_in_one_line(tokenizers, tmp_path):
+    cases = [(_model("llama", tokenizers["characters"].vocab_size), tokenizers["characters"],
+              "GGUF files here hold byte-level BPE vocabularies; this one is a character vocabulary"),
+             (_model("llama", tokenizers["BPE"].vocab_size), tokenizers["BPE"], "this one is BPE with a Metaspace"),
+             (_model("mistral", tokenizers["byte-level BPE"].vocab_size), tokenizers["byte-level BPE"],
+              "llama.cpp's GGUF files have no sliding window")]
+    for model, tokenizer, message in cases:
+        with pytest.raises(ValueError, match=message):
+            export_gguf(model, tokenizer, tmp_path / "m.gguf")
+        assert not list(tmp_path.iterdir())
