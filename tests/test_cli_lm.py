@@ -96,3 +96,26 @@ def test_generate_with_quantized_weights(trained, work, here):
                         cwd=work), "its 32 inputs are not divisible by the group size 64")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int3", cwd=work),
                    "argument --quantize: invalid choice: 'int3'")
+
+
+def test_export_writes_a_folder_transformers_runs_and_says_what_has_no_gguf_form(work, trained, tmp_path, here):
+    """``qkv export`` of the trained character-level run: a folder that transformers loads (the same logits);
+    a GGUF file of a character vocabulary, a taken --out and a --type without gguf each end in one line."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from qkv.checkpoint import load_checkpoint
+
+    proc = ok(here("export", "--model", trained, "--out", tmp_path / "hf", cwd=work))
+    assert proc.stdout.strip() == str(tmp_path / "hf")
+    ckpt = load_checkpoint(trained)
+    ids = torch.tensor([ckpt.tokenizers["text"].encode("First Citizen:\nBefore we proceed")])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ckpt.model(ids), atol=1e-5, rtol=1e-5)
+    one_line_error(here("export", "--model", trained, "--format", "gguf", "--out", tmp_path / "m.gguf", cwd=work),
+                   "byte-level BPE", "character vocabulary", "--tokenizer bpe")
+    one_line_error(here("export", "--model", trained, "--out", tmp_path / "hf", cwd=work), "exists")
+    one_line_error(here("export", "--model", trained, "--type", "q8_0", "--out", tmp_path / "x", cwd=work),
+                   "--format gguf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

