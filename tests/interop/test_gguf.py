@@ -165,9 +165,9 @@ def test_missing_corrupt_and_truncated_files_raise_one_line_errors(tiny, tmp_pat
 
 
 def test_unsupported_architecture(tmp_path):
-    path = write_gguf(tmp_path / "gpt2.gguf", {"token_embd.weight": np.zeros((VOCAB, D_MODEL), np.float32)},
-                      arch="gpt2")
-    with pytest.raises(ValueError, match="unsupported architecture 'gpt2'"):
+    path = write_gguf(tmp_path / "falcon.gguf", {"token_embd.weight": np.zeros((VOCAB, D_MODEL), np.float32)},
+                      arch="falcon")
+    with pytest.raises(ValueError, match="unsupported architecture 'falcon'"):
         load_gpt_from_gguf(path)
 
 

@@ -13,8 +13,12 @@ def export_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..files import read_text
 
+    from ..interop.gguf_export import TYPES
+
     if args.type is not None and args.format != "gguf":
         raise ValueError("--type sets how a GGUF file stores its matrices; give it with --format gguf")
+    if args.type not in (None, *TYPES):
+        raise ValueError(f"--type must be one of {', '.join(TYPES)}, got {args.type!r}")
     template = read_text(args.chat_template) if args.chat_template else None
     out = Path(args.out)
     from ..interop.export import check_out
@@ -35,15 +39,13 @@ def export_cmd(args: argparse.Namespace) -> None:
 
 
 def add_commands(sub) -> None:
-    from ..interop.gguf_export import TYPES
-
     p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
                                "a GGUF file (llama.cpp runs it)")
     p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
     p.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a folder; gguf: one file (default hf)")
     p.add_argument("--out", required=True, help="the folder or file to write; it must not exist (or be an empty "
                                                 "folder)")
-    p.add_argument("--type", choices=TYPES, help="gguf: how the matrices are stored (default f16; q8_0 and q4_0 "
-                                                 "are llama.cpp's 8- and 4-bit blocks)")
+    p.add_argument("--type", help="gguf: how the matrices are stored: f32, f16 (the default), q8_0 or q4_0 "
+                                  "(llama.cpp's 8- and 4-bit blocks)")
     p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to ship with the model")
     p.set_defaults(run=export_cmd)
