@@ -105,6 +105,9 @@ class ModelConfig(Config):
         qkv_bias: biases in the query, key and value projections alone (None: as ``bias``; Qwen2 has them
             where nothing else has).
         positional: ``"sinusoidal"``, ``"learned"``, ``"rope"`` or ``"none"``.
+        sinusoidal_layout: where the sinusoidal table puts each frequency's sine and cosine: ``"interleaved"``
+            (side by side, as the paper writes it) or ``"halves"`` (every sine, then every cosine: tensor2tensor,
+            fairseq and Marian).
         rope_base: the θ base of rotary embeddings.
         rope_freq_factors: the rotary frequencies divided by these, one per feature pair (``head_dim / 2``);
             Llama 3 slows its low frequencies this way for long contexts (None: unscaled).
@@ -135,6 +138,7 @@ class ModelConfig(Config):
     bias: bool = True
     qkv_bias: bool | None = None
     positional: str = "sinusoidal"
+    sinusoidal_layout: str = "interleaved"
     rope_base: float = 10000.0
     rope_freq_factors: list[float] | None = None
     n_kv_heads: int | None = None
@@ -168,6 +172,7 @@ class ModelConfig(Config):
             raise ValueError("norm_eps, init_std and rope_base must be positive")
         _check_choice("norm", self.norm, NORMS)
         _check_choice("positional", self.positional, POSITIONALS)
+        _check_choice("sinusoidal_layout", self.sinusoidal_layout, ("interleaved", "halves"))
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("init", self.init, INITS)
         if self.positional == "rope" and self.head_dim % 2:
@@ -212,6 +217,7 @@ class TransformerConfig(ModelConfig):
         n_encoder_layers, n_decoder_layers: override ``n_layers`` for one side.
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection reuses the target embedding matrix.
+        output_bias: the output projection adds a bias to each token's logit (Marian's final_logits_bias).
         scale_embeddings: multiply token embeddings by √d_model, as the paper does.
         vocab_multiple: the embedding and output tables have a multiple of this many rows (see
             :meth:`ModelConfig.table_rows`); logits are cut back to ``tgt_vocab_size``.
@@ -223,6 +229,7 @@ class TransformerConfig(ModelConfig):
     n_decoder_layers: int | None = None
     share_embeddings: bool = False
     tie_output: bool = True
+    output_bias: bool = False
     scale_embeddings: bool = True
     init: str = "xavier"
     vocab_multiple: int = 1
@@ -631,6 +638,7 @@ class RNNConfig(Config):
             padding).
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection reuses the target embedding matrix.
+        output_bias: the output projection adds a bias to each token's logit (Marian's final_logits_bias).
         init_range: every parameter starts uniform in [-init_range, init_range] (Sutskever et al. 2014 used
             0.08, Luong et al. 2015 0.1).
     """

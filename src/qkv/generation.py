@@ -336,6 +336,83 @@ def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
     return ((5.0 + lengths.float()) / 6.0) ** alpha
 
 
+@torch.no_grad()
+def pooled_beam_search(
+    decoder: IncrementalDecoder,
+    *,
+    max_new_tokens: int | Sequence[int],
+    beam_size: int = 4,
+    length_penalty: float = 1.0,
+    early_stopping: bool = False,
+    end_at_limit: bool = False,
+    start: Tensor | None = None,
+    bos_id: int | None = None,
+    eos_id: int | None = None,
+    stop_ids: Collection[int] | None = None,
+    suppress_ids: Collection[int] | None = None,
+) -> list[list[int]]:
+    """Beam search as transformers runs it (and so as Marian models were published with): ``beam_size`` live
+    hypotheses always, and a pool of the ``beam_size`` best finished ones beside them.
+
+    Each step ranks the 2k best extensions by total log-probability. One of the first k that ends (or reaches
+    the length limit) goes to the pool, scored ``log p / n^length_penalty`` over its ``n`` new tokens; the k best
+    that do not end live on. A row stops when its pool is full and, with ``early_stopping``, at once, without,
+    once its best live hypothesis, scored at its present length, cannot beat the pool's worst. The answer is the
+    pool's best. (:func:`beam_search` keeps finished hypotheses in the beam instead, with GNMT's penalty.)
+    ``suppress_ids`` are removed from the log-probabilities, which are not normalised again (as transformers'
+    processors do); ``end_at_limit`` makes the last token a row may add ``eos_id``, at no cost (transformers'
+    ``forced_eos_token_id``, which Marian models set). Other arguments as for :func:`beam_search`.
+
+    Returns:
+        per input row, the best hypothesis (without its start and end tokens).
+    """
+    b, k, device = decoder.batch_size, beam_size, decoder.device
+    stops = _beam_stops(beam_size, eos_id, stop_ids)
+    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=device)
+    first = _start(decoder, start, bos_id).repeat_interleave(k, dim=0)
+    limits = _limits(max_new_tokens, b, device)  # (B,)
+    decoder.reorder(torch.arange(b, device=device).repeat_interleave(k))
+    live = torch.zeros((b, k, 0), dtype=torch.long, device=device)
+    live_scores = torch.full((b, k), -1e9, device=device)
+    live_scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    pool = torch.zeros((b, k, 0), dtype=torch.long, device=device)
+    pool_scores, pooled = torch.full((b, k), -1e9, device=device), torch.zeros((b, k), dtype=torch.bool, device=device)
+    searching = torch.ones((b, 1), dtype=torch.bool, device=device)
+    first_k = torch.arange(2 * k, device=device) < k
+    suppress = _suppressor(suppress_ids, device)
+    for step in range(int(limits.max()) if b else 0):
+        logits = decoder.step(live[..., -1].reshape(-1, 1) if step else first).float()
+        logp = suppress(F.log_softmax(logits, dim=-1)).view(b, k, -1)
+        n = step + 1
+        if end_at_limit and eos_id is not None:  # as transformers forces it: eos at no cost, nothing else
+            forced = torch.full_like(logp, float("-inf")).index_fill(-1, torch.tensor([eos_id], device=device), 0.0)
+            logp = torch.where((n >= limits)[:, None, None], forced, logp)
+        totals = logp + live_scores[..., None]
+        vocab = totals.size(-1)
+        top_scores, top = totals.view(b, -1).topk(2 * k, dim=-1)  # (B, 2K)
+        origin = top // vocab
+        candidates = torch.cat([live.gather(1, origin[..., None].expand(-1, -1, step)), (top % vocab)[..., None]], 2)
+        ends = torch.isin(top % vocab, stop_tensor) | (n >= limits)[:, None]  # (B, 2K)
+        # the k best that go on
+        going = top_scores - ends.float() * 1e9
+        keep = going.topk(k, dim=-1).indices
+        live, live_scores = candidates.gather(1, keep[..., None].expand(-1, -1, n)), going.gather(1, keep)
+        decoder.reorder((origin.gather(1, keep) + torch.arange(b, device=device)[:, None] * k).view(-1))
+        # the pool: the best k of what it held and what ended among the first k
+        arriving = ends & first_k & searching & ~(pooled.all(-1, keepdim=True) & early_stopping)
+        scores = top_scores / n ** length_penalty - (~arriving).float() * 1e9
+        pool = torch.cat([torch.nn.functional.pad(pool, (0, n - pool.size(-1)), value=min(stops)), candidates], 1)
+        merged, pooled = torch.cat([pool_scores, scores], 1), torch.cat([pooled, arriving], 1)
+        best = merged.topk(k, dim=-1).indices
+        pool, pool_scores, pooled = pool.gather(1, best[..., None].expand(-1, -1, n)), merged.gather(1, best), \
+            pooled.gather(1, best)
+        worst = torch.where(pooled, pool_scores.min(-1, keepdim=True).values, -1e9)
+        searching = searching & (live_scores[:, :1] / n ** length_penalty > worst).any(-1, keepdim=True)
+        if not searching.any() or (early_stopping and pooled.all()) or ends.all():
+            break
+    return [_strip(row, stops) for row in pool[:, 0].tolist()]
+
+
 def _beam_stops(beam_size: int, eos_id: int | None, stop_ids: Collection[int] | None) -> set[int]:
     """The tokens that end a hypothesis, checked with the beam's size: beam search needs at least one."""
     if beam_size < 1:

@@ -12,7 +12,6 @@ from .common import command
 def export_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..files import read_text
-
     from ..interop.gguf_export import TYPES
 
     if args.type is not None and args.format != "gguf":

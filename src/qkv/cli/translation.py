@@ -84,13 +84,26 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
 
 def _load_translator(args: argparse.Namespace, device):
-    from ..checkpoint import load_checkpoint
+    """The model of --model (a qkv checkpoint) or --pretrained (a Marian folder), on ``device``, with its
+    tokenizers; --beam and --alpha filled in from the model's own defaults where not given (qkv's: greedy, α
+    0.6; a Marian folder's: its generation_config.json)."""
+    if bool(args.model) == bool(args.pretrained):
+        raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained DIR (a Marian folder)")
+    if args.pretrained:
+        from ..interop.hf_marian import load_marian_folder
 
-    ckpt = load_checkpoint(args.model)
-    if ckpt.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(ckpt.tokenizers):
-        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a translation model")
-    place(ckpt.model, device, args)
-    return ckpt
+        loaded = load_marian_folder(args.pretrained)
+        defaults = (loaded.beam_size, loaded.length_penalty)
+    else:
+        from ..checkpoint import load_checkpoint
+
+        loaded, defaults = load_checkpoint(args.model), (1, 0.6)
+        if loaded.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(loaded.tokenizers):
+            raise ValueError(f"{loaded.path} is a {loaded.arch} checkpoint, not a translation model")
+    args.beam = defaults[0] if args.beam is None else args.beam
+    args.alpha = defaults[1] if args.alpha is None else args.alpha
+    place(loaded.model, device, args)
+    return loaded
 
 
 def _check_attention_map(args: argparse.Namespace, model) -> None:
@@ -146,12 +159,12 @@ def evaluate(args: argparse.Namespace) -> None:
     device, _, amp = runtime(args)
     if args.tokenized_bleu:
         check_tokenized_bleu()  # spaCy is an extra: say so before translating, not after
-    if not args.model and not args.hyp:
+    if not (args.model or args.pretrained) and not args.hyp:
         raise ValueError("give --hyp FILE (translations to score) or --model DIR --src FILE")
-    if args.model and not args.src:
-        raise ValueError("with --model, give the source sentences with --src FILE")
+    if (args.model or args.pretrained) and not args.src:
+        raise ValueError("with a model, give the source sentences with --src FILE")
     refs = read_lines(args.ref)
-    if args.model:
+    if args.model or args.pretrained:
         sources = read_lines(args.src)
         if len(sources) != len(refs):
             raise ValueError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
@@ -175,14 +188,18 @@ def evaluate(args: argparse.Namespace) -> None:
 # --- the parsers ----------------------------------------------------------------------------------------------
 
 def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam", type=COUNT, default=1, help="beam size (1 = greedy, the default)")
-    p.add_argument("--alpha", type=NON_NEGATIVE, default=0.6, help="beam length penalty α (default 0.6)")
+    p.add_argument("--pretrained", metavar="DIR", help="a Hugging Face Marian folder (opus-mt: config.json, weights, "
+                                                        "source.spm, target.spm, vocab.json) instead of --model")
+    p.add_argument("--beam", type=COUNT, help="beam size (1 = greedy; default 1, a Marian folder's own num_beams)")
+    p.add_argument("--alpha", type=NON_NEGATIVE,
+                   help="beam length penalty α (default 0.6, GNMT's; a Marian folder's own length_penalty, "
+                        "transformers' score / length^α)")
 
 
 def add_commands(sub) -> None:
     tr = command(sub, "translate", "translate sentences with a trained model")
     add_input_arguments(tr, blank=" (a blank line translates to a blank line)")
-    tr.add_argument("--model", required=True, help="a checkpoint directory, or a run directory (uses best/)")
+    tr.add_argument("--model", help="a checkpoint directory, or a run directory (uses best/)")
     tr.add_argument("--output", help="write translations here instead of stdout")
     _add_decoding_arguments(tr)
     tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")

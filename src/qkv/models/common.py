@@ -44,7 +44,7 @@ class WithAttention(NamedTuple):
 def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
     """The position table added to embeddings, or None when positions are rotary (or absent)."""
     if cfg.positional == "sinusoidal":
-        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_seq_len)
+        return SinusoidalPositionalEncoding(cfg.d_model, cfg.max_seq_len, halves=cfg.sinusoidal_layout == "halves")
     if cfg.positional == "learned":
         return LearnedPositionalEmbedding(cfg.d_model, cfg.max_seq_len)
     return None

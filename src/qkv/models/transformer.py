@@ -66,7 +66,7 @@ class Transformer(common.Model):
         self.decoder = Decoder(
             [common.decoder_layer(cfg, rope, cross=True) for _ in range(cfg.n_decoder_layers)], common.final_norm(cfg)
         )
-        self.lm_head = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=False)  # vocabulary
+        self.lm_head = nn.Linear(cfg.d_model, cfg.table_rows(cfg.tgt_vocab_size), bias=cfg.output_bias)  # vocabulary
         common.init_weights(self, cfg)
         if cfg.tie_output:
             self.lm_head.weight = self.tgt_emb.weight

@@ -37,12 +37,14 @@ class SinusoidalPositionalEncoding(nn.Module):
         d_model: model width (even).
         max_len: number of positions in the table.
         base: the 10000 of the formula.
+        halves: every sine first, then every cosine (tensor2tensor, fairseq, Marian), instead of each
+            frequency's sine and cosine side by side; the same features in another order.
 
     Shape:
         positions ``(T,)`` or ``(B, T)`` -> ``(T, d_model)`` or ``(B, T, d_model)``.
     """
 
-    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0, halves: bool = False) -> None:
         super().__init__()
         if d_model % 2:
             raise ValueError(f"sinusoidal encodings need an even d_model, got d_model={d_model}")
@@ -52,8 +54,9 @@ class SinusoidalPositionalEncoding(nn.Module):
         two_i = torch.arange(0, d_model, 2, dtype=torch.float64, device="cpu")  # (d/2,)
         angle = pos / base ** (two_i / d_model)  # (max_len, d/2)
         pe = torch.empty(max_len, d_model, dtype=torch.float64, device="cpu")
-        pe[:, 0::2] = torch.sin(angle)
-        pe[:, 1::2] = torch.cos(angle)
+        sines, cosines = (pe[:, : d_model // 2], pe[:, d_model // 2 :]) if halves else (pe[:, 0::2], pe[:, 1::2])
+        sines.copy_(torch.sin(angle))
+        cosines.copy_(torch.cos(angle))
         # Not persistent: it is a function of the config, so checkpoints need not carry it.
         self.register_buffer("pe", pe.float().to(torch.get_default_device()), persistent=False)
         self.max_len = max_len

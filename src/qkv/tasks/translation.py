@@ -18,11 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import TranslationBatch, clean_pairs, token_budget_batches, translation_batch
+from ..data import TranslationBatch, clean_pairs, pad, token_budget_batches, translation_batch
 from ..device import device_of, move, to_device
 from ..distributed import SINGLE, Group
 from ..footprint import check_decoding
-from ..generation import IncrementalDecoder, beam_search, greedy
+from ..generation import IncrementalDecoder, beam_search, greedy, pooled_beam_search
 from ..metrics import bleu
 from ..models import LSTMSeq2Seq
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all, token_label
@@ -30,6 +30,31 @@ from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, encode_all, 
 log = logging.getLogger(__name__)
 
 NOT_TEXT = (PAD_ID, BOS_ID, UNK_ID)  # never a word of a translation: decoding does not produce them
+
+
+@dataclass(frozen=True)
+class TranslationIds:
+    """The ids a translation model was trained with: padding, the decoder's first input, the end of a sentence,
+    whether a source ends with ``</s>``, and the ids a translation never contains; and the beam search it was
+    published with. qkv's own models use :data:`QKV_IDS`; a pretrained model's tokenizer carries its own as
+    ``ids`` (Marian: decoding starts at pad, sources end with ``</s>``, transformers' beam search)."""
+
+    pad: int = PAD_ID
+    start: int = BOS_ID
+    eos: int = EOS_ID
+    source_eos: bool = False
+    never: tuple[int, ...] = NOT_TEXT
+    # decoding as transformers runs it: generation.pooled_beam_search, and </s> forced as the last token a text
+    # may have (so one real token fewer at the length limit)
+    transformers_search: bool = False
+
+
+QKV_IDS = TranslationIds()
+
+
+def translation_ids(tokenizers: dict[str, Tokenizer]) -> TranslationIds:
+    """The ids of the model these tokenizers belong to (the target side's ``ids``, else qkv's)."""
+    return getattr(tokenizers["tgt"], "ids", QKV_IDS)
 
 
 def position_limit(model: nn.Module) -> int | None:
@@ -57,25 +82,31 @@ def translate_ids(
     alpha: float = 0.6,
     batch_tokens: int = 4000,
     use_cache: bool = True,
+    ids: TranslationIds = QKV_IDS,
 ) -> list[list[int]]:
-    """Translate token-id sequences (without specials) in length-sorted batches; output in input order."""
+    """Translate token-id sequences (without specials) in length-sorted batches; output in input order.
+    ``ids``: the model's special ids and beam search (see :class:`TranslationIds`); ``alpha`` the length
+    penalty of that search."""
     model.eval()
     outputs: list[list[int]] = [[] for _ in sources]
     budget = max(batch_tokens // max(beam_size, 1), 1)
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
-        src = translation_batch([sources[i] for i in indices], [[]] * len(indices), pad_id=PAD_ID, bos_id=BOS_ID,
-                                eos_id=EOS_ID).src
-        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
+        src = pad([[*sources[i], ids.eos] if ids.source_eos else sources[i] for i in indices], ids.pad)
+        limit = [max_new_tokens(model, len(sources[i])) - ids.transformers_search for i in indices]
         check_decoding(model.config, sequences=len(indices), beams=beam_size, length=max(limit),
                        device=device_of(model))
         src = to_device(src, device_of(model))
         # the Transformer with its KV cache, the LSTM with its carried state (h, c)
         decoder: IncrementalDecoder = model.start_decoding(src, use_cache=use_cache)
-        if beam_size > 1:
-            hyps = beam_search(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, beam_size=beam_size,
-                               alpha=alpha, suppress_ids=NOT_TEXT)
+        if beam_size > 1 and ids.transformers_search:
+            hyps = pooled_beam_search(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=[n + 1 for n in limit],
+                                      beam_size=beam_size, length_penalty=alpha, end_at_limit=True,
+                                      suppress_ids=ids.never)
+        elif beam_size > 1:
+            hyps = beam_search(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=limit, beam_size=beam_size,
+                               alpha=alpha, suppress_ids=ids.never)
         else:
-            hyps = greedy(decoder, bos_id=BOS_ID, eos_id=EOS_ID, max_new_tokens=limit, suppress_ids=NOT_TEXT)
+            hyps = greedy(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=limit, suppress_ids=ids.never)
         for i, hyp in zip(indices, hyps, strict=True):
             outputs[i] = hyp
     return outputs
@@ -88,8 +119,9 @@ def translate(model: nn.Module, tokenizers: dict[str, Tokenizer], texts: Sequenc
     sources = [ids[: limit - 2] if limit else ids for ids in encode_all(tokenizers["src"], texts)]
     outputs = [""] * len(texts)
     todo = [i for i, ids in enumerate(sources) if ids]
-    for i, ids in zip(todo, translate_ids(model, [sources[i] for i in todo], **kwargs), strict=True):
-        outputs[i] = tokenizers["tgt"].decode(ids)
+    translated = translate_ids(model, [sources[i] for i in todo], ids=translation_ids(tokenizers), **kwargs)
+    for i, target in zip(todo, translated, strict=True):
+        outputs[i] = tokenizers["tgt"].decode(target)
     return outputs
 
 
@@ -104,10 +136,11 @@ def cross_attention(model: nn.Module, tokenizers: dict[str, Tokenizer], source: 
         one column per source token.
     """
     model.eval()
-    limit = position_limit(model)
-    src_ids = tokenizers["src"].encode(source)[:limit]
+    limit, ids = position_limit(model), translation_ids(tokenizers)
+    src_ids = tokenizers["src"].encode(source)[: limit - ids.source_eos if limit else None]
+    src_ids += [ids.eos] if ids.source_eos else []
     src = torch.tensor([src_ids], device=device_of(model))
-    tgt_in = torch.tensor([[BOS_ID, *target_ids]], device=device_of(model))
+    tgt_in = torch.tensor([[ids.start, *target_ids]], device=device_of(model))
     _, att = model(src, tgt_in, return_attention=True)
     layers = att["decoder_cross"]
     if not -len(layers) <= layer < len(layers):

@@ -1,0 +1,164 @@
+"""Marian (opus-mt) folders in qkv's own Transformer, against transformers' MarianMTModel and MarianTokenizer
+reading the same folder: a model built from a small config with random weights, and SentencePiece models trained
+here on a few hundred sentences of each side; nothing downloaded."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from qkv.interop.hf_marian import load_marian_folder
+from qkv.tasks.translation import max_new_tokens, translate, translate_ids, translation_ids
+
+transformers = pytest.importorskip("transformers")
+spm = pytest.importorskip("sentencepiece", reason="Marian's tokenizers need sentencepiece")
+
+ENGLISH = ["The robot picked up the red ball.", "A dog runs on the beach.", "Two men are playing chess.",
+           "The cat sat on the mat near the door.", "Children play in the park after school.",
+           "She reads a book about 3 old ships."]
+GERMAN = ["Der Roboter hob den roten Ball auf.", "Ein Hund rennt am Strand.", "Zwei Männer spielen Schach.",
+          "Die Katze saß auf der Matte neben der Tür.", "Kinder spielen nach der Schule im Park.",
+          "Sie liest ein Buch über 3 alte Schiffe."]
+
+
+TRAINING_STEPS = 120
+
+
+def _train(model, tokenizer) -> None:
+    """A few steps on the pairs: enough for translations that end (with </s>) at lengths of their own, too few
+    for one sure answer, so that beam search has choices to make."""
+    batch = tokenizer(ENGLISH, text_target=GERMAN, return_tensors="pt", padding=True)
+    batch["labels"][batch["labels"] == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(TRAINING_STEPS):
+        optimizer.zero_grad()
+        model(**batch).loss.backward()
+        optimizer.step()
+    model.eval()
+
+
+def _sentencepiece(lines: list[str], size: int) -> bytes:
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines * 50), model_writer=model, vocab_size=size,
+                                   model_type="unigram", character_coverage=1.0, bos_id=-1, eos_id=-1, unk_id=0,
+                                   minloglevel=2)
+    return model.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """A Marian folder as opus-mt's are: one vocabulary of both sides' pieces ("</s>" 0, "<unk>" 1, "<pad>" last),
+    sinusoidal positions, swish, tied embeddings with a final logits bias; weights moved off their initial
+    values so that a swapped tensor shows."""
+    out = tmp_path_factory.mktemp("opus-mt-en-de")
+    source, target = _sentencepiece(ENGLISH, 48), _sentencepiece(GERMAN, 48)
+    pieces = []
+    for model in (source, target):
+        processor = spm.SentencePieceProcessor(model_proto=model)
+        pieces += [processor.id_to_piece(i) for i in range(1, processor.get_piece_size())]
+    vocab = {"</s>": 0, "<unk>": 1, **{p: i + 2 for i, p in enumerate(dict.fromkeys(pieces))}}
+    vocab["<pad>"] = len(vocab)
+    (out / "source.spm").write_bytes(source)
+    (out / "target.spm").write_bytes(target)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    config = transformers.MarianConfig(
+        vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        activation_function="swish", scale_embedding=True, pad_token_id=vocab["<pad>"], eos_token_id=0,
+        decoder_start_token_id=vocab["<pad>"], forced_eos_token_id=0, bad_words_ids=[[vocab["<pad>"]]])
+    torch.manual_seed(0)
+    model = transformers.MarianMTModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        model.final_logits_bias.normal_()
+    _train(model, transformers.MarianTokenizer(*(str(out / n) for n in ("source.spm", "target.spm", "vocab.json"))))
+    model.save_pretrained(out)
+    return out
+
+
+def _reference(folder):
+    return transformers.MarianMTModel.from_pretrained(folder, attn_implementation="eager").eval(), \
+        transformers.MarianTokenizer.from_pretrained(folder)
+
+
+def test_a_marian_folder_gives_transformers_logits_and_tokens(folder):
+    ours, (theirs, tokenizer) = load_marian_folder(folder), _reference(folder)
+    src_tok, tgt_tok = ours.tokenizers["src"], ours.tokenizers["tgt"]
+    for english, german in zip(ENGLISH, GERMAN, strict=True):
+        assert tokenizer(english).input_ids == [*src_tok.encode(english), 0]
+        labels = tokenizer(text_target=german).input_ids
+        assert labels == [*tgt_tok.encode(german), 0]
+        assert tokenizer.decode(labels, skip_special_tokens=True) == tgt_tok.decode(labels) == german
+    batch = tokenizer(ENGLISH[:3], return_tensors="pt", padding=True)  # padded: the mask follows pad_id
+    pad = ours.model.config.pad_id
+    tgt_in = torch.tensor([[pad, *tgt_tok.encode(g)[:6]] for g in GERMAN[:3]])
+    with torch.no_grad():
+        expected = theirs(**batch, decoder_input_ids=tgt_in).logits
+        torch.testing.assert_close(ours.model(batch.input_ids, tgt_in), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("beams, alpha", [(1, 1.0), (4, 1.0), (4, 0.0), (5, 2.0)])
+def test_greedy_and_beam_search_translate_as_transformers_generate_does(folder, beams, alpha):
+    """Marian's search is transformers' (a pool of finished hypotheses, scores over length^alpha, pad never
+    generated, </s> forced at the limit): the same tokens, hypotheses ending at lengths of their own."""
+    ours, (theirs, tokenizer) = load_marian_folder(folder), _reference(folder)
+    sources = [ours.tokenizers["src"].encode(s) for s in ENGLISH]
+    with torch.no_grad():
+        mine = translate_ids(ours.model, sources, beam_size=beams, alpha=alpha, ids=translation_ids(ours.tokenizers))
+        for source, ids, hypothesis in zip(ENGLISH, sources, mine, strict=True):
+            out = theirs.generate(**tokenizer([source], return_tensors="pt"), num_beams=beams, do_sample=False,
+                                  max_new_tokens=max_new_tokens(ours.model, len(ids)), length_penalty=alpha)
+            assert out[0, 1:].tolist() == [*hypothesis, 0], source
+    limits = [max_new_tokens(ours.model, len(ids)) for ids in sources]
+    assert any(len(h) < limit - 1 for h, limit in zip(mine, limits, strict=True))  # some end with </s> early
+
+
+def test_translate_reads_text_and_gives_text(folder):
+    ours = load_marian_folder(folder)
+    texts = translate(ours.model, ours.tokenizers, ["A dog runs.", ""])
+    assert texts[1] == "" and isinstance(texts[0], str)
+
+
+def test_a_marian_folder_with_a_missing_file_is_one_line(folder, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(folder, broken)
+    (broken / "target.spm").unlink()
+    with pytest.raises(ValueError, match=r"is not a whole Marian folder: it lacks target\.spm"):
+        load_marian_folder(broken)
+
+
+def test_qkv_translate_and_evaluate_run_a_marian_folder(folder, tmp_path, here):
+    """The command line: its translations are the library's (the folder's own beam size, 4, by default), the
+    cross-attention map is drawn, int8 weights run, and a missing file or two models are one line."""
+    import json as json_
+
+    generation = json_.loads((folder / "generation_config.json").read_text())
+    work = tmp_path / "work"
+    work.mkdir()
+    marian = work / "marian"
+    import shutil
+
+    shutil.copytree(folder, marian)
+    (marian / "generation_config.json").write_text(json_.dumps(generation | {"num_beams": 4}))
+    ours = load_marian_folder(marian)
+    expected = translate(ours.model, ours.tokenizers, ENGLISH[:2], beam_size=4, alpha=1.0)
+    proc = here("translate", "--pretrained", marian, *ENGLISH[:2], "--attention", "map.png", cwd=work)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected and (work / "map.png").stat().st_size > 0
+    assert here("translate", "--pretrained", marian, ENGLISH[0], "--quantize", "int8", cwd=work).returncode == 0
+    (work / "src.txt").write_text("\n".join(ENGLISH[:2]) + "\n")
+    (work / "ref.txt").write_text("\n".join(expected) + "\n")
+    proc = here("evaluate", "--pretrained", marian, "--src", "src.txt", "--ref", "ref.txt", cwd=work)
+    assert proc.returncode == 0 and "BLEU = 100.00" in proc.stdout, proc.stdout + proc.stderr
+    proc = here("translate", "--pretrained", marian, "--model", marian, "hi", cwd=work)
+    assert proc.returncode == 2 and "give one model" in proc.stderr
+    (marian / "vocab.json").unlink()
+    proc = here("translate", "--pretrained", marian, "hi", cwd=work)
+    assert proc.returncode == 2 and "lacks vocab.json" in proc.stderr and len(proc.stderr.splitlines()) == 1
