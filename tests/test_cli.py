@@ -114,6 +114,17 @@ def test_translate_beam(here, trained, tmp_path):
 
 # --- evaluate -------------------------------------------------------------------------------------------------
 
+def test_export_names_what_a_marian_config_cannot_hold(here, trained, tmp_path):
+    """The tiny model is Pre-Norm with interleaved sinusoids: no Marian folder holds it, and the one line says
+    why; nothing is written."""
+    run, _ = trained
+    one_line_error(here("export", "--model", run, "--out", tmp_path / "marian", cwd=tmp_path),
+                   "Marian config cannot hold", "norm_first=True", "sinusoidal_layout=interleaved")
+    one_line_error(here("export", "--model", run, "--format", "gguf", "--out", tmp_path / "m.gguf", cwd=tmp_path),
+                   "translation models (--format hf)")
+    assert not list(tmp_path.iterdir())
+
+
 def test_evaluate_hyp_ref(here, work):
     proc = ok(here("evaluate", "--hyp", "val.en", "--ref", "val.en", cwd=work))
     bleu, chrf = proc.stdout.splitlines()

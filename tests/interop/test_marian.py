@@ -162,3 +162,48 @@ def test_qkv_translate_and_evaluate_run_a_marian_folder(folder, tmp_path, here):
     (marian / "vocab.json").unlink()
     proc = here("translate", "--pretrained", marian, "hi", cwd=work)
     assert proc.returncode == 2 and "lacks vocab.json" in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_a_marian_model_exports_back_to_a_folder_transformers_reads_as_the_original(folder, tmp_path):
+    from qkv.interop.export import export_hf
+
+    ours, (theirs, tokenizer) = load_marian_folder(folder), _reference(folder)
+    export_hf(ours.model, ours.tokenizers, tmp_path / "out")
+    again, again_tokenizer = _reference(tmp_path / "out")
+    batch = tokenizer(ENGLISH[:3], return_tensors="pt", padding=True)
+    assert again_tokenizer(ENGLISH[:3], padding=True).input_ids == batch.input_ids.tolist()
+    tgt_in = torch.tensor([[ours.model.config.pad_id, *ours.tokenizers["tgt"].encode(g)[:6]] for g in GERMAN[:3]])
+    with torch.no_grad():
+        torch.testing.assert_close(again(**batch, decoder_input_ids=tgt_in).logits,
+                                   theirs(**batch, decoder_input_ids=tgt_in).logits, atol=1e-5, rtol=1e-5)
+        assert again.generate(**batch, num_beams=3, max_new_tokens=30).tolist() == \
+            theirs.generate(**batch, num_beams=3, max_new_tokens=30).tolist()
+
+
+def test_a_post_norm_transformer_trained_in_qkv_exports_as_marian_and_a_pre_norm_one_is_refused(tmp_path):
+    """qkv's Transformer with Marian's layout (Post-Norm, sines then cosines) and one shared BPE vocabulary:
+    MarianMTModel gives its logits and greedy tokens; the default Pre-Norm model is refused, fields named."""
+    from qkv import Transformer, TransformerConfig
+    from qkv.interop.export import export_hf
+    from qkv.tokenizers import BOS_ID, BPETokenizer
+
+    bpe = BPETokenizer.train(ENGLISH + GERMAN, vocab_size=120)
+    sizes = dict(src_vocab_size=bpe.vocab_size, tgt_vocab_size=bpe.vocab_size, d_model=32, n_heads=4, n_layers=2,
+                 d_ff=64, max_seq_len=64, share_embeddings=True)
+    model = Transformer(TransformerConfig(**sizes, norm_first=False, sinusoidal_layout="halves", activation="relu",
+                                          vocab_multiple=16)).eval()
+    export_hf(model, {"src": bpe, "tgt": bpe}, tmp_path / "out")
+    theirs = transformers.MarianMTModel.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    fast = transformers.PreTrainedTokenizerFast.from_pretrained(tmp_path / "out")
+    src = torch.tensor([bpe.encode(ENGLISH[0])])
+    assert fast(ENGLISH[0], add_special_tokens=False).input_ids == src[0].tolist()
+    tgt_in = torch.tensor([[BOS_ID, *bpe.encode(GERMAN[0])]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=src, decoder_input_ids=tgt_in).logits, model(src, tgt_in),
+                                   atol=1e-5, rtol=1e-5)
+        mine = translate_ids(model, [src[0].tolist()], ids=translation_ids({"tgt": bpe}))[0]
+        out = theirs.generate(input_ids=src, max_new_tokens=max_new_tokens(model, src.size(1)))[0, 1:].tolist()
+    assert out[: len(mine)] == mine
+    with pytest.raises(ValueError, match="a Hugging Face Marian config cannot hold norm_first=True, "
+                                         "sinusoidal_layout=interleaved"):
+        export_hf(Transformer(TransformerConfig(**sizes)), {"src": bpe, "tgt": bpe}, tmp_path / "refused")

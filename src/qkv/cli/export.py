@@ -24,12 +24,15 @@ def export_cmd(args: argparse.Namespace) -> None:
 
     check_out(out, "folder" if args.format == "hf" else "file")  # before the weights are read
     ckpt = load_checkpoint(args.model)
-    if "text" not in ckpt.tokenizers:
-        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (qkv train lm)")
+    translation = {"src", "tgt"} <= set(ckpt.tokenizers)
+    if "text" not in ckpt.tokenizers and not (translation and args.format == "hf"):
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (both formats) and "
+                         "Marian-shaped translation models (--format hf)")
     if args.format == "hf":
         from ..interop.export import export_hf
 
-        export_hf(ckpt.model, ckpt.tokenizers["text"], out, chat_template=template)
+        tokenizer = ckpt.tokenizers if translation else ckpt.tokenizers["text"]
+        export_hf(ckpt.model, tokenizer, out, chat_template=template)
     else:
         from ..interop.gguf_export import export_gguf
 
@@ -39,7 +42,7 @@ def export_cmd(args: argparse.Namespace) -> None:
 
 def add_commands(sub) -> None:
     p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
-                               "a GGUF file (llama.cpp runs it)")
+                               "a GGUF file (llama.cpp runs it), or a Post-Norm translation model as a Marian folder")
     p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
     p.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a folder; gguf: one file (default hf)")
     p.add_argument("--out", required=True, help="the folder or file to write; it must not exist (or be an empty "

@@ -34,18 +34,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models import GPT
+from ..models import GPT, Transformer
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, BPETokenizer, CharTokenizer, PretrainedTokenizer
 
 log = logging.getLogger(__name__)
 
 
 def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: str | None = None) -> Path:
-    """Write ``model`` and its ``tokenizer`` as a Hugging Face folder ``out`` (see the module's text).
+    """Write ``model`` and its tokenizer as a Hugging Face folder ``out`` (see the module's text).
 
     Args:
-        model: a :class:`~qkv.models.GPT` (GPT-2- or LLaMA-style).
-        tokenizer: its tokenizer (qkv's BPE or character tokenizer, or a pretrained model's).
+        model: a :class:`~qkv.models.GPT` (GPT-2- or LLaMA-style), or a :class:`~qkv.models.Transformer` that
+            Marian's configuration holds (Post-Norm, sines-then-cosines positions).
+        tokenizer: the GPT's tokenizer (qkv's BPE or character tokenizer, or a pretrained model's); the
+            Transformer's ``{"src": ..., "tgt": ...}`` (a Marian folder's, or one qkv tokenizer for both sides).
         out: a folder that does not exist yet, or an empty one.
         chat_template: a Jinja chat template for ``tokenizer_config.json`` (None: the model has none).
 
@@ -58,52 +60,107 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
     """
     out = Path(out)
     check_out(out, "folder")
-    config, tensors = _hf_model(model)
-    tokenizer_json, specials = hf_tokenizer(tokenizer)
-    if tokenizer_json.get_vocab_size(with_added_tokens=True) != config["vocab_size"]:
-        raise ValueError(f"the tokenizer has {tokenizer_json.get_vocab_size(with_added_tokens=True)} tokens and the "
-                         f"model {config['vocab_size']}: they were not trained together")
-    ids = {f"{role}_token_id": tokenizer_json.token_to_id(token) for role, token in specials.items() if role != "unk"}
-    config |= ids | {"torch_dtype": "float32"}
-    tokenizer_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces":
-                                        False, "model_max_length": model.config.max_seq_len}
-    tokenizer_config |= {f"{role}_token": token for role, token in specials.items()}
-    if chat_template is not None:
-        tokenizer_config["chat_template"] = chat_template
-
-    def write(folder: Path) -> None:
-        from safetensors.torch import save_file
-
-        save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-        _write_json(folder / "config.json", config)
-        _write_json(folder / "generation_config.json", ids)
-        _write_json(folder / "tokenizer_config.json", tokenizer_config)
-        tokenizer_json.save(str(folder / "tokenizer.json"))
-
-    written(out, write)
-    log.info("wrote %s: a %s (%s) that transformers loads with AutoModelForCausalLM", out,
-             config["architectures"][0], f"{sum(t.numel() for t in tensors.values()):,} weights")
+    if isinstance(model, GPT):
+        files = _gpt_files(model, tokenizer, chat_template)
+    elif isinstance(model, Transformer):
+        files = _marian_files(model, tokenizer)
+    else:
+        raise ValueError(f"qkv exports its GPT language models and Marian-shaped Transformers to Hugging Face "
+                         f"folders; a {type(model).__name__} has no exporter")
+    written(out, lambda folder: _write(folder, files))
+    config = files["config.json"]
+    log.info("wrote %s: a %s (%s weights) that transformers loads with its own classes", out,
+             config["architectures"][0], f"{sum(t.numel() for t in files['model.safetensors'].values()):,}")
     return out
 
 
-def _hf_model(model: nn.Module) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(config.json, tensors) of ``model``, checked by reading them back with qkv's reader."""
-    if not isinstance(model, GPT):
-        raise ValueError(f"qkv exports its GPT language models to Hugging Face folders; a {type(model).__name__} "
-                         "has no exporter")
+def _gpt_files(model: GPT, tokenizer, chat_template: str | None) -> dict[str, Any]:
     from .hf_gpt import gpt_config_from_hf, gpt_config_to_hf, gpt_state_dict_from_hf, gpt_state_dict_to_hf
 
     cfg = model.config
     config = gpt_config_to_hf(cfg)
+    tensors = gpt_state_dict_to_hf(model.state_dict(), cfg)
+    _check_read_back(model, gpt_state_dict_from_hf(tensors, gpt_config_from_hf(config), config["model_type"]))
+    tokenizer_json, specials = hf_tokenizer(tokenizer)
+    _check_size(tokenizer_json.get_vocab_size(with_added_tokens=True), cfg.vocab_size)
+    ids = {f"{role}_token_id": tokenizer_json.token_to_id(token) for role, token in specials.items() if role != "unk"}
+    tokenizer_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces":
+                                        False, "model_max_length": cfg.max_seq_len}
+    tokenizer_config |= {f"{role}_token": token for role, token in specials.items()}
+    if chat_template is not None:
+        tokenizer_config["chat_template"] = chat_template
+    return {"model.safetensors": tensors, "config.json": config | ids | {"torch_dtype": "float32"},
+            "generation_config.json": ids, "tokenizer_config.json": tokenizer_config, "tokenizer.json": tokenizer_json}
+
+
+def _marian_files(model: Transformer, tokenizers) -> dict[str, Any]:
+    """A ``MarianMTModel`` folder: Marian's SentencePiece files for a Marian model's tokenizers, a
+    ``tokenizer.json`` for one qkv tokenizer shared by both sides."""
+    from ..tasks.translation import translation_ids
+    from .hf_marian import (
+        MarianTokenizer,
+        marian_config_from_hf,
+        marian_config_to_hf,
+        marian_state_dict_from_hf,
+        marian_state_dict_to_hf,
+    )
+
+    if not isinstance(tokenizers, dict) or set(tokenizers) != {"src", "tgt"}:
+        raise ValueError("a translation model exports with its two tokenizers: {'src': ..., 'tgt': ...}")
+    cfg, ids = model.config, translation_ids(tokenizers)
+    config = marian_config_to_hf(cfg, ids)
+    tensors = marian_state_dict_to_hf(model.state_dict(), cfg)
+    _check_read_back(model, marian_state_dict_from_hf(tensors, marian_config_from_hf(config)))
+    src, tgt = tokenizers["src"], tokenizers["tgt"]
+    _check_size(src.vocab_size, cfg.src_vocab_size)
+    _check_size(tgt.vocab_size, cfg.tgt_vocab_size)
+    generation = {k: config[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id",
+                                         "forced_eos_token_id", "bad_words_ids")} | {"max_length": cfg.max_seq_len}
+    files = {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"},
+             "generation_config.json": generation}
+    if isinstance(src, MarianTokenizer) and isinstance(tgt, MarianTokenizer):
+        separate = src.vocab != tgt.vocab
+        files |= {"source.spm": src.spm_model, "target.spm": tgt.spm_model, "vocab.json": src.vocab,
+                  "tokenizer_config.json": {"tokenizer_class": "MarianTokenizer", "separate_vocabs": separate,
+                                            "model_max_length": cfg.max_seq_len}}
+        return files | ({"target_vocab.json": tgt.vocab} if separate else {})
+    if src.to_dict() != tgt.to_dict():
+        raise ValueError("a translation model with two vocabularies of qkv's exports only with Marian's "
+                         "SentencePiece tokenizers; train it with one shared vocabulary")
+    tokenizer_json, specials = hf_tokenizer(src)
+    return files | {"tokenizer.json": tokenizer_json, "tokenizer_config.json": {
+        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+        "model_max_length": cfg.max_seq_len, **{f"{role}_token": token for role, token in specials.items()}}}
+
+
+def _check_read_back(model: nn.Module, back: dict[str, torch.Tensor]) -> None:
+    """The export read back by qkv's own reader must be the model (tables cut to the vocabulary aside; a zero
+    bias the model lacks, such as Marian's logits bias, adds nothing)."""
     state = model.state_dict()
-    tensors = gpt_state_dict_to_hf(state, cfg)
-    back = gpt_state_dict_from_hf(tensors, gpt_config_from_hf(config), config["model_type"])
-    rows = {"tok_emb.weight", "lm_head.weight"}  # cut to the vocabulary on the way out
-    changed = [name for name, t in back.items() if not torch.equal(t, state[name][: cfg.vocab_size]
-                                                                    if name in rows else state[name])]
-    if changed or set(back) != set(state):
+    added = {name for name, t in back.items() if name not in state and not t.any()}
+    changed = [name for name, t in back.items() if name not in added and (
+        name not in state or not torch.equal(t, state[name][: len(t)]))]
+    if changed or set(back) - added != set(state):
         raise RuntimeError(f"the export does not read back as the model ({changed[:3]}); a bug in qkv's exporter")
-    return config, tensors
+
+
+def _check_size(tokens: int, rows: int) -> None:
+    if tokens != rows:
+        raise ValueError(f"the tokenizer has {tokens} tokens and the model {rows}: they were not trained together")
+
+
+def _write(folder: Path, files: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    for name, content in files.items():
+        if name.endswith(".safetensors"):
+            save_file(content, str(folder / name), metadata={"format": "pt"})
+        elif isinstance(content, bytes):
+            (folder / name).write_bytes(content)
+        elif isinstance(content, dict):
+            (folder / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        else:  # a tokenizers.Tokenizer
+            content.save(str(folder / name))
 
 
 def hf_tokenizer(tokenizer):
@@ -149,10 +206,6 @@ def written(out: Path, write) -> None:
         os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 __all__ = ["export_hf", "hf_tokenizer"]

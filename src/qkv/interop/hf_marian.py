@@ -118,6 +118,67 @@ def marian_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: Transformer
     return ckpt.finish(out)
 
 
+# ------------------------------------------------------------------------------------ qkv -> Hugging Face
+
+# What a training run sets and the weights do not depend on, and what the export adds (a zero logits bias)
+_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "vocab_multiple", "init", "init_std",
+                 "output_bias", "n_layers")
+
+
+def marian_config_to_hf(cfg: TransformerConfig, ids: TranslationIds) -> dict[str, Any]:
+    """The ``config.json`` of a ``MarianMTModel`` holding ``cfg`` with the special ``ids``; read back with
+    :func:`marian_config_from_hf`, a field that would come back different is an error, not a silent change.
+
+    Raises:
+        ValueError: a Transformer Marian cannot hold (Pre-Norm, other positions or norms, grouped heads, ...),
+            naming the fields.
+    """
+    activation = {ours: theirs for theirs, ours in ACTIVATIONS.items() if theirs != "silu"}.get(cfg.activation)
+    if activation is None:
+        raise ValueError(f"Marian has no activation {cfg.activation!r}")
+    hf = {"model_type": "marian", "architectures": ["MarianMTModel"], "vocab_size": cfg.src_vocab_size,
+          "decoder_vocab_size": cfg.tgt_vocab_size, "share_encoder_decoder_embeddings": cfg.share_embeddings,
+          "d_model": cfg.d_model, "encoder_layers": cfg.n_encoder_layers, "decoder_layers": cfg.n_decoder_layers,
+          "encoder_attention_heads": cfg.n_heads, "decoder_attention_heads": cfg.n_heads,
+          "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
+          "activation_function": activation, "scale_embedding": cfg.scale_embeddings,
+          "tie_word_embeddings": cfg.tie_output, "dropout": cfg.dropout, "is_encoder_decoder": True,
+          "attention_dropout": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
+          "activation_dropout": cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout,
+          "pad_token_id": ids.pad, "eos_token_id": ids.eos, "decoder_start_token_id": ids.start,
+          "forced_eos_token_id": ids.eos if ids.transformers_search else None,
+          "bad_words_ids": [[i] for i in ids.never] or None}
+    if cfg.pad_id != ids.pad:
+        raise ValueError(f"the model pads with {cfg.pad_id} and its tokenizer with {ids.pad}")
+    ours, theirs = cfg.to_dict(), marian_config_from_hf(hf).to_dict()
+    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k not in _NOT_COMPARED and theirs[k] != v]
+    if lost:
+        raise ValueError(f"a Hugging Face Marian config cannot hold {', '.join(lost)}")
+    return hf
+
+
+def marian_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: TransformerConfig) -> dict[str, Tensor]:
+    """A :class:`Transformer`'s tensors under ``MarianMTModel``'s names (the inverse of
+    :func:`marian_state_dict_from_hf`): tables cut to the vocabularies, tied ones written once, a zero logits
+    bias where the model has none; fresh contiguous copies."""
+    sd = {k: v.detach() for k, v in state_dict.items()}
+    out = {"model.shared.weight" if cfg.share_embeddings else "model.encoder.embed_tokens.weight":
+           sd["src_emb.weight"][: cfg.src_vocab_size]}
+    if not cfg.share_embeddings:
+        out["model.decoder.embed_tokens.weight"] = sd["tgt_emb.weight"][: cfg.tgt_vocab_size]
+    if not cfg.tie_output:
+        out["lm_head.weight"] = sd["lm_head.weight"][: cfg.tgt_vocab_size]
+    bias = sd.get("lm_head.bias")
+    out["final_logits_bias"] = (torch.zeros(cfg.tgt_vocab_size) if bias is None else bias[: cfg.tgt_vocab_size])[None]
+    for side, n_layers in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
+        table = _LAYER | (_CROSS if side == "decoder" else {})
+        for i in range(n_layers):
+            for theirs, ours in table.items():
+                for part in ("weight", "bias"):
+                    out[f"model.{side}.layers.{i}.{theirs}.{part}"] = sd[f"{side}.layers.{i}.{ours}.{part}"]
+    return {name: t.contiguous().clone() for name, t in out.items()}
+
+
 def load_marian_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, Any]) -> Transformer:
     """A :class:`Transformer` holding a Marian checkpoint, strictly loaded, in eval mode."""
     cfg = marian_config_from_hf(hf_config)
@@ -262,5 +323,5 @@ def _read_json(path: Path) -> dict[str, Any]:
     return read_json(path)
 
 
-__all__ = ["MarianModel", "MarianTokenizer", "load_marian_folder", "load_marian_from_hf",
-           "marian_config_from_hf", "marian_state_dict_from_hf"]
+__all__ = ["MarianModel", "MarianTokenizer", "load_marian_folder", "load_marian_from_hf", "marian_config_from_hf",
+           "marian_config_to_hf", "marian_state_dict_from_hf", "marian_state_dict_to_hf"]
