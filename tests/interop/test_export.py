@@ -116,7 +116,8 @@ def test_what_has_no_hugging_face_form_is_refused_in_one_line_and_nothing_is_wri
                        rope_freq_factors=[2.0] * 4)), "a Hugging Face llama config cannot hold rope_freq_factors="),
         (GPT(GPTConfig(vocab_size=tokenizer.vocab_size + 1, d_model=32, n_heads=4, n_layers=1)),
          "they were not trained together"),
-        (BERT(BERTConfig(vocab_size=30, d_model=32, n_heads=4, n_layers=1)), "a BERT has no exporter"),
+        (BERT(BERTConfig(vocab_size=30, d_model=32, n_heads=4, n_layers=1)), "a BERT exports with its WordPiece"),
+        (torch.nn.Linear(2, 2), "a Linear has no exporter"),
     ]
     for model, message in cases:
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -257,3 +258,73 @@ def test_llama_cpp_runs_an_export_as_transformers_and_qkv_do(family, tokenizers,
     # bytes that are no whole character (a random model writes some) are one "�" each, on both sides
     written = run.stdout.decode("utf-8", errors="replace").removeprefix(prompt).rstrip("\n")
     assert written == tokenizer.hf.decode(ours, skip_special_tokens=False)
+
+
+# ------------------------------------------------------------------------------------------------ BERT
+
+
+def test_a_bert_and_its_classifier_export_to_what_transformers_computes(tmp_path):
+    """A BERT (with its WordPiece tokenizer) as BertModel: the token states and the pooled vector of a padded
+    batch to 1e-5, [CLS] ... [SEP] framed as qkv frames it; a classifier on the pooler as
+    BertForSequenceClassification, its labels named; one on the mean of the states is refused."""
+    from qkv import BERT, BERTConfig
+    from qkv.config import BERTClassifierConfig
+    from qkv.models import BERTClassifier
+    from qkv.tokenizers import WordPieceTokenizer
+
+    tokenizer = WordPieceTokenizer.train(CORPUS, vocab_size=200)
+    sizes = dict(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=2, d_ff=64, max_seq_len=64)
+    bert = BERT(BERTConfig(**sizes)).eval()
+    export_hf(bert, tokenizer, tmp_path / "bert")
+    theirs = transformers.AutoModel.from_pretrained(tmp_path / "bert", attn_implementation="eager").eval()
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "bert")
+    texts = list(TEXTS.values())
+    assert fast(texts).input_ids == [tokenizer.wrap(tokenizer.encode(t), 64) for t in texts]
+    batch = fast(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = theirs(**batch)
+        hidden = bert(batch.input_ids, batch.attention_mask)
+        real = batch.attention_mask.bool()
+        torch.testing.assert_close(out.last_hidden_state[real], hidden[real], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.pooler_output, bert.pool(hidden), atol=1e-5, rtol=1e-5)
+    classifier = BERTClassifier(BERTClassifierConfig(**sizes, n_labels=3)).eval()
+    export_hf(classifier, tokenizer, tmp_path / "classifier", labels=["negative", "neutral", "positive"])
+    theirs = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "classifier").eval()
+    assert theirs.config.id2label == {0: "negative", 1: "neutral", 2: "positive"}
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(**batch).logits, classifier(batch.input_ids, batch.attention_mask),
+                                   atol=1e-5, rtol=1e-5)
+    mean = BERTClassifier(BERTClassifierConfig(**sizes, n_labels=3, pooling="mean"))
+    with pytest.raises(ValueError, match="pooling='mean'"):
+        export_hf(mean, tokenizer, tmp_path / "mean")
+
+
+# ------------------------------------------------------------------------------------------------- ViT
+
+
+def test_a_vit_classifier_exports_to_what_transformers_computes(tmp_path):
+    """A ViT classifier (Fashion-MNIST's shape: one channel, 4x4 patches) as ViTForImageClassification: the
+    logits of a batch of images to 1e-5, its labels named; the backbone alone as ViTModel; a ViT that pools the
+    mean of its patches is refused."""
+    from qkv.config import ViTConfig
+    from qkv.models import ViT, ViTClassifier
+
+    sizes = dict(image_size=28, patch_size=4, channels=1, d_model=32, n_heads=4, n_layers=2, d_ff=64, norm_eps=1e-6)
+    model = ViTClassifier(ViTConfig(**sizes, n_classes=10)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    labels = ["T-shirt", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Boot"]
+    export_hf(model, None, tmp_path / "vit", labels=labels)
+    theirs = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "vit").eval()
+    assert theirs.config.id2label[9] == "Boot"
+    pixels = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(pixel_values=pixels).logits, model(pixels), atol=1e-5, rtol=1e-5)
+    export_hf(model.vit, None, tmp_path / "backbone")
+    backbone = transformers.AutoModel.from_pretrained(tmp_path / "backbone", add_pooling_layer=False).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(backbone(pixel_values=pixels).last_hidden_state, model.vit(pixels),
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot hold pooling='mean'"):
+        export_hf(ViT(ViTConfig(**sizes, pooling="mean")), None, tmp_path / "mean")

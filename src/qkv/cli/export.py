@@ -26,13 +26,13 @@ def export_cmd(args: argparse.Namespace) -> None:
     ckpt = load_checkpoint(args.model)
     translation = {"src", "tgt"} <= set(ckpt.tokenizers)
     if "text" not in ckpt.tokenizers and not (translation and args.format == "hf"):
-        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (both formats) and "
-                         "Marian-shaped translation models (--format hf)")
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (both formats), "
+                         "BERTs and Marian-shaped translation models (--format hf)")
     if args.format == "hf":
         from ..interop.export import export_hf
 
         tokenizer = ckpt.tokenizers if translation else ckpt.tokenizers["text"]
-        export_hf(ckpt.model, tokenizer, out, chat_template=template)
+        export_hf(ckpt.model, tokenizer, out, chat_template=template, labels=ckpt.meta.get("labels"))
     else:
         from ..interop.gguf_export import export_gguf
 
@@ -42,7 +42,8 @@ def export_cmd(args: argparse.Namespace) -> None:
 
 def add_commands(sub) -> None:
     p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
-                               "a GGUF file (llama.cpp runs it), or a Post-Norm translation model as a Marian folder")
+                               "a GGUF file (llama.cpp runs it); a BERT or its classifier, or a Post-Norm translation "
+                               "model as a Marian folder")
     p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
     p.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a folder; gguf: one file (default hf)")
     p.add_argument("--out", required=True, help="the folder or file to write; it must not exist (or be an empty "

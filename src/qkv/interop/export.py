@@ -28,19 +28,31 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from ..models import GPT, Transformer
-from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, UNK_ID, BPETokenizer, CharTokenizer, PretrainedTokenizer
+from ..models import BERT, GPT, BERTClassifier, Transformer, ViT, ViTClassifier
+from ..tokenizers import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SPECIALS,
+    UNK_ID,
+    BPETokenizer,
+    CharTokenizer,
+    PretrainedTokenizer,
+    WordPieceTokenizer,
+)
 
 log = logging.getLogger(__name__)
 
 
-def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: str | None = None) -> Path:
+def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: str | None = None,
+              labels: Sequence[str] | None = None) -> Path:
     """Write ``model`` and its tokenizer as a Hugging Face folder ``out`` (see the module's text).
 
     Args:
@@ -50,6 +62,7 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
             Transformer's ``{"src": ..., "tgt": ...}`` (a Marian folder's, or one qkv tokenizer for both sides).
         out: a folder that does not exist yet, or an empty one.
         chat_template: a Jinja chat template for ``tokenizer_config.json`` (None: the model has none).
+        labels: a classifier's class names, in the order of its outputs (None: ``LABEL_0``, ...).
 
     Returns:
         ``out``.
@@ -64,9 +77,13 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
         files = _gpt_files(model, tokenizer, chat_template)
     elif isinstance(model, Transformer):
         files = _marian_files(model, tokenizer)
+    elif isinstance(model, (BERT, BERTClassifier)):
+        files = _bert_files(model, tokenizer, labels)
+    elif isinstance(model, (ViT, ViTClassifier)):
+        files = _vit_files(model, labels)
     else:
-        raise ValueError(f"qkv exports its GPT language models and Marian-shaped Transformers to Hugging Face "
-                         f"folders; a {type(model).__name__} has no exporter")
+        raise ValueError(f"qkv exports GPTs, BERTs, ViTs and Marian-shaped Transformers to Hugging Face folders; a "
+                         f"{type(model).__name__} has no exporter")
     written(out, lambda folder: _write(folder, files))
     config = files["config.json"]
     log.info("wrote %s: a %s (%s weights) that transformers loads with its own classes", out,
@@ -133,6 +150,60 @@ def _marian_files(model: Transformer, tokenizers) -> dict[str, Any]:
         "model_max_length": cfg.max_seq_len, **{f"{role}_token": token for role, token in specials.items()}}}
 
 
+def _bert_files(model: BERT | BERTClassifier, tokenizer, labels: Sequence[str] | None) -> dict[str, Any]:
+    """A ``BertModel`` folder, or a ``BertForSequenceClassification`` one for a classifier on the pooler."""
+    from .hf_bert import bert_config_from_hf, bert_config_to_hf, bert_state_dict_from_hf, bert_state_dict_to_hf
+
+    if not isinstance(tokenizer, WordPieceTokenizer):
+        raise ValueError(f"a BERT exports with its WordPiece tokenizer, not a {type(tokenizer).__name__}")
+    classifier = isinstance(model, BERTClassifier)
+    bert, cfg = (model.bert if classifier else model), model.config
+    if classifier and cfg.pooling != "pooler":
+        raise ValueError("BertForSequenceClassification classifies BERT's pooled [CLS]; a classifier on the mean of "
+                         "the token states (pooling='mean') has no Hugging Face class")
+    config = bert_config_to_hf(cfg)
+    tensors = bert_state_dict_to_hf(bert.state_dict(), cfg, prefix="bert." if classifier else "")
+    back = bert_config_from_hf(config)
+    back.pooler = cfg.pooler
+    _check_read_back(bert, bert_state_dict_from_hf(tensors, back))
+    _check_size(tokenizer.vocab_size, cfg.vocab_size)
+    if classifier:
+        config, tensors = _with_classifier(config, tensors, model.classifier, labels, cfg.n_labels,
+                                           "BertForSequenceClassification")
+    tokenizer_json, specials = hf_tokenizer(tokenizer)
+    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"},
+            "tokenizer.json": tokenizer_json, "tokenizer_config.json": {
+                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
+                **{f"{role}_token": token for role, token in specials.items()}}}
+
+
+def _vit_files(model: ViT | ViTClassifier, labels: Sequence[str] | None) -> dict[str, Any]:
+    """A ``ViTModel`` folder, or a ``ViTForImageClassification`` one; the images are what the model reads
+    (``pixel_values``, normalised as it was trained), so no image processor is written."""
+    from .hf_vit import vit_config_from_hf, vit_config_to_hf, vit_state_dict_from_hf, vit_state_dict_to_hf
+
+    classifier = isinstance(model, ViTClassifier)
+    vit, cfg = (model.vit if classifier else model), model.config
+    config = vit_config_to_hf(cfg)
+    tensors = vit_state_dict_to_hf(vit.state_dict(), cfg, prefix="vit." if classifier else "")
+    _check_read_back(vit, vit_state_dict_from_hf(tensors, vit_config_from_hf(config)))
+    if classifier:
+        config, tensors = _with_classifier(config, tensors, model.head, labels, cfg.n_classes,
+                                           "ViTForImageClassification")
+    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"}}
+
+
+def _with_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor], head: nn.Linear,
+                     labels: Sequence[str] | None, n: int, architecture: str):
+    """A backbone's config and tensors with a classification layer, ``classifier.*``, and its labels."""
+    names = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(n)]
+    if len(names) != n:
+        raise ValueError(f"{len(names)} labels for a classifier of {n} classes")
+    tensors = tensors | {f"classifier.{p}": t.detach().contiguous().clone() for p, t in head.state_dict().items()}
+    return config | {"architectures": [architecture], "id2label": dict(enumerate(names)),
+                     "label2id": {name: i for i, name in enumerate(names)}}, tensors
+
+
 def _check_read_back(model: nn.Module, back: dict[str, torch.Tensor]) -> None:
     """The export read back by qkv's own reader must be the model (tables cut to the vocabulary aside; a zero
     bias the model lacks, such as Marian's logits bias, adds nothing)."""
@@ -170,10 +241,16 @@ def hf_tokenizer(tokenizer):
     if isinstance(tokenizer, CharTokenizer):
         hf = Tokenizer(models.BPE(vocab=dict(tokenizer.stoi), merges=[], unk_token=SPECIALS[UNK_ID]))
         hf.decoder = decoders.Fuse()
-    elif isinstance(tokenizer, (BPETokenizer, PretrainedTokenizer)):
+    elif isinstance(tokenizer, (BPETokenizer, PretrainedTokenizer, WordPieceTokenizer)):
         hf = Tokenizer.from_str(tokenizer.hf.to_str())  # a copy: the post-processor below is the export's
     else:
         raise ValueError(f"a {type(tokenizer).__name__} has no Hugging Face tokenizer.json here")
+    if isinstance(tokenizer, WordPieceTokenizer):  # a sentence framed as qkv's wrap() frames it
+        cls, sep = tokenizer.specials["cls"], tokenizer.specials["sep"]
+        hf.post_processor = processors.TemplateProcessing(
+            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
+            special_tokens=[(cls, tokenizer.cls_id), (sep, tokenizer.sep_id)])
+        return hf, {f"{role}": token for role, token in tokenizer.specials.items() if hf.token_to_id(token) is not None}
     if not isinstance(tokenizer, PretrainedTokenizer):
         return hf, {role: SPECIALS[i] for role, i in (("bos", BOS_ID), ("eos", EOS_ID), ("pad", PAD_ID),
                                                        ("unk", UNK_ID))}

@@ -83,6 +83,21 @@ def _bert_rename(key: str) -> str:
 
 
 
+def _bert_layer(cfg: BERTConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """One layer: Hugging Face module -> (qkv module, weight shape); each has a bias of ``weight_shape[0]``."""
+    d, d_ff = cfg.d_model, cfg.d_ff
+    return {
+        "attention.self.query": ("self_attn.q_proj", (d, d)),
+        "attention.self.key": ("self_attn.k_proj", (d, d)),
+        "attention.self.value": ("self_attn.v_proj", (d, d)),
+        "attention.output.dense": ("self_attn.out_proj", (d, d)),
+        "attention.output.LayerNorm": ("self_attn_norm", (d,)),  # Post-Norm: after attention + residual
+        "intermediate.dense": ("feed_forward.up", (d_ff, d)),
+        "output.dense": ("feed_forward.down", (d, d_ff)),
+        "output.LayerNorm": ("ffn_norm", (d,)),
+    }
+
+
 def bert_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: BERTConfig) -> dict[str, Tensor]:
     """Rename a Hugging Face BERT's tensors into a :class:`BERT` state dict.
 
@@ -108,17 +123,7 @@ def bert_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: BERTConfig) -
         state_dict, family="BERT", prefix="bert.", rename=_bert_rename,
         ignore=lambda key: key in _BERT_BUFFERS or key.startswith("cls."),
     )
-    d, d_ff = cfg.d_model, cfg.d_ff
-    layer = {  # Hugging Face module -> (qkv module, weight shape); each has a bias of shape (weight_shape[0],)
-        "attention.self.query": ("self_attn.q_proj", (d, d)),
-        "attention.self.key": ("self_attn.k_proj", (d, d)),
-        "attention.self.value": ("self_attn.v_proj", (d, d)),
-        "attention.output.dense": ("self_attn.out_proj", (d, d)),
-        "attention.output.LayerNorm": ("self_attn_norm", (d,)),  # Post-Norm: after attention + residual
-        "intermediate.dense": ("feed_forward.up", (d_ff, d)),
-        "output.dense": ("feed_forward.down", (d, d_ff)),
-        "output.LayerNorm": ("ffn_norm", (d,)),
-    }
+    d = cfg.d_model
     out: dict[str, Tensor | None] = {
         "tok_emb.weight": ckpt.take("embeddings.word_embeddings.weight", (cfg.vocab_size, d)),
         "positions.weight": ckpt.take("embeddings.position_embeddings.weight", (cfg.max_seq_len, d)),
@@ -127,7 +132,7 @@ def bert_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: BERTConfig) -
         "emb_norm.bias": ckpt.take("embeddings.LayerNorm.bias", (d,)),
     }
     for i in range(cfg.n_layers):
-        for hf_name, (qkv_name, weight_shape) in layer.items():
+        for hf_name, (qkv_name, weight_shape) in _bert_layer(cfg).items():
             hf, qkv = f"encoder.layer.{i}.{hf_name}", f"encoder.layers.{i}.{qkv_name}"
             out[qkv + ".weight"] = ckpt.take(hf + ".weight", weight_shape)
             out[qkv + ".bias"] = ckpt.take(hf + ".bias", (weight_shape[0],))
@@ -162,4 +167,45 @@ def load_bert_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
     return model.eval()
 
 
-__all__ = ["bert_config_from_hf", "bert_state_dict_from_hf", "load_bert_from_hf"]
+# ------------------------------------------------------------------------------------ qkv -> Hugging Face
+
+# What a training run sets and the weights do not depend on, and the classifier's own fields
+_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std", "pooler", "n_labels",
+                 "pooling")
+
+
+def bert_config_to_hf(cfg: BERTConfig) -> dict[str, Any]:
+    """The ``config.json`` of a ``BertModel`` holding ``cfg``; read back with :func:`bert_config_from_hf`, a field
+    that would come back different is an error, naming it."""
+    hf = {"model_type": "bert", "architectures": ["BertModel"], "vocab_size": cfg.vocab_size,
+          "hidden_size": cfg.d_model, "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers,
+          "intermediate_size": cfg.d_ff, "max_position_embeddings": cfg.max_seq_len,
+          "type_vocab_size": cfg.type_vocab_size, "hidden_dropout_prob": cfg.dropout,
+          "attention_probs_dropout_prob": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
+          "pad_token_id": cfg.pad_id, "layer_norm_eps": cfg.norm_eps, "hidden_act": "gelu",
+          "position_embedding_type": "absolute"}
+    ours, theirs = cfg.to_dict(), bert_config_from_hf(hf).to_dict()
+    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k in theirs and k not in _NOT_COMPARED and theirs[k] != v]
+    if lost:
+        raise ValueError(f"a Hugging Face BERT config cannot hold {', '.join(lost)}")
+    return hf
+
+
+def bert_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: BERTConfig, prefix: str = "") -> dict[str, Tensor]:
+    """A :class:`BERT`'s tensors under ``BertModel``'s names, each after ``prefix`` (``"bert."`` inside a
+    classifier); the inverse of :func:`bert_state_dict_from_hf`, fresh contiguous copies."""
+    names = {"tok_emb": "embeddings.word_embeddings", "positions": "embeddings.position_embeddings",
+             "type_emb": "embeddings.token_type_embeddings", "emb_norm": "embeddings.LayerNorm",
+             "pooler": "pooler.dense"}
+    for i in range(cfg.n_layers):
+        names |= {f"encoder.layers.{i}.{ours}": f"encoder.layer.{i}.{theirs}"
+                  for theirs, (ours, _) in _bert_layer(cfg).items()}
+    out = {}
+    for name, tensor in state_dict.items():
+        module, _, part = name.rpartition(".")
+        out[f"{prefix}{names[module]}.{part}"] = tensor.detach().contiguous().clone()
+    return out
+
+
+__all__ = ["bert_config_from_hf", "bert_config_to_hf", "bert_state_dict_from_hf", "bert_state_dict_to_hf",
+           "load_bert_from_hf"]

@@ -115,3 +115,50 @@ def load_vit_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
                              (ViTClassifier, "vit"))
 
 
+# ------------------------------------------------------------------------------------ qkv -> Hugging Face
+
+# The names files before transformers 5 use, which every version reads (transformers 5 renames them on load)
+_WRITTEN = {"attention.q_proj": "attention.attention.query", "attention.k_proj": "attention.attention.key",
+            "attention.v_proj": "attention.attention.value", "attention.o_proj": "attention.output.dense",
+            "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense", "layernorm_before": "layernorm_before",
+            "layernorm_after": "layernorm_after"}
+_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std", "pad_id")
+
+
+def vit_config_to_hf(cfg: ViTConfig) -> dict[str, Any]:
+    """The ``config.json`` of a ``ViTModel`` (or, with ``n_classes``, the classifier's backbone) holding ``cfg``;
+    read back with :func:`vit_config_from_hf`, a field that would come back different is an error, naming it."""
+    activation = {ours: theirs for theirs, ours in ACTIVATIONS.items()}.get(cfg.activation)
+    if activation is None or cfg.pooling != "cls":
+        what = f"activation={cfg.activation!r}" if activation is None else "pooling='mean'"
+        raise ValueError(f"a Hugging Face ViT config cannot hold {what} (ViTForImageClassification reads the [CLS] "
+                         "state)")
+    hf = {"model_type": "vit", "architectures": ["ViTModel"], "image_size": cfg.image_size,
+          "patch_size": cfg.patch_size, "num_channels": cfg.channels, "hidden_size": cfg.d_model,
+          "num_attention_heads": cfg.n_heads, "num_hidden_layers": cfg.n_layers, "intermediate_size": cfg.d_ff,
+          "layer_norm_eps": cfg.norm_eps, "hidden_act": activation, "hidden_dropout_prob": cfg.dropout,
+          "attention_probs_dropout_prob": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
+          "qkv_bias": True}
+    ours, theirs = cfg.to_dict(), vit_config_from_hf(hf, n_classes=cfg.n_classes).to_dict()
+    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k not in _NOT_COMPARED and theirs[k] != v]
+    if lost:
+        raise ValueError(f"a Hugging Face ViT config cannot hold {', '.join(lost)}")
+    return hf
+
+
+def vit_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig, prefix: str = "") -> dict[str, Tensor]:
+    """A :class:`ViT`'s tensors under ``ViTModel``'s names, each after ``prefix`` (``"vit."`` inside a
+    classifier); the inverse of :func:`vit_state_dict_from_hf`, fresh contiguous copies."""
+    names = {"cls_token": "embeddings.cls_token", "positions": "embeddings.position_embeddings",
+             "patches.proj.weight": "embeddings.patch_embeddings.projection.weight",
+             "patches.proj.bias": "embeddings.patch_embeddings.projection.bias",
+             "encoder.norm.weight": "layernorm.weight", "encoder.norm.bias": "layernorm.bias"}
+    for i in range(cfg.n_layers):
+        for theirs, ours in _LAYER.items():
+            for part in ("weight", "bias"):
+                names[f"encoder.layers.{i}.{ours}.{part}"] = f"encoder.layer.{i}.{_WRITTEN[theirs]}.{part}"
+    return {f"{prefix}{names[name]}": t.detach().contiguous().clone() for name, t in state_dict.items()}
+
+
+__all__ = ["load_vit_from_hf", "vit_config_from_hf", "vit_config_to_hf", "vit_state_dict_from_hf",
+           "vit_state_dict_to_hf"]
