@@ -160,7 +160,7 @@ def test_ctrl_c_while_torch_is_still_importing_is_one_line_and_130(tmp_path):
     while not _has_loaded_torch(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
-    # Now and then (twice in a few thousand runs, on loaded cores) the interrupt lands in a moment of PyTorch's
+    # Now and then (twice in four runs of the whole suite, on busy cores) the interrupt lands in a moment of PyTorch's
     # start when Python does not get it, and the command runs on: a user presses Ctrl-C again, and so does this
     # test, once the command has had time to end of the first (it takes about 5 s to run whole).
     for _ in range(20):
