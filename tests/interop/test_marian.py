@@ -207,3 +207,26 @@ def test_a_post_norm_transformer_trained_in_qkv_exports_as_marian_and_a_pre_norm
     with pytest.raises(ValueError, match="a Hugging Face Marian config cannot hold norm_first=True, "
                                          "sinusoidal_layout=interleaved"):
         export_hf(Transformer(TransformerConfig(**sizes)), {"src": bpe, "tgt": bpe}, tmp_path / "refused")
+
+
+def test_the_explorer_shows_a_marian_models_attention(folder):
+    """The explorer's translation view on a Marian model: its greedy translation, read from <pad> (Marian's
+    start), the source with its </s>, every layer's cross-attention rows summing to one."""
+    from qkv.explore import translation_result
+
+    ours = load_marian_folder(folder)
+    result = translation_result(ours.model, ours.tokenizers, ENGLISH[0], name="opus-mt-en-de")
+    hypothesis = translate_ids(ours.model, [ours.tokenizers["src"].encode(ENGLISH[0])],
+                               ids=translation_ids(ours.tokenizers))[0]
+    cross = next(view for view in result["views"] if view["id"] == "cross")
+    assert cross["keys"][-1] == "</s>" and cross["queries"][0] == "<pad>"
+    assert len(result["steps"]["tokens"]) == len(hypothesis) + 1
+    weights = torch.tensor(cross["attention"][-1][0])  # the last layer's first head
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(hypothesis) + 1), atol=1e-3, rtol=0)
+
+
+def test_qkv_explore_exports_a_page_of_a_marian_folder(folder, tmp_path, here):
+    proc = here("explore", "--pretrained", folder, "--export", "page.html", "--text", ENGLISH[0], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "page.html").read_text(encoding="utf-8")
+    assert "Cross-attention" in page and folder.name in page

@@ -30,7 +30,8 @@ def _explorer(args: argparse.Namespace, device):
     from ..interop.sentence import MINILM_NAMES, encoder_from_checkpoint, load_sentence_encoder
 
     if bool(args.model) == bool(args.pretrained):
-        raise ValueError("give one model: --model DIR (a qkv run) or --pretrained smollm2|minilm|FILE.gguf|HF_DIR")
+        raise ValueError("give one model: --model DIR (a qkv run) or --pretrained smollm2|minilm|FILE.gguf|HF_DIR "
+                         "(a Marian folder among them)")
     new_tokens = args.new_tokens
     if new_tokens > MAX_TOKENS - 8:
         raise ValueError(f"--new-tokens {new_tokens} leaves no room for a prompt: the explorer shows at most "
@@ -39,6 +40,12 @@ def _explorer(args: argparse.Namespace, device):
         enc = load_sentence_encoder(args.pretrained)
         return (partial(encoder_result, enc.model.to(device), enc.tokenizer, name=enc.name),
                 _info(enc.name, "encoder", "The cat sat on the mat because it was tired."))
+    if args.pretrained and (Path(args.pretrained) / "source.spm").is_file():  # a Marian (opus-mt) folder
+        from ..interop.hf_marian import load_marian_folder
+
+        marian = load_marian_folder(args.pretrained)
+        run = partial(translation_result, marian.model.to(device), marian.tokenizers, name=marian.name)
+        return run, _info(marian.name, "translation", "The robot picked up the red ball.", "Source sentence")
     if args.pretrained:
         from ..interop import load_pretrained
 
@@ -196,7 +203,8 @@ def add_commands(sub) -> None:
     model.add_argument("--model", metavar="DIR",
                        help="a qkv run or checkpoint: translation, language model, BERT, ViT classifier, CLIP")
     model.add_argument("--pretrained", metavar="NAME",
-                       help="smollm2, minilm, a GGUF file or a Hugging Face folder (see qkv generate)")
+                       help="smollm2, minilm, a GGUF file or a Hugging Face folder (see qkv generate; a Marian "
+                            "folder: see qkv translate)")
     model.add_argument("--new-tokens", type=integer(1), default=NEW_TOKENS,
                        help=f"language models: how many tokens to continue the text ({NEW_TOKENS})")
     serve = p.add_argument_group("server (the default)")

@@ -122,21 +122,25 @@ def lm_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str, n
 @torch.no_grad()
 def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text: str, *,
                        name: str) -> dict[str, Any]:
-    """A translation Transformer's greedy translation of ``text`` (qkv's decoding), then one pass over the
-    source and the translation for the three kinds of attention and each step's candidates."""
-    from ..tasks.translation import NOT_TEXT, position_limit, translate_ids
+    """A translation Transformer's greedy translation of ``text`` (qkv's decoding, with the model's own special
+    ids: a Marian model's source ends with ``</s>`` and its translation starts from ``<pad>``), then one pass over
+    the source and the translation for the three kinds of attention and each step's candidates."""
+    from ..tasks.translation import position_limit, translate_ids, translation_ids
 
+    ids = translation_ids(tokenizers)
     source = tokenizers["src"].encode(text)
-    _check_length(len(source), min(MAX_TOKENS, (position_limit(model) or MAX_TOKENS) - 2), "sentence")
-    output = translate_ids(model, [source])[0]
+    _check_length(len(source), min(MAX_TOKENS, (position_limit(model) or MAX_TOKENS) - 2) - ids.source_eos,
+                  "sentence")
+    output = translate_ids(model, [source], ids=ids)[0]
+    source += [ids.eos] if ids.source_eos else []
     src = torch.tensor([source], device=device_of(model))
-    tgt_in = torch.tensor([[BOS_ID, *output]], device=device_of(model))  # row i reads token i, writes token i + 1
+    tgt_in = torch.tensor([[ids.start, *output]], device=device_of(model))  # row i reads token i, writes i + 1
     logits, attention = model(src, tgt_in, return_attention=True)
     tgt = tokenizers["tgt"]
     src_labels = [token_label(tokenizers["src"], i) for i in source]
     written = [token_label(tgt, i) for i in output] + ["</s>"]
-    read = ["<s>", *written[:-1]]
-    top = _steps(logits[0], tgt, model.config.tgt_vocab_size, NOT_TEXT)
+    read = [token_label(tgt, ids.start) if ids.start != BOS_ID else "<s>", *written[:-1]]
+    top = _steps(logits[0], tgt, model.config.tgt_vocab_size, ids.never)
     return {"model": name, "kind": "translation", "input": text, "image": None,
             "views": [_view("encoder", "Encoder self-attention", src_labels, src_labels, attention["encoder"]),
                       _view("decoder", "Decoder self-attention", read, read, attention["decoder_self"], stepped=True),
