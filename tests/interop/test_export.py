@@ -23,6 +23,7 @@ from qkv.interop import load_pretrained
 from qkv.interop.export import export_hf
 from qkv.interop.gguf_export import export_gguf
 from qkv.interop.hf_gpt import HF_ARCHITECTURES
+from qkv.quantize import quantize
 from qkv.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -92,6 +93,17 @@ def test_an_exported_tokenizer_encodes_and_decodes_as_qkvs(kind, tokenizers, tmp
     assert len(theirs) == tokenizer.vocab_size
 
 
+def test_a_bf16_model_exports_in_bf16(tokenizers, tmp_path):
+    tokenizer = tokenizers["byte-level BPE"]
+    model = _model("llama", tokenizer.vocab_size).to(torch.bfloat16)
+    export_hf(model, tokenizer, tmp_path / "out")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    assert hf.config.torch_dtype == torch.bfloat16 and hf.model.embed_tokens.weight.dtype == torch.bfloat16
+    ids = _ids(tokenizer)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits.float(), model(ids).float(), atol=0.05, rtol=0.05)
+
+
 def test_a_pretrained_tokenizer_that_starts_with_bos_does_so_in_transformers(tokenizers, tmp_path):
     trained = tokenizers["byte-level BPE"]
     tokenizer = PretrainedTokenizer(trained.hf, bos_id=1, eos_id=2, add_bos=True)
@@ -123,6 +135,10 @@ def test_what_has_no_hugging_face_form_is_refused_in_one_line_and_nothing_is_wri
         with pytest.raises(ValueError, match=message.replace("(", r"\(")):
             export_hf(model, tokenizer, tmp_path / "out")
         assert not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+    quantized = quantize(_model("llama", tokenizer.vocab_size), "int8")
+    for export in (export_hf, export_gguf):
+        with pytest.raises(ValueError, match=r"layers are quantized .* load it with --quantize none"):
+            export(quantized, tokenizer, tmp_path / "out")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="exists; give --out a new folder"):

@@ -124,6 +124,32 @@ def test_translate_reads_text_and_gives_text(folder):
     assert texts[1] == "" and isinstance(texts[0], str)
 
 
+def test_older_folders_weights_in_pytorch_model_bin_load_as_tensors_only(folder, tmp_path, capfd):
+    """pytorch_model.bin (a pickle) is read with torch.load(weights_only=True): the same model; a pickle that
+    would run code is refused in one line, its code never run."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    older = tmp_path / "older"
+    shutil.copytree(folder, older)
+    torch.save(load_file(older / "model.safetensors"), older / "pytorch_model.bin")
+    (older / "model.safetensors").unlink()
+    src, tgt = torch.tensor([[5, 9, 7, 0]]), torch.tensor([[70, 3, 4]])
+    with torch.no_grad():
+        expected = load_marian_folder(folder).model(src, tgt)
+        torch.testing.assert_close(load_marian_folder(older).model(src, tgt), expected)
+
+    class Payload:
+        def __reduce__(self):
+            return (print, ("the pickle ran code",))
+
+    torch.save({"model.shared.weight": Payload()}, older / "pytorch_model.bin")
+    with pytest.raises(ValueError, match=r"cannot read .*pytorch_model\.bin as tensors"):
+        load_marian_folder(older)
+    assert "the pickle ran code" not in capfd.readouterr().out
+
+
 def test_a_marian_folder_with_a_missing_file_is_one_line(folder, tmp_path):
     import shutil
 

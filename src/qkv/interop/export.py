@@ -73,6 +73,7 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
     """
     out = Path(out)
     check_out(out, "folder")
+    check_float(model)
     if isinstance(model, GPT):
         files = _gpt_files(model, tokenizer, chat_template)
     elif isinstance(model, Transformer):
@@ -106,7 +107,7 @@ def _gpt_files(model: GPT, tokenizer, chat_template: str | None) -> dict[str, An
     tokenizer_config |= {f"{role}_token": token for role, token in specials.items()}
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
-    return {"model.safetensors": tensors, "config.json": config | ids | {"torch_dtype": "float32"},
+    return {"model.safetensors": tensors, "config.json": config | ids | {"torch_dtype": _dtype(tensors)},
             "generation_config.json": ids, "tokenizer_config.json": tokenizer_config, "tokenizer.json": tokenizer_json}
 
 
@@ -133,7 +134,7 @@ def _marian_files(model: Transformer, tokenizers) -> dict[str, Any]:
     _check_size(tgt.vocab_size, cfg.tgt_vocab_size)
     generation = {k: config[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id",
                                          "forced_eos_token_id", "bad_words_ids")} | {"max_length": cfg.max_seq_len}
-    files = {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"},
+    files = {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)},
              "generation_config.json": generation}
     if isinstance(src, MarianTokenizer) and isinstance(tgt, MarianTokenizer):
         separate = src.vocab != tgt.vocab
@@ -171,7 +172,7 @@ def _bert_files(model: BERT | BERTClassifier, tokenizer, labels: Sequence[str] |
         config, tensors = _with_classifier(config, tensors, model.classifier, labels, cfg.n_labels,
                                            "BertForSequenceClassification")
     tokenizer_json, specials = hf_tokenizer(tokenizer)
-    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"},
+    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)},
             "tokenizer.json": tokenizer_json, "tokenizer_config.json": {
                 "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
                 **{f"{role}_token": token for role, token in specials.items()}}}
@@ -190,7 +191,7 @@ def _vit_files(model: ViT | ViTClassifier, labels: Sequence[str] | None) -> dict
     if classifier:
         config, tensors = _with_classifier(config, tensors, model.head, labels, cfg.n_classes,
                                            "ViTForImageClassification")
-    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": "float32"}}
+    return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)}}
 
 
 def _with_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor], head: nn.Linear,
@@ -204,6 +205,16 @@ def _with_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor], h
                      "label2id": {name: i for i, name in enumerate(names)}}, tensors
 
 
+def check_float(model: nn.Module) -> None:
+    """Exports write float weights: a model whose layers qkv keeps quantized (int8/int4) is refused, saying
+    how to load it in float."""
+    from ..quantize import QuantizedEmbedding, QuantizedLinear
+
+    if any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()):
+        raise ValueError("this model's layers are quantized (int8/int4); export a float model: load it with "
+                         "--quantize none (load_pretrained(..., weights='none'))")
+
+
 def _check_read_back(model: nn.Module, back: dict[str, torch.Tensor]) -> None:
     """The export read back by qkv's own reader must be the model (tables cut to the vocabulary aside; a zero
     bias the model lacks, such as Marian's logits bias, adds nothing)."""
@@ -213,6 +224,11 @@ def _check_read_back(model: nn.Module, back: dict[str, torch.Tensor]) -> None:
         name not in state or not torch.equal(t, state[name][: len(t)]))]
     if changed or set(back) - added != set(state):
         raise RuntimeError(f"the export does not read back as the model ({changed[:3]}); a bug in qkv's exporter")
+
+
+def _dtype(tensors: dict[str, torch.Tensor]) -> str:
+    """config.json's ``torch_dtype``: what most of the weights are stored as ("float32", "bfloat16")."""
+    return str(max(tensors.values(), key=torch.Tensor.numel).dtype).removeprefix("torch.")
 
 
 def _check_size(tokens: int, rows: int) -> None:

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from ..files import write_atomically
 from ..models import GPT
-from .export import check_out, hf_tokenizer
+from .export import check_float, check_out, hf_tokenizer
 from .gguf import (
     GLOBAL_NAMES,
     GPT2_CONV1D,
@@ -75,6 +75,7 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
 
     if not isinstance(model, GPT):
         raise ValueError(f"qkv writes its GPT language models as GGUF files; a {type(model).__name__} has none")
+    check_float(model)
     cfg = model.config
     hf_config = gpt_config_to_hf(cfg)
     arch = {"mistral": None}.get(hf_config["model_type"], hf_config["model_type"])
