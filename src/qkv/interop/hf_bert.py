@@ -19,7 +19,7 @@ from torch import Tensor
 from ..config import BERTConfig
 from ..footprint import build_model
 from ..models import BERT
-from .hf_common import HFStateDict, check_config, hf_field
+from .hf_common import HFStateDict, check_config, check_written, hf_field
 
 
 def bert_config_from_hf(hf_config: Mapping[str, Any]) -> BERTConfig:
@@ -169,9 +169,8 @@ def load_bert_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, 
 
 # ------------------------------------------------------------------------------------ qkv -> Hugging Face
 
-# What a training run sets and the weights do not depend on, and the classifier's own fields
-_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std", "pooler", "n_labels",
-                 "pooling")
+# Besides training's fields: the pooler (written when the model has one) and the classifier's own fields
+_NOT_COMPARED = ("pooler", "n_labels", "pooling")
 
 
 def bert_config_to_hf(cfg: BERTConfig) -> dict[str, Any]:
@@ -184,10 +183,7 @@ def bert_config_to_hf(cfg: BERTConfig) -> dict[str, Any]:
           "attention_probs_dropout_prob": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
           "pad_token_id": cfg.pad_id, "layer_norm_eps": cfg.norm_eps, "hidden_act": "gelu",
           "position_embedding_type": "absolute"}
-    ours, theirs = cfg.to_dict(), bert_config_from_hf(hf).to_dict()
-    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k in theirs and k not in _NOT_COMPARED and theirs[k] != v]
-    if lost:
-        raise ValueError(f"a Hugging Face BERT config cannot hold {', '.join(lost)}")
+    check_written(cfg.to_dict(), bert_config_from_hf(hf).to_dict(), "BERT", ignore=_NOT_COMPARED)
     return hf
 
 

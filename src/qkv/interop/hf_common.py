@@ -6,7 +6,7 @@ Pre-Norm layers and the backbone-or-classifier loader.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import torch
@@ -40,6 +40,21 @@ def check_config(cfg: ModelConfig, checkpoint: str, **allowed: tuple[Any, ...]) 
     ]
     if wrong:
         raise ValueError(f"this config cannot hold a {checkpoint} checkpoint: {', '.join(wrong)}")
+
+
+# What a training run sets and a model's weights do not depend on: an export writes it but need not keep it
+TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std")
+
+
+def check_written(ours: Mapping[str, Any], read_back: Mapping[str, Any], family: str, *,
+                  ignore: Collection[str] = ()) -> None:
+    """An export's config, read back by qkv's reader (``read_back``), must hold every field of the model's
+    (``ours``, as dicts), those of training and in ``ignore`` aside: one that would come back different is an
+    error naming it, not a silent change of the model."""
+    skipped = {*TRAINING_FIELDS, *ignore}
+    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k in read_back and k not in skipped and read_back[k] != v]
+    if lost:
+        raise ValueError(f"a Hugging Face {family} config cannot hold {', '.join(lost)}")
 
 
 class HFStateDict:
@@ -151,5 +166,5 @@ def load_image_model(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
     return model.eval()
 
 
-__all__ = ["ACTIVATIONS", "HFStateDict", "check_config", "hf_field", "image_side", "load_image_model",
+__all__ = ["ACTIVATIONS", "HFStateDict", "check_config", "check_written", "hf_field", "image_side", "load_image_model",
            "take_prenorm_layer"]

@@ -36,7 +36,7 @@ from torch import Tensor
 from ..config import GPTConfig
 from ..footprint import build_model
 from ..models import GPT
-from .hf_common import HFStateDict, check_config, hf_field
+from .hf_common import HFStateDict, check_config, check_written, hf_field
 
 GPT_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
 # The LLaMA family: one layout, told apart by their configs (Mistral: a sliding window; Qwen2: biases on Q, K, V;
@@ -352,9 +352,9 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
 # The class transformers builds for each model_type (config.json's "architectures").
 HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                     "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-# What a training run sets and a checkpoint's weights do not depend on: not compared when a config is read back.
-_TRAINING_ONLY = ("dropout", "attention_dropout", "activation_dropout", "pad_id", "vocab_multiple", "init",
-                  "init_std")
+# Besides training's fields, not compared when a config is read back: padding a language model leaves to
+# attention_mask, and table padding
+_NOT_COMPARED = ("pad_id", "vocab_multiple")
 
 
 def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
@@ -391,9 +391,7 @@ def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
                          f"{cfg.activation!r} has no Hugging Face family: GPT-2 is norm 'layer' with positional "
                          "'learned'; LLaMA is norm 'rms', positional 'rope', activation 'swiglu'")
     hf |= {"architectures": [HF_ARCHITECTURES[hf["model_type"]]], "tie_word_embeddings": cfg.tie_embeddings}
-    lost = _differences(cfg, gpt_config_from_hf(hf))
-    if lost:
-        raise ValueError(f"a Hugging Face {hf['model_type']} config cannot hold {', '.join(lost)}")
+    check_written(_seen(cfg), _seen(gpt_config_from_hf(hf)), hf["model_type"], ignore=_NOT_COMPARED)
     return hf
 
 
@@ -405,13 +403,9 @@ def _qkv_bias(cfg: GPTConfig) -> bool:
     return cfg.bias if cfg.qkv_bias is None else cfg.qkv_bias
 
 
-def _differences(ours: GPTConfig, theirs: GPTConfig) -> list[str]:
-    """The fields (as ``name=value``) that ``ours`` sets and ``theirs`` does not, those of training aside."""
-    def seen(cfg: GPTConfig) -> dict[str, Any]:
-        fields = {k: v for k, v in cfg.to_dict().items() if k not in _TRAINING_ONLY}
-        return fields | {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "qkv_bias": _qkv_bias(cfg)}
-    mine, read = seen(ours), seen(theirs)
-    return [f"{k}={str(v)[:40]}" for k, v in mine.items() if read[k] != v]
+def _seen(cfg: GPTConfig) -> dict[str, Any]:
+    """The config's fields with the defaults that mean the same spelt out (no n_kv_heads: one per head)."""
+    return cfg.to_dict() | {"n_kv_heads": cfg.n_kv_heads or cfg.n_heads, "qkv_bias": _qkv_bias(cfg)}
 
 
 def gpt_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:

@@ -43,7 +43,7 @@ from ..config import TransformerConfig
 from ..footprint import build_model
 from ..models import Transformer
 from ..tasks.translation import TranslationIds
-from .hf_common import HFStateDict, hf_field
+from .hf_common import HFStateDict, check_written, hf_field
 
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu"}
 # Marian's names in each layer -> qkv's (the decoder adds its cross-attention)
@@ -120,9 +120,8 @@ def marian_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: Transformer
 
 # ------------------------------------------------------------------------------------ qkv -> Hugging Face
 
-# What a training run sets and the weights do not depend on, and what the export adds (a zero logits bias)
-_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "vocab_multiple", "init", "init_std",
-                 "output_bias", "n_layers")
+# Besides training's fields: table padding, what the export adds (a zero logits bias), n_layers (each side's own)
+_NOT_COMPARED = ("vocab_multiple", "output_bias", "n_layers")
 
 
 def marian_config_to_hf(cfg: TransformerConfig, ids: TranslationIds) -> dict[str, Any]:
@@ -150,10 +149,7 @@ def marian_config_to_hf(cfg: TransformerConfig, ids: TranslationIds) -> dict[str
           "bad_words_ids": [[i] for i in ids.never] or None}
     if cfg.pad_id != ids.pad:
         raise ValueError(f"the model pads with {cfg.pad_id} and its tokenizer with {ids.pad}")
-    ours, theirs = cfg.to_dict(), marian_config_from_hf(hf).to_dict()
-    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k not in _NOT_COMPARED and theirs[k] != v]
-    if lost:
-        raise ValueError(f"a Hugging Face Marian config cannot hold {', '.join(lost)}")
+    check_written(cfg.to_dict(), marian_config_from_hf(hf).to_dict(), "Marian", ignore=_NOT_COMPARED)
     return hf
 
 

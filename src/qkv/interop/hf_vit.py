@@ -17,7 +17,15 @@ from torch import Tensor
 
 from ..config import ViTConfig
 from ..models.vit import ViT, ViTClassifier
-from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, load_image_model, take_prenorm_layer
+from .hf_common import (
+    ACTIVATIONS,
+    HFStateDict,
+    check_written,
+    hf_field,
+    image_side,
+    load_image_model,
+    take_prenorm_layer,
+)
 
 
 def vit_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> ViTConfig:
@@ -122,7 +130,7 @@ _WRITTEN = {"attention.q_proj": "attention.attention.query", "attention.k_proj":
             "attention.v_proj": "attention.attention.value", "attention.o_proj": "attention.output.dense",
             "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense", "layernorm_before": "layernorm_before",
             "layernorm_after": "layernorm_after"}
-_NOT_COMPARED = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std", "pad_id")
+_NOT_COMPARED = ("pad_id",)  # besides training's fields: images have no padding
 
 
 def vit_config_to_hf(cfg: ViTConfig) -> dict[str, Any]:
@@ -139,10 +147,8 @@ def vit_config_to_hf(cfg: ViTConfig) -> dict[str, Any]:
           "layer_norm_eps": cfg.norm_eps, "hidden_act": activation, "hidden_dropout_prob": cfg.dropout,
           "attention_probs_dropout_prob": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
           "qkv_bias": True}
-    ours, theirs = cfg.to_dict(), vit_config_from_hf(hf, n_classes=cfg.n_classes).to_dict()
-    lost = [f"{k}={str(v)[:40]}" for k, v in ours.items() if k not in _NOT_COMPARED and theirs[k] != v]
-    if lost:
-        raise ValueError(f"a Hugging Face ViT config cannot hold {', '.join(lost)}")
+    check_written(cfg.to_dict(), vit_config_from_hf(hf, n_classes=cfg.n_classes).to_dict(), "ViT",
+                  ignore=_NOT_COMPARED)
     return hf
 
 
