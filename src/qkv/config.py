@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 NORMS = ("layer", "rms")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu")
 INITS = ("normal", "xavier")
 
 
@@ -100,7 +100,8 @@ class ModelConfig(Config):
         norm_first: Pre-Norm (True) or Post-Norm (False) residual connections.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
         norm_eps: the epsilon of the norms.
-        activation: feed-forward activation: relu, gelu, gelu_tanh, quick_gelu, silu or swiglu.
+        activation: feed-forward activation: relu, relu2 (ReLU squared), gelu, gelu_tanh, quick_gelu, silu or
+            swiglu.
         bias: biases in the linear layers (and LayerNorm shift).
         qkv_bias: biases in the query, key and value projections alone (None: as ``bias``; Qwen2 has them
             where nothing else has).

@@ -27,6 +27,18 @@ def test_swiglu_formula():
     torch.testing.assert_close(ffn(x), expected)
 
 
+def test_relu2_is_relu_squared():
+    """ReLU² = max(0, x)²: zero for x <= 0, x² above; its derivative 2·max(0, x) is continuous at zero."""
+    ffn = FeedForward(16, 40, activation="relu2")
+    x = torch.randn(3, 5, 16)
+    hidden = x @ ffn.up.weight.T + ffn.up.bias
+    expected = torch.where(hidden > 0, hidden * hidden, 0.0) @ ffn.down.weight.T + ffn.down.bias
+    torch.testing.assert_close(ffn(x), expected)
+    t = torch.tensor([-1.0, 0.0, 2.0], requires_grad=True)
+    ffn.act(t).sum().backward()
+    assert t.grad.tolist() == [0.0, 0.0, 4.0]
+
+
 def test_ffn_is_position_wise():
     ffn = FeedForward(16, 32)
     x = torch.randn(2, 6, 16)

@@ -20,6 +20,7 @@ ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
     "silu": F.silu,
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's sigmoid approximation of GELU
+    "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer"; the GPT-2 speedruns)
 }
 GATED = {"swiglu": F.silu}
 
@@ -31,7 +32,8 @@ class FeedForward(nn.Module):
     Args:
         d_model: input and output width.
         d_ff: hidden width (4 * d_model in the paper; about 8/3 * d_model for SwiGLU).
-        activation: ``relu``, ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu`` or ``swiglu``.
+        activation: ``relu``, ``relu2`` (ReLU squared: sparse like ReLU, smooth at zero like GELU, and cheaper
+            than either), ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu`` or ``swiglu``.
         dropout: dropout on the hidden activations during training.
         bias: whether the linear layers have biases.
 

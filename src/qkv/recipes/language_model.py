@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .base import VOCAB_MULTIPLE, Recipe
 from .settings import TrainingSettings
 
-MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout")
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout", "activation", "qk_norm")
 
 
 @dataclass
@@ -25,6 +25,8 @@ class LMSettings(TrainingSettings):
     n_layers: int | None = None
     d_ff: int | None = None
     dropout: float | None = None
+    activation: str | None = None
+    qk_norm: bool | None = None
     context: int | None = None
     batch_size: int = 32
     lr: float | None = 1e-3
