@@ -57,6 +57,13 @@ def test_schedules():
     assert learning_rate(500, timed, None, 0.5) == pytest.approx(0.55)  # half the time budget used
     assert learning_rate(900, timed, None, 1.2) == pytest.approx(0.1)  # past the budget: the floor
     assert learning_rate(500, timed, None) == pytest.approx(1.0)  # no step or time budget: constant
+    wsd = TrainOptions(out="x", max_steps=110, lr=1.0, warmup=10, schedule="wsd", min_lr_ratio=0.0)
+    assert learning_rate(5, wsd, 110) == pytest.approx(0.5)  # warmup as ever
+    assert [learning_rate(s, wsd, 110) for s in (10, 50, 90)] == pytest.approx([1.0, 1.0, 1.0])  # stable
+    assert learning_rate(100, wsd, 110) == pytest.approx(0.5)  # halfway down the last fifth
+    assert learning_rate(110, wsd, 110) == pytest.approx(0.0)  # to the floor: zero here
+    timed_wsd = TrainOptions(out="x", max_minutes=60, lr=1.0, warmup=10, schedule="wsd", min_lr_ratio=0.1)
+    assert learning_rate(500, timed_wsd, None, 0.9) == pytest.approx(0.55)  # by time, as cosine
 
 
 class FakeClock:

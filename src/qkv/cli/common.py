@@ -136,11 +136,12 @@ def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str]
     train.add_argument("--accum", type=COUNT, help="batches per optimizer step (gradient accumulation)")
     train.add_argument("--lr", type=POSITIVE, help=lr_help)
     train.add_argument("--warmup", type=integer(0), help=warmup_help)
-    train.add_argument("--schedule", choices=["cosine", "inverse_sqrt", "constant"],
+    train.add_argument("--schedule", choices=["cosine", "wsd", "inverse_sqrt", "constant"],
                        help="after warmup; cosine decays to --min-lr-ratio × --lr by the "
-                            "end of --max-steps/--epochs or, without them, of --max-minutes")
+                            "end of --max-steps/--epochs or, without them, of --max-minutes; wsd holds --lr, then "
+                            "falls in a straight line to the same floor over the last fifth")
     train.add_argument("--min-lr-ratio", type=real(0, 1),
-                       help="cosine floor as a fraction of --lr")
+                       help="cosine's and wsd's floor as a fraction of --lr")
     train.add_argument("--clip", type=NON_NEGATIVE, help="gradient-norm clipping (0 disables)")
     train.add_argument("--weight-decay", type=NON_NEGATIVE, help="AdamW weight decay")
     train.add_argument("--eval-every", type=COUNT,
