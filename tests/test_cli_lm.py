@@ -121,16 +121,16 @@ def test_export_writes_a_folder_transformers_runs_and_says_what_has_no_gguf_form
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
-def test_train_lm_takes_relu2_and_qk_norm_and_keeps_them_on_resume(work, tmp_path, here):
-    """--activation relu2 --qk-norm reach the model (its config) and the run's record: generating works, and a
-    resume that would change them is refused in one line."""
+def test_train_lm_takes_the_speedrun_ingredients_and_keeps_them_on_resume(work, tmp_path, here):
+    """--activation relu2 --qk-norm --zero-init --schedule wsd reach the model (its config) and the run's record:
+    generating works, and a resume that would change the model is refused in one line."""
     import json
 
     run = tmp_path / "relu2"
     ok(here("train", "lm", "--text", "shakespeare.txt", "--out", run, "--max-steps", "2", *TINY, "--activation",
-            "relu2", "--qk-norm", cwd=work))
+            "relu2", "--qk-norm", "--zero-init", "--schedule", "wsd", cwd=work))
     config = json.loads((run / "last" / "config.json").read_text())["model"]
-    assert config["activation"] == "relu2" and config["qk_norm"] is True
+    assert config["activation"] == "relu2" and config["qk_norm"] is True and config["zero_init"] is True
     ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", cwd=work))
     one_line_error(here("train", "lm", "--out", run, "--resume", "--max-steps", "3", "--activation", "gelu",
                         cwd=work), "--activation gelu differs from this run's relu2")

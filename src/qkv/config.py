@@ -120,6 +120,9 @@ class ModelConfig(Config):
         gated_attention: add the sigmoid output gate to attention.
         window: sliding-window size of self-attention (None: full attention).
         init: ``"normal"`` (N(0, init_std)) or ``"xavier"`` (Xavier-uniform linear layers).
+        zero_init: the projections that write into the residual stream (attention output, FFN down) and an
+            untied output layer start at zero: each block starts as the identity and the model predicts the
+            uniform distribution, as the GPT-2 speedruns start.
         init_std: standard deviation of the normal initialisation.
     """
 
@@ -149,6 +152,7 @@ class ModelConfig(Config):
     window: int | None = None
     init: str = "normal"
     init_std: float = 0.02
+    zero_init: bool = False
 
     def __post_init__(self) -> None:
         if self.d_ff is None:

@@ -43,6 +43,8 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
                        help="the feed-forward activation (the style's: gelu_tanh or swiglu); relu2 is ReLU squared")
     model.add_argument("--qk-norm", action="store_true", default=None,
                        help="normalise each head's queries and keys before the scores (as Qwen3 does)")
+    model.add_argument("--zero-init", action="store_true", default=None,
+                       help="start the projections into the residual stream (and an untied output layer) at zero")
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
     train = add_training_arguments(p, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=integer(0),

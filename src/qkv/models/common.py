@@ -186,7 +186,8 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | N
     ``xavier``: Xavier-uniform linear weights, as ``nn.Transformer`` does, and embeddings from
     N(0, d_model^-0.5), so that embeddings scaled by √d_model start with unit variance (the paper).
 
-    Norms start as the identity (γ = 1, β = 0).
+    Norms start as the identity (γ = 1, β = 0). With ``cfg.zero_init`` the residual-writing projections and an
+    untied output layer (``model.output_layer``) start at zero.
     """
     writes_residual = {id(m.out_proj) for m in model.modules() if isinstance(m, MultiHeadAttention)} | \
         {id(m.down) for m in model.modules() if isinstance(m, FeedForward)}
@@ -206,10 +207,18 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | N
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
     # Embeddings last: a tied output projection shares their matrix and must keep their initialisation.
+    embeddings = set()
     for module in model.modules():
         if isinstance(module, nn.Embedding):
             std = cfg.d_model**-0.5 if cfg.init == "xavier" else cfg.init_std
             nn.init.normal_(module.weight, 0.0, std)
+            embeddings.add(id(module.weight))
+    if getattr(cfg, "zero_init", False):
+        output = getattr(model, getattr(model, "output_layer", ""), None)
+        for module in model.modules():
+            untied_output = module is output and id(module.weight) not in embeddings
+            if id(module) in writes_residual or untied_output:
+                nn.init.zeros_(module.weight)
 
 def classifier_head(width: int, n_classes: int, init_std: float) -> nn.Linear:
     """A linear layer from a pooled vector to class scores, starting from small random weights: with a zero head

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .base import VOCAB_MULTIPLE, Recipe
 from .settings import TrainingSettings
 
-MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout", "activation", "qk_norm")
+MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout", "activation", "qk_norm", "zero_init")
 
 
 @dataclass
@@ -27,6 +27,7 @@ class LMSettings(TrainingSettings):
     dropout: float | None = None
     activation: str | None = None
     qk_norm: bool | None = None
+    zero_init: bool | None = None
     context: int | None = None
     batch_size: int = 32
     lr: float | None = 1e-3
