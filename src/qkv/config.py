@@ -643,7 +643,6 @@ class RNNConfig(Config):
             padding).
         share_embeddings: one embedding matrix for source and target (needs one shared vocabulary).
         tie_output: the output projection reuses the target embedding matrix.
-        output_bias: the output projection adds a bias to each token's logit (Marian's final_logits_bias).
         init_range: every parameter starts uniform in [-init_range, init_range] (Sutskever et al. 2014 used
             0.08, Luong et al. 2015 0.1).
     """

@@ -401,7 +401,7 @@ def pooled_beam_search(
         # the pool: the best k of what it held and what ended among the first k
         arriving = ends & first_k & searching & ~(pooled.all(-1, keepdim=True) & early_stopping)
         scores = top_scores / n ** length_penalty - (~arriving).float() * 1e9
-        pool = torch.cat([torch.nn.functional.pad(pool, (0, n - pool.size(-1)), value=min(stops)), candidates], 1)
+        pool = torch.cat([F.pad(pool, (0, n - pool.size(-1)), value=min(stops)), candidates], 1)
         merged, pooled = torch.cat([pool_scores, scores], 1), torch.cat([pooled, arriving], 1)
         best = merged.topk(k, dim=-1).indices
         pool, pool_scores, pooled = pool.gather(1, best[..., None].expand(-1, -1, n)), merged.gather(1, best), \

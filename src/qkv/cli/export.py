@@ -12,6 +12,7 @@ from .common import command
 def export_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..files import read_text
+    from ..interop.export import check_out
     from ..interop.gguf_export import TYPES
 
     if args.type is not None and args.format != "gguf":
@@ -20,8 +21,6 @@ def export_cmd(args: argparse.Namespace) -> None:
         raise ValueError(f"--type must be one of {', '.join(TYPES)}, got {args.type!r}")
     template = read_text(args.chat_template) if args.chat_template else None
     out = Path(args.out)
-    from ..interop.export import check_out
-
     check_out(out, "folder" if args.format == "hf" else "file")  # before the weights are read
     ckpt = load_checkpoint(args.model)
     translation = {"src", "tgt"} <= set(ckpt.tokenizers)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..device import device_of
-from ..tokenizers import BOS_ID, Tokenizer, token_label
+from ..tokenizers import Tokenizer, token_label
 
 MAX_TOKENS = 64  # longest input (tokens) and longest input + output of a language model
 NEW_TOKENS = 16  # how far a language model continues the input
@@ -139,7 +139,7 @@ def translation_result(model: nn.Module, tokenizers: dict[str, Tokenizer], text:
     tgt = tokenizers["tgt"]
     src_labels = [token_label(tokenizers["src"], i) for i in source]
     written = [token_label(tgt, i) for i in output] + ["</s>"]
-    read = [token_label(tgt, ids.start) if ids.start != BOS_ID else "<s>", *written[:-1]]
+    read = [token_label(tgt, ids.start), *written[:-1]]
     top = _steps(logits[0], tgt, model.config.tgt_vocab_size, ids.never)
     return {"model": name, "kind": "translation", "input": text, "image": None,
             "views": [_view("encoder", "Encoder self-attention", src_labels, src_labels, attention["encoder"]),

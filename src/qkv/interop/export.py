@@ -8,8 +8,9 @@
     DIR/tokenizer_config.json    its special tokens (and a chat template, when one is given)
     DIR/generation_config.json   the ids that start, end and pad a text
 
-Each family's names are the inverse of the reader qkv already has (:mod:`qkv.interop.hf_gpt` reads these
-folders too), and the export checks itself with that reader: the config and every tensor read back must be the
+Each family's names are the inverse of the reader qkv already has (:mod:`qkv.interop.hf_gpt`,
+:mod:`~qkv.interop.hf_bert`, :mod:`~qkv.interop.hf_vit`, :mod:`~qkv.interop.hf_marian` read these folders too),
+and the export checks itself with that reader: the config and every tensor read back must be the
 model's own, or nothing is written.
 
 Tokenizers: a BPE vocabulary (qkv's, or a pretrained model's) is a ``tokenizers`` object already and is written
@@ -56,10 +57,12 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
     """Write ``model`` and its tokenizer as a Hugging Face folder ``out`` (see the module's text).
 
     Args:
-        model: a :class:`~qkv.models.GPT` (GPT-2- or LLaMA-style), or a :class:`~qkv.models.Transformer` that
-            Marian's configuration holds (Post-Norm, sines-then-cosines positions).
-        tokenizer: the GPT's tokenizer (qkv's BPE or character tokenizer, or a pretrained model's); the
-            Transformer's ``{"src": ..., "tgt": ...}`` (a Marian folder's, or one qkv tokenizer for both sides).
+        model: a :class:`~qkv.models.GPT` (GPT-2- or LLaMA-style); a :class:`~qkv.models.BERT` or its classifier
+            on the pooler; a :class:`~qkv.models.ViT` or its classifier; or a :class:`~qkv.models.Transformer`
+            that Marian's configuration holds (Post-Norm, sines-then-cosines positions).
+        tokenizer: the GPT's tokenizer (qkv's BPE or character tokenizer, or a pretrained model's); the BERT's
+            WordPiece; None for a ViT; the Transformer's ``{"src": ..., "tgt": ...}`` (a Marian folder's, or one
+            qkv tokenizer for both sides).
         out: a folder that does not exist yet, or an empty one.
         chat_template: a Jinja chat template for ``tokenizer_config.json`` (None: the model has none).
         labels: a classifier's class names, in the order of its outputs (None: ``LABEL_0``, ...).
@@ -100,11 +103,9 @@ def _gpt_files(model: GPT, tokenizer, chat_template: str | None) -> dict[str, An
     tensors = gpt_state_dict_to_hf(model.state_dict(), cfg)
     _check_read_back(model, gpt_state_dict_from_hf(tensors, gpt_config_from_hf(config), config["model_type"]))
     tokenizer_json, specials = hf_tokenizer(tokenizer)
-    _check_size(tokenizer_json.get_vocab_size(with_added_tokens=True), cfg.vocab_size)
+    check_size(tokenizer_json.get_vocab_size(with_added_tokens=True), cfg.vocab_size)
     ids = {f"{role}_token_id": tokenizer_json.token_to_id(token) for role, token in specials.items() if role != "unk"}
-    tokenizer_config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces":
-                                        False, "model_max_length": cfg.max_seq_len}
-    tokenizer_config |= {f"{role}_token": token for role, token in specials.items()}
+    tokenizer_config = _fast_tokenizer_config(specials, cfg.max_seq_len)
     if chat_template is not None:
         tokenizer_config["chat_template"] = chat_template
     return {"model.safetensors": tensors, "config.json": config | ids | {"torch_dtype": _dtype(tensors)},
@@ -130,8 +131,8 @@ def _marian_files(model: Transformer, tokenizers) -> dict[str, Any]:
     tensors = marian_state_dict_to_hf(model.state_dict(), cfg)
     _check_read_back(model, marian_state_dict_from_hf(tensors, marian_config_from_hf(config)))
     src, tgt = tokenizers["src"], tokenizers["tgt"]
-    _check_size(src.vocab_size, cfg.src_vocab_size)
-    _check_size(tgt.vocab_size, cfg.tgt_vocab_size)
+    check_size(src.vocab_size, cfg.src_vocab_size)
+    check_size(tgt.vocab_size, cfg.tgt_vocab_size)
     generation = {k: config[k] for k in ("decoder_start_token_id", "eos_token_id", "pad_token_id",
                                          "forced_eos_token_id", "bad_words_ids")} | {"max_length": cfg.max_seq_len}
     files = {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)},
@@ -146,9 +147,8 @@ def _marian_files(model: Transformer, tokenizers) -> dict[str, Any]:
         raise ValueError("a translation model with two vocabularies of qkv's exports only with Marian's "
                          "SentencePiece tokenizers; train it with one shared vocabulary")
     tokenizer_json, specials = hf_tokenizer(src)
-    return files | {"tokenizer.json": tokenizer_json, "tokenizer_config.json": {
-        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
-        "model_max_length": cfg.max_seq_len, **{f"{role}_token": token for role, token in specials.items()}}}
+    return files | {"tokenizer.json": tokenizer_json,
+                    "tokenizer_config.json": _fast_tokenizer_config(specials, cfg.max_seq_len)}
 
 
 def _bert_files(model: BERT | BERTClassifier, tokenizer, labels: Sequence[str] | None) -> dict[str, Any]:
@@ -167,15 +167,14 @@ def _bert_files(model: BERT | BERTClassifier, tokenizer, labels: Sequence[str] |
     back = bert_config_from_hf(config)
     back.pooler = cfg.pooler
     _check_read_back(bert, bert_state_dict_from_hf(tensors, back))
-    _check_size(tokenizer.vocab_size, cfg.vocab_size)
+    check_size(tokenizer.vocab_size, cfg.vocab_size)
     if classifier:
         config, tensors = _with_classifier(config, tensors, model.classifier, labels, cfg.n_labels,
                                            "BertForSequenceClassification")
     tokenizer_json, specials = hf_tokenizer(tokenizer)
     return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)},
-            "tokenizer.json": tokenizer_json, "tokenizer_config.json": {
-                "tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": cfg.max_seq_len,
-                **{f"{role}_token": token for role, token in specials.items()}}}
+            "tokenizer.json": tokenizer_json,
+            "tokenizer_config.json": _fast_tokenizer_config(specials, cfg.max_seq_len)}
 
 
 def _vit_files(model: ViT | ViTClassifier, labels: Sequence[str] | None) -> dict[str, Any]:
@@ -192,6 +191,13 @@ def _vit_files(model: ViT | ViTClassifier, labels: Sequence[str] | None) -> dict
         config, tensors = _with_classifier(config, tensors, model.head, labels, cfg.n_classes,
                                            "ViTForImageClassification")
     return {"model.safetensors": tensors, "config.json": config | {"torch_dtype": _dtype(tensors)}}
+
+
+def _fast_tokenizer_config(specials: dict[str, str], max_length: int) -> dict[str, Any]:
+    """``tokenizer_config.json`` for a ``tokenizer.json``: transformers' generic fast tokenizer, the special tokens
+    by role (``bos_token``, ``pad_token``, ``cls_token``, ...), the longest text the model reads."""
+    return {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+            "model_max_length": max_length, **{f"{role}_token": token for role, token in specials.items()}}
 
 
 def _with_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor], head: nn.Linear,
@@ -231,7 +237,8 @@ def _dtype(tensors: dict[str, torch.Tensor]) -> str:
     return str(max(tensors.values(), key=torch.Tensor.numel).dtype).removeprefix("torch.")
 
 
-def _check_size(tokens: int, rows: int) -> None:
+def check_size(tokens: int, rows: int) -> None:
+    """A tokenizer of ``tokens`` tokens for a model of ``rows`` embeddings: they must be the same size."""
     if tokens != rows:
         raise ValueError(f"the tokenizer has {tokens} tokens and the model {rows}: they were not trained together")
 
@@ -266,7 +273,7 @@ def hf_tokenizer(tokenizer):
         hf.post_processor = processors.TemplateProcessing(
             single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
             special_tokens=[(cls, tokenizer.cls_id), (sep, tokenizer.sep_id)])
-        return hf, {f"{role}": token for role, token in tokenizer.specials.items() if hf.token_to_id(token) is not None}
+        return hf, {role: token for role, token in tokenizer.specials.items() if hf.token_to_id(token) is not None}
     if not isinstance(tokenizer, PretrainedTokenizer):
         return hf, {role: SPECIALS[i] for role, i in (("bos", BOS_ID), ("eos", EOS_ID), ("pad", PAD_ID),
                                                        ("unk", UNK_ID))}

@@ -42,7 +42,7 @@ from torch import Tensor, nn
 
 from ..files import write_atomically
 from ..models import GPT
-from .export import check_float, check_out, hf_tokenizer
+from .export import check_float, check_out, check_size, hf_tokenizer
 from .gguf import (
     GLOBAL_NAMES,
     GPT2_CONV1D,
@@ -89,7 +89,7 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
     def write(tmp: Path) -> None:
         writer = gguf.GGUFWriter(str(tmp), arch)
         _write_metadata(writer, gguf, hf_config, cfg, storage)
-        _write_tokenizer(writer, vocab, chat_template)
+        _write_tokenizer(writer, gguf, vocab, chat_template)
         for name, tensor in tensors.items():
             array, kinds[name] = _stored(gguf, tensor, storage)
             writer.add_tensor(name, array, raw_dtype=kinds[name])
@@ -170,8 +170,8 @@ def _write_metadata(writer, gguf, hf: dict[str, Any], cfg, storage: str) -> None
 
 
 def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The byte-level BPE of ``tokenizer`` as GGUF holds it: tokens in id order, their types, merges, the
-    pre-tokenizer's name and the special ids."""
+    """The byte-level BPE of ``tokenizer`` as GGUF holds it: tokens in id order, which are special (control
+    tokens), merges, the pre-tokenizer's name and the special ids."""
     from .gguf_tokenizer import pre_tokenizer_name
 
     hf, specials = hf_tokenizer(tokenizer)
@@ -183,15 +183,14 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     if pre is None:
         raise ValueError("the tokenizer splits text in a way llama.cpp has no name for; it cannot be a GGUF file")
     size = hf.get_vocab_size(with_added_tokens=True)
-    if size != vocab_size:
-        raise ValueError(f"the tokenizer has {size} tokens and the model {vocab_size}: they were not trained together")
+    check_size(size, vocab_size)
     tokens = [hf.id_to_token(i) for i in range(size)]
     special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     ids = {role: hf.token_to_id(token) for role, token in specials.items() if role != "unk"}
     add_bos = bool(getattr(tokenizer, "add_bos", False))
-    return {"tokens": tokens, "types": [3 if t in special else 1 for t in tokens], "merges": merges, "pre": pre,
-            "ids": ids, "add_bos": add_bos}
+    return {"tokens": tokens, "special": [t in special for t in tokens], "merges": merges, "pre": pre, "ids": ids,
+            "add_bos": add_bos}
 
 
 def _kind(tokenizer, data: dict[str, Any]) -> str:
@@ -200,11 +199,11 @@ def _kind(tokenizer, data: dict[str, Any]) -> str:
     return f"{data['model']['type']} with a {(data.get('decoder') or {}).get('type', 'plain')} decoder"
 
 
-def _write_tokenizer(writer, vocab: dict[str, Any], chat_template: str | None) -> None:
+def _write_tokenizer(writer, gguf, vocab: dict[str, Any], chat_template: str | None) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
-    writer.add_token_types(vocab["types"])
+    writer.add_token_types([gguf.TokenType.CONTROL if s else gguf.TokenType.NORMAL for s in vocab["special"]])
     writer.add_token_merges(vocab["merges"])
     adders = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "pad": writer.add_pad_token_id}
     for role, token_id in vocab["ids"].items():

@@ -18,7 +18,7 @@ from torch import Tensor
 from ..config import CLIPConfig, CLIPTextConfig, ViTConfig
 from ..footprint import build_model
 from ..models.clip import CLIP
-from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, take_prenorm_layer
+from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, take_layer
 
 _LEGACY_EOS = 2  # Hugging Face's old default eos_token_id, which means "the highest id of each row"
 
@@ -95,7 +95,7 @@ _LAYER = {  # Hugging Face module -> qkv module, the same in both towers
 def _layers(ckpt: HFStateDict, hf_prefix: str, qkv_prefix: str, d: int, d_ff: int, n_layers: int) -> dict:
     out = {}
     for i in range(n_layers):
-        out |= take_prenorm_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
+        out |= take_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
     return out
 
 

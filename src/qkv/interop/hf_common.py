@@ -1,7 +1,7 @@
 """What the Hugging Face converters share (``hf_gpt``, ``hf_bert``, ``hf_vit``, ``hf_swin``, ``hf_clip``): reading a
 config's fields, checking that a config can hold a family's weights, handing a state dict out tensor by tensor
 while collecting every problem for one error, and, for the vision families, their activations, image sides,
-Pre-Norm layers and the backbone-or-classifier loader.
+layers and the backbone-or-classifier loader.
 """
 
 from __future__ import annotations
@@ -134,11 +134,11 @@ def image_side(value: int | list[int]) -> int:
     return value if isinstance(value, int) else value[0]
 
 
-def take_prenorm_layer(ckpt: HFStateDict, names: Mapping[str, str], hf: str, qkv: str, width: int, d_ff: int
-                ) -> dict[str, Tensor | None]:
-    """One Pre-Norm layer's weights and biases, ``names`` mapping Hugging Face modules (under ``hf``) to qkv's
-    (under ``qkv``): norms ``(width,)``, the MLP's up ``(d_ff, width)`` and down ``(width, d_ff)``, every
-    projection ``(width, width)``."""
+def take_layer(ckpt: HFStateDict, names: Mapping[str, str], hf: str, qkv: str, width: int, d_ff: int
+               ) -> dict[str, Tensor | None]:
+    """One layer's weights and biases (Pre- or Post-Norm alike), ``names`` mapping Hugging Face modules (under
+    ``hf``) to qkv's (under ``qkv``): norms ``(width,)``, the MLP's up ``(d_ff, width)`` and down ``(width,
+    d_ff)``, every projection ``(width, width)``."""
     shapes = {"feed_forward.up": (d_ff, width), "feed_forward.down": (width, d_ff)}
     out = {}
     for hf_name, qkv_name in names.items():
@@ -167,4 +167,4 @@ def load_image_model(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
 
 
 __all__ = ["ACTIVATIONS", "HFStateDict", "check_config", "check_written", "hf_field", "image_side", "load_image_model",
-           "take_prenorm_layer"]
+           "take_layer"]

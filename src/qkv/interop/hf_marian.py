@@ -43,15 +43,15 @@ from ..config import TransformerConfig
 from ..footprint import build_model
 from ..models import Transformer
 from ..tasks.translation import TranslationIds
-from .hf_common import HFStateDict, check_written, hf_field
+from .hf_common import HFStateDict, check_written, hf_field, take_layer
 
 ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "gelu_new": "gelu_tanh", "relu": "relu"}
 # Marian's names in each layer -> qkv's (the decoder adds its cross-attention)
+_PROJECTIONS = ("q", "k", "v", "out")
 _LAYER = {"self_attn_layer_norm": "self_attn_norm", "fc1": "feed_forward.up", "fc2": "feed_forward.down",
-          "final_layer_norm": "ffn_norm", **{f"self_attn.{p}_proj": f"self_attn.{p}_proj" for p in "qkv"},
-          "self_attn.out_proj": "self_attn.out_proj"}
+          "final_layer_norm": "ffn_norm", **{f"self_attn.{p}_proj": f"self_attn.{p}_proj" for p in _PROJECTIONS}}
 _CROSS = {"encoder_attn_layer_norm": "cross_attn_norm",
-          **{f"encoder_attn.{p}_proj": f"cross_attn.{p}_proj" for p in ("q", "k", "v", "out")}}
+          **{f"encoder_attn.{p}_proj": f"cross_attn.{p}_proj" for p in _PROJECTIONS}}
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 
 
@@ -93,8 +93,7 @@ def marian_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: Transformer
     checked (one error lists every problem)."""
     ckpt = HFStateDict(state_dict, family="Marian", prefix="model.",
                        ignore=lambda key: key.endswith("embed_positions.weight"))  # sinusoidal: not weights
-    d, d_ff = cfg.d_model, cfg.d_ff
-    shapes = {"fc1": (d_ff, d), "fc2": (d, d_ff)}
+    d = cfg.d_model
     out: dict[str, Tensor | None] = {}
     src_key, tgt_key = ("shared.weight",) * 2 if cfg.share_embeddings else \
         ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
@@ -107,10 +106,7 @@ def marian_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: Transformer
     for side, n_layers in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
         table = _LAYER | (_CROSS if side == "decoder" else {})
         for i in range(n_layers):
-            for theirs, ours in table.items():
-                weight_shape = (d,) if "norm" in ours else shapes.get(theirs, (d, d))
-                for part, shape in (("weight", weight_shape), ("bias", weight_shape[:1])):
-                    out[f"{side}.layers.{i}.{ours}.{part}"] = ckpt.take(f"{side}.layers.{i}.{theirs}.{part}", shape)
+            out |= take_layer(ckpt, table, f"{side}.layers.{i}.", f"{side}.layers.{i}.", d, cfg.d_ff)
     head = ckpt.take("lm_head.weight", (cfg.tgt_vocab_size, d), required=not cfg.tie_output)
     out["lm_head.weight"] = out["tgt_emb.weight"] if cfg.tie_output else head
     bias = ckpt.take("final_logits_bias", (1, cfg.tgt_vocab_size), required=False)  # zeros when left out

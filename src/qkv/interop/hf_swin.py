@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..config import SwinConfig
 from ..models.swin import Swin, SwinClassifier
-from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, load_image_model, take_prenorm_layer
+from .hf_common import ACTIVATIONS, HFStateDict, hf_field, image_side, load_image_model, take_layer
 
 
 def swin_config_from_hf(hf_config: Mapping[str, Any], *, n_classes: int | None = None) -> SwinConfig:
@@ -113,7 +113,7 @@ def swin_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: SwinConfig) -
     for i, (width, d_ff, heads) in enumerate(zip(cfg.stage_widths, cfg.ffn_widths, cfg.stage_heads, strict=True)):
         for j in range(cfg.depths[i]):
             hf, qkv = f"encoder.layers.{i}.blocks.{j}.", f"stages.{i}.blocks.{j}."
-            out |= take_prenorm_layer(ckpt, _BLOCK, hf, qkv, width, d_ff)
+            out |= take_layer(ckpt, _BLOCK, hf, qkv, width, d_ff)
             out[f"{qkv}attention.bias_table"] = ckpt.take(hf + _TABLE, ((2 * m - 1) ** 2, heads))
         if i < len(cfg.depths) - 1:
             hf, qkv = f"encoder.layers.{i}.downsample.", f"stages.{i}.merge."

@@ -24,7 +24,7 @@ from .hf_common import (
     hf_field,
     image_side,
     load_image_model,
-    take_prenorm_layer,
+    take_layer,
 )
 
 
@@ -103,7 +103,7 @@ def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> 
         "encoder.norm.bias": ckpt.take("layernorm.bias", (d,)),
     }
     for i in range(cfg.n_layers):
-        out |= take_prenorm_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
+        out |= take_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
     return ckpt.finish(out)
 
 

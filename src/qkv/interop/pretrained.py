@@ -122,8 +122,7 @@ def _load_gguf(path: Path, *, name: str, mode: str,
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
     if metadata.get("general.architecture") == "gpt2":  # small: read whole, then quantized if asked
-        model = load_gpt_from_gguf(path)
-        model = model.to(torch.bfloat16) if mode == "bf16" else quantize(model, "int8" if mode == "auto" else mode)
+        model = _in_weights(load_gpt_from_gguf(path), "int8" if mode == "auto" else mode)
     else:
         model, _ = load_quantized_gpt(header, mode=mode)
     _check_vocab(model, tokenizer, path)
@@ -148,12 +147,16 @@ def _load_hf_folder(folder: Path, *, mode: str,
         model = load_hf_gpt_at_rest(folder, config, mode=mode)
     else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
         try:
-            model = load_gpt_from_hf(read_safetensors(folder), config)
-            model = model.to(torch.bfloat16) if mode == "bf16" else quantize(model, mode)
+            model = _in_weights(load_gpt_from_hf(read_safetensors(folder), config), mode)
         except ValueError as err:
             raise ValueError(f"{folder}: {err}") from None
     _check_vocab(model, tokenizer, folder)
     return Pretrained(model, tokenizer, read_chat_template(folder), folder.resolve().name)
+
+
+def _in_weights(model: GPT, mode: str) -> GPT:
+    """A model read whole in float32, its weights as ``mode`` asks: bf16, or quantized (``none``: as it is)."""
+    return model.to(torch.bfloat16) if mode == "bf16" else quantize(model, mode)
 
 
 def _check_vocab(model: GPT, tokenizer: PretrainedTokenizer, source: Path) -> None:

@@ -92,21 +92,22 @@ def translate_ids(
     budget = max(batch_tokens // max(beam_size, 1), 1)
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = pad([[*sources[i], ids.eos] if ids.source_eos else sources[i] for i in indices], ids.pad)
-        limit = [max_new_tokens(model, len(sources[i])) - ids.transformers_search for i in indices]
+        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
         check_decoding(model.config, sequences=len(indices), beams=beam_size, length=max(limit),
                        device=device_of(model))
         src = to_device(src, device_of(model))
         # the Transformer with its KV cache, the LSTM with its carried state (h, c)
         decoder: IncrementalDecoder = model.start_decoding(src, use_cache=use_cache)
         if beam_size > 1 and ids.transformers_search:
-            hyps = pooled_beam_search(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=[n + 1 for n in limit],
+            hyps = pooled_beam_search(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=limit,
                                       beam_size=beam_size, length_penalty=alpha, end_at_limit=True,
                                       suppress_ids=ids.never)
         elif beam_size > 1:
             hyps = beam_search(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=limit, beam_size=beam_size,
                                alpha=alpha, suppress_ids=ids.never)
-        else:
-            hyps = greedy(decoder, bos_id=ids.start, eos_id=ids.eos, max_new_tokens=limit, suppress_ids=ids.never)
+        else:  # transformers' search ends a text at its limit with a forced </s>: one real token fewer
+            hyps = greedy(decoder, bos_id=ids.start, eos_id=ids.eos, suppress_ids=ids.never,
+                          max_new_tokens=[n - ids.transformers_search for n in limit])
         for i, hyp in zip(indices, hyps, strict=True):
             outputs[i] = hyp
     return outputs
