@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from qkv import GPT, GPTConfig, Transformer, TransformerConfig
 from qkv.tasks.language_model import LanguageModelTask, WindowBatch
 from qkv.tokenizers import CharTokenizer
-from qkv.training import TrainOptions, _optimizer
+from qkv.optimizers import build_optimizer
 
 VOCAB, CONTEXT, BATCH, WIDTH, HEADS, LAYERS = 65, 64, 12, 128, 4, 4
 
@@ -106,7 +106,7 @@ def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False) -> Callable[[],
     if compiled:
         model.compile()
     task = LanguageModelTask(model, tokenizer, stream, stream[:1000], context=CONTEXT, batch_size=BATCH)
-    opt = _optimizer(model, TrainOptions(out="unused", max_steps=1, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95)))
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     g = torch.Generator().manual_seed(0)
 
     def step() -> None:

@@ -133,18 +133,20 @@ def test_a_resumed_time_budget_counts_the_whole_run(tmp_path, monkeypatch):
         Trainer(clock.task(), timed(tmp_path, 2.0, resume=True)).run()
 
 
-def test_resumed_run_ends_with_the_same_weights(tmp_path):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_resumed_run_ends_with_the_same_weights(tmp_path, optimizer):
+    """Bit-identical to an uninterrupted run, with Muon's momentum and AdamW's moments both restored."""
     straight = make_task()
-    Trainer(straight, options(tmp_path / "a", max_steps=14)).run()
+    Trainer(straight, options(tmp_path / "a", max_steps=14, optimizer=optimizer)).run()
 
     interrupted = make_task()
-    Trainer(interrupted, options(tmp_path / "b", max_steps=6)).run()  # stops mid-epoch, saves last/
+    Trainer(interrupted, options(tmp_path / "b", max_steps=6, optimizer=optimizer)).run()  # mid-epoch, saves last/
     resumed = make_task(seed=0)
     with torch.no_grad():  # whatever the new process starts from is overwritten by the checkpoint
         for p in resumed.model.parameters():
             p.zero_()
     torch.manual_seed(999)  # and its RNG state too
-    Trainer(resumed, options(tmp_path / "b", max_steps=14, resume=True)).run()
+    Trainer(resumed, options(tmp_path / "b", max_steps=14, resume=True, optimizer=optimizer)).run()
 
     a = load_checkpoint(tmp_path / "a" / "last").model.state_dict()
     b = load_checkpoint(tmp_path / "b" / "last").model.state_dict()
@@ -195,6 +197,8 @@ def test_batches_depend_only_on_seed_and_epoch():
     ({"max_steps": 5, "eval_at_minutes": (1.0, -3.0)}, "eval_at_minutes must be a positive"),
     ({"max_steps": 5, "schedule": "linear"}, "schedule must be one of"),
     ({"max_steps": 5, "lr": -1.0}, "lr must be a positive finite number"),
+    ({"max_steps": 5, "muon_lr": 0.0}, "muon_lr must be a positive finite number"),
+    ({"max_steps": 5, "optimizer": "sgd"}, "optimizer must be one of"),
 ])
 def test_bad_options(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -134,7 +134,10 @@ def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str]
     flag, counts = batch
     train.add_argument(flag, type=COUNT, help=counts)
     train.add_argument("--accum", type=COUNT, help="batches per optimizer step (gradient accumulation)")
+    train.add_argument("--optimizer", choices=["adamw", "muon"],
+                       help="muon: Muon for the attention and feed-forward matrices, AdamW for the rest")
     train.add_argument("--lr", type=POSITIVE, help=lr_help)
+    train.add_argument("--muon-lr", type=POSITIVE, help="Muon's peak learning rate (with --optimizer muon)")
     train.add_argument("--warmup", type=integer(0), help=warmup_help)
     train.add_argument("--schedule", choices=["cosine", "wsd", "inverse_sqrt", "constant"],
                        help="after warmup; cosine decays to --min-lr-ratio × --lr by the "
@@ -143,7 +146,7 @@ def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str]
     train.add_argument("--min-lr-ratio", type=real(0, 1),
                        help="cosine's and wsd's floor as a fraction of --lr")
     train.add_argument("--clip", type=NON_NEGATIVE, help="gradient-norm clipping (0 disables)")
-    train.add_argument("--weight-decay", type=NON_NEGATIVE, help="AdamW weight decay")
+    train.add_argument("--weight-decay", type=NON_NEGATIVE, help="decoupled weight decay (AdamW's and Muon's)")
     train.add_argument("--eval-every", type=COUNT,
                        help="steps between validations and checkpoints")
     train.add_argument("--eval-at-minutes", type=POSITIVE, nargs="+", metavar="M",

@@ -18,7 +18,7 @@ TASK_COMMANDS = {"translation": "train", "language_model": "train lm", "masked_l
                  "classify": "train classify"}
 # What a resumed run may change: its budget, the optimizer's settings and when it evaluates. Everything else
 # (data, tokenizer, model, batching, seed, what validation measures) is the run's and stays as it was.
-RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "warmup",
+RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "muon_lr", "warmup",
                        "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "label_smoothing",
                        "teacher_forcing"})  # and --device, --precision: how this invocation runs, never stored
 # Where a run's checkpoints record its data files as they were when it started, for --resume to check:
@@ -35,7 +35,9 @@ class TrainingSettings:
     epochs: float | None = None
     max_minutes: float | None = None
     accum: int = 1
+    optimizer: str = "adamw"
     lr: float | None = 1e-3
+    muon_lr: float = 0.02
     warmup: int = 200
     schedule: str = "cosine"
     min_lr_ratio: float = 0.0
