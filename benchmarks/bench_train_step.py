@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from qkv import GPT, GPTConfig, Transformer, TransformerConfig
+from qkv.optimizers import build_optimizer
 from qkv.tasks.language_model import LanguageModelTask, WindowBatch
 from qkv.tokenizers import CharTokenizer
-from qkv.optimizers import build_optimizer
 
 VOCAB, CONTEXT, BATCH, WIDTH, HEADS, LAYERS = 65, 64, 12, 128, 4, 4
 

@@ -3,7 +3,8 @@
 A task (see :mod:`qkv.tasks`) says only what differs: its model, how an epoch's batches are made, what a
 batch's loss is, and how to evaluate. The loop does the rest, the same way for all:
 
-* AdamW, or Muon for the hidden matrices and AdamW for the rest (:mod:`qkv.optimizers`); learning rate warmup then inverse square root (the paper's schedule) or cosine decay;
+* AdamW, or Muon for the hidden matrices and AdamW for the rest (:mod:`qkv.optimizers`); learning rate warmup
+  then inverse square root (the paper's schedule), cosine decay or warmup-stable-decay;
 * on any device (``--device``), in fp32, bf16 or fp16 autocast (fp16 with a gradient scaler); gradient
   accumulation, gradient clipping;
 * evaluation every N steps, ``best/`` and ``last/`` checkpoints written atomically, never from a model whose

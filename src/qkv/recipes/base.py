@@ -108,7 +108,8 @@ class Recipe:
         s, args = self.s, self.args
         return TrainOptions(
             max_steps=s.max_steps, epochs=s.epochs, max_minutes=s.max_minutes, lr=self.learning_rate(),
-            optimizer=s.optimizer, muon_lr=s.muon_lr, schedule=s.schedule, warmup=s.warmup, min_lr_ratio=s.min_lr_ratio, weight_decay=s.weight_decay,
+            optimizer=s.optimizer, muon_lr=s.muon_lr,
+            schedule=s.schedule, warmup=s.warmup, min_lr_ratio=s.min_lr_ratio, weight_decay=s.weight_decay,
             clip=s.clip, accum=s.accum, eval_every=s.eval_every, seed=s.seed, betas=self.betas,
             eval_at_minutes=tuple(s.eval_at_minutes or ()), out=str(self.out), resume=args.resume,
             progress=not args.no_progress, device=args.device, precision=args.precision, compile=args.compile,
