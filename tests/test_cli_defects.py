@@ -42,7 +42,7 @@ def test_debug_shows_the_traceback_before_and_after_the_command(argv, monkeypatc
 def test_debug_before_train_reaches_the_recipes_own_parser(recipe):
     command = RECIPES[recipe].command
     args = parse(["--debug", "train", recipe, "--out", "r"])
-    assert args.command == command and args.recipe == recipe and args.debug
+    assert args.command == command and args.trainer == recipe and args.debug
     args = parse(["train", recipe, "--out", "r", "--debug"])
     assert args.command == command and args.debug
     assert not parse(["train", recipe, "--out", "r"]).debug
@@ -51,7 +51,7 @@ def test_debug_before_train_reaches_the_recipes_own_parser(recipe):
 @pytest.mark.parametrize("argv", [["train", "--out", "r"], ["--debug", "train", "--src", "a", "--out", "r"]])
 def test_a_bare_train_is_the_translation_recipe(argv):
     args = parse(argv)
-    assert args.recipe == "translation" and args.command == "train" and args.out == "r"
+    assert args.trainer == "translation" and args.command == "train" and args.out == "r"
 
 
 def test_train_help_lists_every_recipe(capsys):

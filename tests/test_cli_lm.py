@@ -134,3 +134,32 @@ def test_train_lm_takes_the_speedrun_ingredients_and_keeps_them_on_resume(work, 
     ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", cwd=work))
     one_line_error(here("train", "lm", "--out", run, "--resume", "--max-steps", "3", "--activation", "gelu",
                         cwd=work), "--activation gelu differs from this run's relu2")
+
+
+def test_speedrun_is_the_default_recipe_and_classic_stays_reachable(work, tmp_path, here):
+    """A new run records the speedrun recipe (Muon, wsd); --recipe classic gives the recipe before it; a run
+    stored before recipes had names resumes as classic; a resume cannot change its recipe."""
+    import json
+
+    def recorded(run):
+        return json.loads((run / "last" / "config.json").read_text())["args"]
+
+    speedrun, classic = tmp_path / "speedrun", tmp_path / "classic"
+    ok(here("train", "lm", "--text", "shakespeare.txt", "--out", speedrun, "--max-steps", "2", *TINY, cwd=work))
+    args = recorded(speedrun)
+    assert (args["recipe"], args["optimizer"], args["schedule"], args["batch_size"]) == ("speedrun", "muon", "wsd", 48)
+    ok(here("train", "lm", "--text", "shakespeare.txt", "--out", classic, "--max-steps", "2", *TINY, "--recipe",
+            "classic", cwd=work))
+    args = recorded(classic)
+    assert (args["recipe"], args["optimizer"], args["schedule"], args["batch_size"]) == ("classic", "adamw", "cosine",
+                                                                                        32)
+    one_line_error(here("train", "lm", "--out", speedrun, "--resume", "--max-steps", "3", "--recipe", "classic",
+                        cwd=work), "--recipe classic differs from this run's speedrun")
+    # As a run made before recipes: no recipe, optimizer or Muon rate recorded.
+    config = json.loads((classic / "last" / "config.json").read_text())
+    for key in ("recipe", "optimizer", "muon_lr"):
+        del config["args"][key]
+    (classic / "last" / "config.json").write_text(json.dumps(config))
+    ok(here("train", "lm", "--out", classic, "--resume", "--max-steps", "3", cwd=work))
+    args = recorded(classic)
+    assert (args["recipe"], args["optimizer"], config["step"]) == ("classic", "adamw", 2)

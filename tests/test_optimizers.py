@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qkv import GPT, GPTConfig, Transformer, TransformerConfig
@@ -132,3 +133,46 @@ def test_the_pair_saves_and_restores_both_states():
 def test_an_unknown_optimizer_is_refused():
     with pytest.raises(ValueError, match="optimizer must be one of"):
         build_optimizer(MODELS["gpt"](), kind="sgd", lr=1e-3)
+
+
+def steps_to_copy(settings: dict, *, limit: int = 250) -> int:
+    """Optimizer steps until a small GPT copies 6 random symbols after a separator with a loss under 0.05
+    nats on the copied part, trained with ``settings``' optimizer, learning rates, warmup and schedule."""
+    from qkv.training import TrainOptions, learning_rate
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=12, d_model=32, n_heads=2, n_layers=2, max_seq_len=16))
+    opts = TrainOptions(out="-", max_steps=limit, lr=settings["lr"], warmup=settings["warmup"],
+                        schedule=settings["schedule"], min_lr_ratio=0.1)
+    opt = build_optimizer(model, kind=settings["optimizer"], lr=opts.lr, muon_lr=settings["muon_lr"],
+                          betas=(0.9, 0.95), weight_decay=0.1)
+    peaks = [g["lr"] for g in opt.param_groups]
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, limit + 1):
+        symbols = torch.randint(1, 11, (32, 6), generator=g)
+        seq = torch.cat([symbols, torch.full((32, 1), 11), symbols], dim=1)
+        logits = model(seq[:, :-1])[:, 6:]  # the predictions of the copied symbols
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), seq[:, 7:].reshape(-1))
+        if loss.item() < 0.05:
+            return step
+        loss.backward()
+        lr = learning_rate(step, opts, limit)
+        for group, peak in zip(opt.param_groups, peaks, strict=True):
+            group["lr"] = lr * peak / opts.lr
+        opt.step()
+        opt.zero_grad()
+    return limit + 1
+
+
+def test_the_speedrun_recipe_learns_the_copy_task_in_fewer_steps():
+    """`qkv train lm`'s speedrun settings (Muon, its rates, warmup, wsd) against its classic ones (AdamW, cosine),
+    on the same model and data: measured 102 steps, where the classic ones are still above the bound after 250
+    (and after 400)."""
+    from dataclasses import asdict
+
+    from qkv.recipes.language_model import CLASSIC, LMSettings
+
+    speedrun = asdict(LMSettings())
+    classic = {**speedrun, **CLASSIC}
+    fast, slow = steps_to_copy(speedrun), steps_to_copy(classic)
+    assert fast <= 0.6 * slow, (fast, slow)

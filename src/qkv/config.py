@@ -476,10 +476,10 @@ class SwinConfig(ImageConfig):
                              f"positional must be 'none', got {self.positional!r}")
         if not self.norm_first:
             raise ValueError("Swin's blocks are Pre-Norm: norm_first must be True")
-        if self.n_kv_heads is not None or self.window is not None or self.gated_attention or self.qk_norm or \
+        if self.n_kv_heads is not None or self.window is not None or self.gated_attention or \
                 self.head_dim != self.d_model // self.n_heads:
-            raise ValueError("Swin's window attention has no n_kv_heads, head_dim, sliding window, gated_attention "
-                             "or qk_norm; leave them unset (the window is window_size)")
+            raise ValueError("Swin's window attention has no n_kv_heads, head_dim, sliding window or gated_attention; "
+                             "leave them unset (the window is window_size)")
         self.max_seq_len = self.n_patches
 
     @property

@@ -30,21 +30,22 @@ class Runtime:
     group: Group = SINGLE
 
     @classmethod
-    def resolve(cls, device: str = "auto", precision: str = "auto") -> Runtime:
+    def resolve(cls, device: str = "auto", precision: str = "auto", *, training: bool = False) -> Runtime:
         """``--device`` and ``--precision`` -> a runtime: both checked before a process group is joined (a bad
         option fails at once, not after the rendezvous), the group joined (once per process), one GPU per process
-        in a distributed run, and the device's backend settings made (:func:`qkv.device.prepare`).
+        in a distributed run, and the device's backend settings made (:func:`qkv.device.prepare`). ``training``:
+        ``auto`` precision on a CPU may choose bf16 (see :func:`qkv.device.resolve_precision`).
 
         Raises:
             ValueError: for a device or precision this machine cannot give (see :mod:`qkv.device`), or an
                 inconsistent torchrun environment (see :func:`qkv.distributed.setup`).
         """
         where = resolve_device(device)
-        how = resolve_precision(precision, where)
+        how = resolve_precision(precision, where, training=training)
         group = distributed.setup(where.type)
         if where.type == "cuda" and group.world > 1:
             where = torch.device("cuda", group.local_rank)  # one GPU per process
-            how = resolve_precision(precision, where)  # "auto" asks the GPU this process has
+            how = resolve_precision(precision, where, training=training)  # "auto" asks this process's GPU
         prepare(where)
         return cls(where, how, group)
 

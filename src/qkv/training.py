@@ -270,7 +270,7 @@ class Trainer:
     def __init__(self, task: Task, opts: TrainOptions, *, runtime: Runtime | None = None) -> None:
         self.task, self.opts = task, opts
         self.out = Path(opts.out)
-        self.runtime = Runtime.resolve(opts.device, opts.precision) if runtime is None else runtime
+        self.runtime = Runtime.resolve(opts.device, opts.precision, training=True) if runtime is None else runtime
         self.device, self.group = self.runtime.device, self.runtime.group
         self.model = task.model.to(self.device)  # in place: the task's model is the one trained and saved
         if opts.compile:
@@ -319,6 +319,8 @@ class Trainer:
         reason = ""
         first = self.state.step + 1
         with _StopFlag() as stop:
+            if self.runtime.precision.why and main:
+                log.info("precision: %s (%s)", self.runtime.precision.name, self.runtime.precision.why)
             log.info("training from step %d; Ctrl-C stops after the current step and saves", self.state.step)
             for chunk in self._chunks():
                 previous_s = self._run_s()

@@ -17,8 +17,10 @@ def _families():
                                              n_layers=2, max_seq_len=32)), (torch.randint(0, 100, (2, 16)),), True
     src, tgt = torch.randint(1, 50, (2, 9)), torch.randint(1, 50, (2, 7))
     src[1, 6:] = 0  # padding: the masked path, not only the causal one
+    # with the speedruns' ReLU² and QK-norm
     yield "transformer", Transformer(TransformerConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=32, n_heads=2,
-                                                       n_layers=1, d_ff=64, max_seq_len=32)), (src, tgt), True
+                                                       n_layers=1, d_ff=64, max_seq_len=32, activation="relu2",
+                                                       qk_norm=True)), (src, tgt), True
     yield "bert", BERT(BERTConfig(vocab_size=60, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq_len=32)), \
         (torch.randint(1, 60, (2, 11)),), True
     # nn.LSTM over packed sequences reads lengths on the host: compiled in pieces, still equal

@@ -1,5 +1,6 @@
 """Swin Transformer: parity with Hugging Face Swin, shifted-window masks, windows, cost, errors."""
 
+import dataclasses
 import re
 
 import pytest
@@ -220,3 +221,25 @@ def test_classifier_and_checkpoint_errors():
     del state["encoder.layers.0.downsample.reduction.weight"]
     with pytest.raises(ValueError, match=re.escape("missing ['encoder.layers.0.downsample.reduction.weight']")):
         load_swin_from_hf(state, config.to_dict())
+
+
+@pytest.mark.parametrize("family", ["swin", "vit"])
+def test_qk_norm_and_relu2_normalise_each_head_and_keep_images_independent(family):
+    """The speedruns' switches in the image models: a norm over each head's width on its queries and keys, ReLU²
+    in the feed-forward network; an image's output is the same in a batch as alone."""
+    torch.manual_seed(0)
+    if family == "swin":
+        model, head = Swin(SwinConfig(**SMALL, qk_norm=True, activation="relu2")).eval(), (8,)
+    else:
+        model, head = ViT(ViTConfig(image_size=16, patch_size=4, d_model=32, n_heads=4, n_layers=2, d_ff=64,
+                                    qk_norm=True, activation="relu2", dropout=0.0)).eval(), (8,)
+    widths = {m.q_norm.weight.numel() for m in model.modules() if isinstance(m, MultiHeadAttention)}
+    assert sorted(widths) == sorted(set(head))
+    size = model.config.image_size
+    images = torch.randn(3, 3, size, size)
+    with torch.no_grad():
+        batched = model(images)
+        plain = type(model)(dataclasses.replace(model.config, qk_norm=False)).eval()(images)
+        for i in range(3):
+            torch.testing.assert_close(batched[i], model(images[i : i + 1])[0], atol=1e-5, rtol=1e-5)
+    assert batched.shape == plain.shape

@@ -26,6 +26,7 @@ VARIANTS = {
     "window": dict(window=3),
     "grouped-kv": dict(n_kv_heads=2),
     "gated": dict(gated_attention=True),
+    "relu2-qk-norm": dict(activation="relu2", qk_norm=True),  # the speedruns' feed-forward and attention
     "shared": dict(src_vocab_size=29, share_embeddings=True, tie_output=False),
 }
 

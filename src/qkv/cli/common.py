@@ -44,6 +44,24 @@ def show_defaults(parser: argparse.ArgumentParser, settings) -> None:
         action.help = f"{action.help} (default {shown})" if action.help else f"(default {shown})"
 
 
+def add_recipe_argument(p: argparse.ArgumentParser, recipes: dict[str, dict]) -> None:
+    """``--recipe``: which set of defaults the run starts from (the first is the default); each one's settings are
+    listed in the help."""
+    lines = "; ".join(f"{name}: " + (" ".join(_typed(k, v) for k, v in values.items()) or "the defaults shown")
+                      for name, values in recipes.items())
+    p.add_argument("--recipe", choices=list(recipes),
+                   help=f"the defaults a run starts from, before the options typed ({lines}; default "
+                        f"{next(iter(recipes))}; a resumed run keeps its own)")
+
+
+def _typed(key: str, value) -> str:
+    """How ``key=value`` would be typed on the command line."""
+    flag = key.replace("_", "-")
+    if isinstance(value, bool):
+        return f"--{flag}" if value else f"--no-{flag}"
+    return f"--{flag} {value:g}" if isinstance(value, float) else f"--{flag} {value}"
+
+
 def add_size_arguments(group: argparse._ArgumentGroup) -> None:
     """The fields of a Transformer's size every trainer lets the command line override (the preset's otherwise)."""
     group.add_argument("--d-model", type=COUNT, help="width of every token vector")
@@ -51,6 +69,16 @@ def add_size_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument("--n-layers", type=COUNT)
     group.add_argument("--d-ff", type=COUNT, help="hidden width of the feed-forward network")
     group.add_argument("--dropout", type=PROBABILITY)
+
+
+def add_ingredient_arguments(group: argparse._ArgumentGroup, *, activations: str) -> None:
+    """The modern recipe's switches of a Transformer's blocks (``activations``: what the preset uses)."""
+    group.add_argument("--activation", choices=["relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu"],
+                       help=f"the feed-forward activation ({activations}); relu2 is ReLU squared")
+    group.add_argument("--qk-norm", action=argparse.BooleanOptionalAction,
+                       help="normalise each head's queries and keys before the scores (as Qwen3 does)")
+    group.add_argument("--zero-init", action=argparse.BooleanOptionalAction,
+                       help="start the projections into the residual stream (and an untied output layer) at zero")
 
 
 def add_input_arguments(p: argparse.ArgumentParser, *, blank: str = "") -> None:

@@ -8,6 +8,7 @@ import sys
 
 from .common import (
     add_device_arguments,
+    add_ingredient_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
@@ -39,12 +40,7 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
     add_size_arguments(model)
-    model.add_argument("--activation", choices=["relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu"],
-                       help="the feed-forward activation (the style's: gelu_tanh or swiglu); relu2 is ReLU squared")
-    model.add_argument("--qk-norm", action="store_true", default=None,
-                       help="normalise each head's queries and keys before the scores (as Qwen3 does)")
-    model.add_argument("--zero-init", action="store_true", default=None,
-                       help="start the projections into the residual stream (and an untied output layer) at zero")
+    add_ingredient_arguments(model, activations="the style's: gelu_tanh or swiglu")
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
     train = add_training_arguments(p, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=integer(0),

@@ -7,7 +7,7 @@ import argparse
 
 from ..recipes import RECIPES
 from . import bert, lm, translation, vision
-from .common import command
+from .common import add_recipe_argument, command
 
 # Each recipe's options, added to its parser with the recipe's settings dataclass (which holds the defaults).
 ARGUMENTS = {"translation": translation.add_train_arguments, "lm": lm.add_train_arguments,
@@ -19,10 +19,12 @@ DEFAULT = "translation"
 def add_commands(sub) -> None:
     train = command(sub, "train", f"train a model with a recipe: {', '.join(RECIPES)} ({DEFAULT} when none is "
                                   "named)")
-    recipes = train.add_subparsers(dest="recipe", required=True, metavar="RECIPE")
+    recipes = train.add_subparsers(dest="trainer", required=True, metavar="RECIPE")
     for name, recipe in RECIPES.items():
         p = recipes.add_parser(name, help=recipe.summary, description=f"Train {recipe.summary}.")
         ARGUMENTS[name](p, recipe.Settings)
+        if len(recipe.RECIPES) > 1:
+            add_recipe_argument(p, recipe.RECIPES)
         p.set_defaults(run=recipe.main, command=recipe.command)
 
 

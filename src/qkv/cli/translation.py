@@ -10,6 +10,7 @@ from pathlib import Path
 
 from .common import (
     add_device_arguments,
+    add_ingredient_arguments,
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
@@ -62,6 +63,7 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--activation-dropout", type=PROBABILITY)
     model.add_argument("--post-norm", action="store_true", default=None, help="Post-Norm as in the paper")
     model.add_argument("--positional", choices=["sinusoidal", "learned", "rope"])
+    add_ingredient_arguments(model, activations="the preset's: relu")
     model.add_argument("--embedding-dim", type=COUNT, help="LSTM: token embedding width")
     model.add_argument("--hidden-size", type=COUNT, help="LSTM: decoder state width (a bidirectional encoder runs "
                                                        "half of it each way)")

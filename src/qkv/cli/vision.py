@@ -8,6 +8,7 @@ import sys
 
 from .common import (
     add_device_arguments,
+    add_ingredient_arguments,
     add_size_arguments,
     add_training_arguments,
     command,
@@ -49,6 +50,7 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
     add_size_arguments(model)
     model.add_argument("--pooling", choices=["cls", "mean"], help="the image vector: [CLS] (default) or mean")
+    add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)
 
@@ -65,6 +67,7 @@ def add_swin_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--stage-heads", type=COUNT, nargs="+", help="attention heads per stage, e.g. 3 6 12 24")
     model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (the preset's)")
     model.add_argument("--dropout", type=FRACTION)
+    add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)
 

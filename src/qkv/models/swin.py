@@ -151,16 +151,19 @@ class WindowAttention(nn.Module):
         window: side M of the windows; the table holds ``(2M-1)²`` offsets.
         dropout: dropout on the attention weights during training.
         bias: biases in the projections.
+        head_norms: ``{"q_norm": ..., "k_norm": ...}`` to normalise each head's queries and keys (``qk_norm``),
+            or nothing.
 
     Shape:
         windows ``(B·nW, w², d_model)``, mask ``(B·nW, 1, w², w²)`` -> ``(B·nW, w², d_model)``, weights
         ``(B·nW, n_heads, w², w²)``; ``w ≤ M``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, window: int, *, dropout: float = 0.0, bias: bool = True) -> None:
+    def __init__(self, d_model: int, n_heads: int, window: int, *, dropout: float = 0.0, bias: bool = True,
+                 head_norms: dict[str, nn.Module] | None = None) -> None:
         super().__init__()
         self.window = window
-        self.mha = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias)
+        self.mha = MultiHeadAttention(d_model, n_heads, dropout=dropout, bias=bias, **(head_norms or {}))
         self.bias_table = nn.Parameter(torch.zeros((2 * window - 1) ** 2, n_heads))  # a score per offset and head
         self.register_buffer("bias_index", relative_position_index(window), persistent=False)
 
@@ -294,8 +297,11 @@ def _block(cfg: SwinConfig, stage: int, shifted: bool) -> SwinBlock:
     width, heads, d_ff = cfg.stage_widths[stage], cfg.stage_heads[stage], cfg.ffn_widths[stage]
     attention_dropout = cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout
     activation_dropout = cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout
+    head_norms = {name: build_norm(cfg.norm, width // heads, eps=cfg.norm_eps, bias=cfg.bias)
+                  for name in ("q_norm", "k_norm")} if cfg.qk_norm else None
     return SwinBlock(
-        attention=WindowAttention(width, heads, cfg.window_size, dropout=attention_dropout, bias=cfg.bias),
+        attention=WindowAttention(width, heads, cfg.window_size, dropout=attention_dropout, bias=cfg.bias,
+                                  head_norms=head_norms),
         feed_forward=FeedForward(width, d_ff, activation=cfg.activation, dropout=activation_dropout, bias=cfg.bias),
         attn_norm=build_norm(cfg.norm, width, eps=cfg.norm_eps, bias=cfg.bias),
         ffn_norm=build_norm(cfg.norm, width, eps=cfg.norm_eps, bias=cfg.bias),

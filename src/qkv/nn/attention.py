@@ -222,13 +222,15 @@ class MultiHeadAttention(nn.Module):
         rotary positions applied, the new keys and values appended to ``cache``."""
         is_cross = key_value is not None
         q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
         if is_cross and cache is not None and len(cache):
             return q, cache.k, cache.v  # the encoder output has not changed since the first step
         source = key_value if is_cross else query
         k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
         v = self._split_heads(self.v_proj(source), self.n_kv_heads)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         if self.rotary is not None and not is_cross:
             positions = self._positions(positions, cache, query.size(1), query.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)

@@ -41,6 +41,8 @@ class Recipe:
     Settings: ClassVar[type[TrainingSettings]]
     paths: ClassVar[tuple[str, ...]] = ()  # the settings that name data files: stored absolute, hashed for --resume
     betas: ClassVar[tuple[float, float]] = (0.9, 0.999)  # AdamW's
+    # Named sets of defaults over Settings() (``--recipe``); the first is a new run's.
+    RECIPES: ClassVar[dict[str, dict]] = {"classic": {}}
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.out = args, Path(args.out)
@@ -87,9 +89,11 @@ class Recipe:
 
         self.args.started = time.monotonic()  # --max-minutes counts from here: reading data, tokenizers
         self.prepare()
-        self.runtime = Runtime.resolve(self.args.device, self.args.precision)  # a device this machine lacks: first
+        # A device this machine lacks fails first; --precision auto may measure bf16 against fp32 here.
+        self.runtime = Runtime.resolve(self.args.device, self.args.precision, training=True)
         with claim(self.args.out, resume=self.args.resume) if self.runtime.group.main else contextlib.nullcontext():
-            merged = merged_settings(self.args, self.defaults(), command=self.command, paths=self.paths)
+            merged = merged_settings(self.args, self.defaults(), command=self.command, paths=self.paths,
+                                     recipes=self.RECIPES)
             self.s = self.Settings(**{f.name: merged[f.name] for f in dataclasses.fields(self.Settings)})
             self.data_files = merged[DATA_FILES]
             torch.manual_seed(self.s.seed)

@@ -6,15 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .images import ImageRecipe, ImageSettings, image_fields
+from .settings import INGREDIENTS, ModelIngredients
 
 
 @dataclass
-class ViTSettings(ImageSettings):
+class ViTSettings(ModelIngredients, ImageSettings):
     pooling: str | None = None
 
 
 @dataclass
-class SwinSettings(ImageSettings):
+class SwinSettings(ModelIngredients, ImageSettings):
     depths: list[int] | None = None
     stage_heads: list[int] | None = None
     window_size: int | None = None
@@ -63,7 +64,7 @@ class ImageClassifierRecipe(ImageRecipe):
 class ViTRecipe(ImageClassifierRecipe):
     name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
     Settings = ViTSettings
-    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling")
+    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", *INGREDIENTS)
 
     def classes(self):
         from ..config import ViTConfig
@@ -75,7 +76,7 @@ class ViTRecipe(ImageClassifierRecipe):
 class SwinRecipe(ImageClassifierRecipe):
     name, command, summary = "swin", "train swin", "a Swin Transformer image classifier, from scratch"
     Settings = SwinSettings
-    fields = ("patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout")
+    fields = ("patch_size", "d_model", "depths", "stage_heads", "window_size", "dropout", *INGREDIENTS)
 
     def classes(self):
         from ..config import SwinConfig

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 # The command that made a run, by the task its checkpoints record (runs made before "command" was recorded).
@@ -21,6 +21,7 @@ TASK_COMMANDS = {"translation": "train", "language_model": "train lm", "masked_l
 RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "muon_lr", "warmup",
                        "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "label_smoothing",
                        "teacher_forcing"})  # and --device, --precision: how this invocation runs, never stored
+CLASSIC = "classic"  # the recipe of the runs made before recipes had names
 # Where a run's checkpoints record its data files as they were when it started, for --resume to check:
 # {absolute path: {"size": bytes, "sha256": hex}}.
 DATA_FILES = "data_files"
@@ -46,10 +47,29 @@ class TrainingSettings:
     eval_every: int = 500
     eval_at_minutes: list[float] | None = None
     seed: int = 0
+    recipe: str | None = None  # the named defaults the run started from (Recipe.RECIPES); None: classic
 
 
-def merged_settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = ()) -> dict:
+@dataclass
+class ModelIngredients:
+    """The Transformer trainers' switches of the modern recipe (see :mod:`qkv.optimizers` for Muon): the
+    feed-forward activation (relu2: ReLU squared), norms on each head's queries and keys, and residual
+    projections (and an untied output layer) starting at zero. None: the preset's."""
+
+    activation: str | None = None
+    qk_norm: bool | None = None
+    zero_init: bool | None = None
+
+
+INGREDIENTS = tuple(f.name for f in fields(ModelIngredients))
+
+
+def merged_settings(args: argparse.Namespace, defaults: dict, *, command: str, paths: Sequence[str] = (),
+                    recipes: dict[str, dict] | None = None) -> dict:
     """Defaults, then (with --resume) what the run stored, then what was typed now.
+
+    ``recipes`` names sets of defaults over ``defaults`` (the first is a new run's unless ``--recipe`` names
+    another); a resumed run starts from its own, and one stored before recipes existed from ``classic``.
 
     File options named in ``paths`` are stored absolute, so ``--resume`` works from any directory. On
     ``--resume`` a typed option outside :data:`RESUMABLE` must equal the stored one, and the data files must
@@ -67,6 +87,9 @@ def merged_settings(args: argparse.Namespace, defaults: dict, *, command: str, p
             typed[key] = [_absolute(v) for v in value] if isinstance(value, list) else _absolute(value)
     stored = _stored_args(Path(args.out), command) if args.resume else {}
     recorded = stored.pop(DATA_FILES, None)
+    if recipes:
+        name = stored.get("recipe") or (CLASSIC if args.resume else typed.get("recipe") or next(iter(recipes)))
+        defaults = {**defaults, **recipes[name], "recipe": name}
     if args.resume:
         for key, value in typed.items():
             before = stored.get(key, defaults[key])

@@ -7,15 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .base import VOCAB_MULTIPLE, Recipe
-from .settings import TrainingSettings
+from .settings import INGREDIENTS, ModelIngredients, TrainingSettings
 
 MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "n_encoder_layers", "n_decoder_layers", "d_ff", "dropout",
-                "attention_dropout", "activation_dropout", "positional")
+                "attention_dropout", "activation_dropout", "positional", *INGREDIENTS)
 # --arch -> the LSTM's attention; one model family (checkpoint architecture "lstm"), three ways to read the source
 LSTM_ATTENTION = {"lstm": "none", "lstm-dot": "dot", "lstm-additive": "additive"}
 RNN_FIELDS = ("embedding_dim", "hidden_size", "n_layers", "bidirectional", "attention_dim", "dropout")
 TRANSFORMER_ONLY = ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff", "attention_dropout",
-                    "activation_dropout", "positional", "post_norm")
+                    "activation_dropout", "positional", "post_norm", *INGREDIENTS)
 LSTM_ONLY = ("embedding_dim", "hidden_size", "bidirectional", "attention_dim")
 # What suits the LSTMs better than the Transformer's defaults: a higher learning rate and a short warmup (Adam
 # with clipping needs little warmup for an LSTM; a long one costs a large part of an hour's run on a CPU).
@@ -23,7 +23,7 @@ LSTM_DEFAULTS = dict(lr=1e-3, warmup=200)
 
 
 @dataclass
-class TranslationSettings(TrainingSettings):
+class TranslationSettings(ModelIngredients, TrainingSettings):
     src: str | None = None
     tgt: str | None = None
     tsv: str | None = None

@@ -1,0 +1,153 @@
+"""Time to a given validation loss on tinyshakespeare, characters: qkv's speedrun recipe, its classic one and a
+nanoGPT-shaped reference with nanoGPT's own CPU settings, one after the other on the same cores.
+
+    python benchmarks/bench_time_to_quality.py [--minutes 4] [--targets 2.2 2.0 1.91 1.88 1.8]
+                                               [--contenders nanogpt classic speedrun] [--json out.json]
+
+Each contender is its own process, run in turn for at most ``--minutes`` of wall-clock (its start-up, data
+reading and validations included), and validated at the same wall-clock marks (every ``--every`` seconds) on
+the same share of the validation text (the last 10% of ``input.txt``, as nanoGPT's ``prepare.py`` splits it):
+200 windows spread evenly over it, about 13,000 characters, as nanoGPT's 20 batches of 12 × 64. Printed: the
+seconds each needed to reach each target, and the ratio to the reference's.
+
+* nanogpt: nanoGPT's model as ``bench_train_step.py`` writes it (4 layers, 128 wide, 4 heads, context 64, the
+  65 characters, tied embeddings, no biases, no dropout) with the settings of nanoGPT's README CPU recipe:
+  batch 12, AdamW lr 1e-3 (β₂ 0.99, weight decay 0.1), 100 warmup steps, cosine to 1e-4 at 2,000 steps,
+  gradient clipping at 1, random windows; it stops at 2,000 steps, as the recipe does.
+* classic: ``qkv train lm --recipe classic --max-minutes M``: qkv's recipe before the speedrun one (the 4 × 256
+  ``mini`` GPT, context 128, batch 32, AdamW, cosine over the budget).
+* speedrun: ``qkv train lm --max-minutes M``: the default recipe (Muon, see ``qkv train lm --help``).
+
+The two qkv recipes decay their learning rate over the budget (``--max-minutes``), so their times depend on it:
+state it with the result. Nothing here is a test: the numbers depend on the machine, only the ratios travel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
+CONTENDERS = ("nanogpt", "classic", "speedrun")
+EVAL_WINDOWS = 200
+
+
+def qkv_run(recipe: str, text: Path, minutes: float, every: float, workdir: Path) -> list[tuple[float, float]]:
+    """(seconds, validation loss) of ``qkv train lm`` with ``recipe``, read back from its log.csv."""
+    out = workdir / recipe
+    marks = [round(every * i / 60, 4) for i in range(1, int(minutes * 60 / every) + 1)]
+    cmd = ["qkv", "train", "lm", "--recipe", recipe, "--text", str(text), "--out", str(out), "--no-progress",
+           "--max-minutes", str(minutes), "--eval-every", "1000000", "--eval-windows", str(EVAL_WINDOWS),
+           "--eval-at-minutes", *map(str, marks)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    with open(out / "log.csv", newline="") as f:
+        return [(float(r["elapsed_s"]), float(r["val_loss"])) for r in csv.DictReader(f) if r.get("val_loss")]
+
+
+def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, float]]:
+    """nanoGPT's CPU recipe, written here (see the module's text); (seconds, validation loss) at each mark."""
+    started = time.monotonic()
+    import torch
+    from bench_train_step import BATCH, CONTEXT, VOCAB, ReferenceGPT
+    from torch import nn
+
+    chars = text.read_text(encoding="utf-8")
+    ids = {c: i for i, c in enumerate(sorted(set(chars)))}
+    if len(ids) > VOCAB:
+        raise SystemExit(f"{text} has {len(ids)} distinct characters; the reference holds {VOCAB}")
+    data = torch.tensor([ids[c] for c in chars])
+    cut = int(0.9 * len(data))
+    train, valid = data[:cut], data[cut:]
+    torch.manual_seed(1337)
+    model = ReferenceGPT()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99))
+    starts = torch.linspace(0, len(valid) - CONTEXT - 1, EVAL_WINDOWS).long()
+    windows = valid[starts[:, None] + torch.arange(CONTEXT + 1)]
+
+    def lr(step: int) -> float:  # nanoGPT's get_lr with warmup_iters=100, lr_decay_iters=2000, min_lr=1e-4
+        if step < 100:
+            return 1e-3 * (step + 1) / 101
+        return 1e-4 + 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 100) / 1900))) * (1e-3 - 1e-4)
+
+    results, next_mark, step = [], every, 0
+    while step < 2000 and time.monotonic() - started < minutes * 60:
+        for group in opt.param_groups:
+            group["lr"] = lr(step)
+        offsets = torch.randint(0, len(train) - CONTEXT - 1, (BATCH,))
+        chunk = train[offsets[:, None] + torch.arange(CONTEXT + 1)]
+        loss = model(chunk[:, :-1], chunk[:, 1:])
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss.item()
+        step += 1
+        if time.monotonic() - started >= next_mark or step == 2000:
+            model.eval()
+            with torch.no_grad():
+                val = sum(model(w[None, :-1], w[None, 1:]).item() for w in windows.split(1)) / len(windows)
+            model.train()
+            results.append((time.monotonic() - started, val))
+            next_mark += every
+    return results
+
+
+def first_reached(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((seconds for seconds, loss in curve if loss <= target), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--text", type=Path, default=TEXT)
+    parser.add_argument("--minutes", type=float, default=4.0, help="wall-clock budget of each contender")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between validations")
+    parser.add_argument("--targets", type=float, nargs="+", default=[2.2, 2.0, 1.91, 1.88, 1.8])
+    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--child", choices=["nanogpt"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(nanogpt_run(args.text, args.minutes, args.every)))
+        return
+    curves = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.contenders:
+            if name == "nanogpt":
+                out = subprocess.run([sys.executable, __file__, "--child", "nanogpt", "--text", str(args.text),
+                                      "--minutes", str(args.minutes), "--every", str(args.every)],
+                                     check=True, capture_output=True, text=True).stdout
+                curves[name] = json.loads(out.splitlines()[-1])
+            else:
+                curves[name] = qkv_run(name, args.text, args.minutes, args.every, Path(tmp))
+            best = min(loss for _, loss in curves[name])
+            print(f"{name}: {len(curves[name])} validations, best {best:.3f}", file=sys.stderr, flush=True)
+    reference = curves.get("nanogpt")
+    print("| validation loss | " + " | ".join(args.contenders) + " |")
+    print("|---" * (len(args.contenders) + 1) + "|")
+    for target in args.targets:
+        cells = []
+        for name in args.contenders:
+            seconds = first_reached(curves[name], target)
+            base = first_reached(reference, target) if reference else None
+            cell = "not reached" if seconds is None else f"{seconds:.0f} s"
+            if seconds is not None and base and name != "nanogpt":
+                cell += f" ({seconds / base:.2f}×)"
+            cells.append(cell)
+        print(f"| ≤ {target} | " + " | ".join(cells) + " |")
+    print("| best | " + " | ".join(f"{min(loss for _, loss in curves[n]):.3f}" for n in args.contenders) + " |")
+    if args.json:
+        args.json.write_text(json.dumps({"minutes": args.minutes, "curves": curves}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
