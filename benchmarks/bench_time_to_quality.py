@@ -11,9 +11,9 @@ the same share of the validation text (the last 10% of ``input.txt``, as nanoGPT
 seconds each needed to reach each target, and the ratio to the reference's.
 
 * nanogpt: nanoGPT's model as ``bench_train_step.py`` writes it (4 layers, 128 wide, 4 heads, context 64, the
-  65 characters, tied embeddings, no biases, no dropout) with the settings of nanoGPT's README CPU recipe:
-  batch 12, AdamW lr 1e-3 (β₂ 0.99, weight decay 0.1), 100 warmup steps, cosine to 1e-4 at 2,000 steps,
-  gradient clipping at 1, random windows; it stops at 2,000 steps, as the recipe does.
+  65 characters, tied embeddings, no biases, no dropout), initialised as nanoGPT does, with the settings of
+  nanoGPT's README CPU recipe: batch 12, AdamW lr 1e-3 (β₂ 0.99, weight decay 0.1), 100 warmup steps, cosine
+  to 1e-4 at 2,000 steps, gradient clipping at 1, random windows; it stops at 2,000 steps, as the recipe does.
 * classic: ``qkv train lm --recipe classic --max-minutes M``: qkv's recipe before the speedrun one (the 4 × 256
   ``mini`` GPT, context 128, batch 32, AdamW, cosine over the budget).
 * speedrun: ``qkv train lm --max-minutes M``: the default recipe (Muon, see ``qkv train lm --help``).
@@ -67,6 +67,11 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
     train, valid = data[:cut], data[cut:]
     torch.manual_seed(1337)
     model = ReferenceGPT()
+    for name, p in model.named_parameters():  # nanoGPT's initialisation: N(0, 0.02), residual projections scaled
+        if p.dim() == 2:
+            std = 0.02 / math.sqrt(2 * len(model.blocks)) if name.endswith(("c_proj.weight", "mlp_proj.weight")) \
+                else 0.02
+            nn.init.normal_(p, 0.0, std)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -95,10 +100,10 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
         if time.monotonic() - started >= next_mark or step == 2000:
             model.eval()
             with torch.no_grad():
-                val = sum(model(w[None, :-1], w[None, 1:]).item() for w in windows.split(1)) / len(windows)
+                val = sum(model(w[:, :-1], w[:, 1:]).item() for w in windows.split(20)) / (len(windows) // 20)
             model.train()
             results.append((time.monotonic() - started, val))
-            next_mark += every
+            next_mark = (results[-1][0] // every + 1) * every
     return results
 
 

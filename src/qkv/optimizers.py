@@ -85,8 +85,7 @@ def orthogonalise(m: Tensor, steps: int = NS_STEPS) -> Tensor:
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
     for _ in range(steps):
         gram = x @ x.mT
-        x = a * x + torch.baddbmm(gram, gram, gram, beta=b, alpha=c) @ x if x.dim() == 3 else \
-            a * x + torch.addmm(gram, gram, gram, beta=b, alpha=c) @ x
+        x = a * x + (b * gram + c * gram @ gram) @ x
     return x.mT if tall else x
 
 

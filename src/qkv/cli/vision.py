@@ -45,8 +45,9 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
 def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     _add_data_arguments(p)
     model = p.add_argument_group("model (a preset, then any field overridden)")
-    model.add_argument("--preset", choices=["fashion", "vit-base"],
-                       help="fashion: 6x128, patches of 4 px, 0.8M parameters; vit-base: 12x768")
+    model.add_argument("--preset", choices=["fashion-small", "fashion", "vit-base"],
+                       help="fashion-small: 4x64, patches of 4 px, 0.2M parameters; fashion: 6x128, 0.8M; vit-base: "
+                            "12x768")
     model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
     add_size_arguments(model)
     model.add_argument("--pooling", choices=["cls", "mean"], help="the image vector: [CLS] (default) or mean")

@@ -4,6 +4,7 @@ images when training ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from .images import ImageRecipe, ImageSettings, image_fields
 from .settings import INGREDIENTS, ModelIngredients
@@ -11,7 +12,13 @@ from .settings import INGREDIENTS, ModelIngredients
 
 @dataclass
 class ViTSettings(ModelIngredients, ImageSettings):
+    """The speedrun recipe's defaults (see :class:`ViTRecipe`)."""
+
     pooling: str | None = None
+    preset: str = "fashion-small"
+    optimizer: str = "muon"
+    lr: float | None = 2e-3
+    schedule: str = "wsd"
 
 
 @dataclass
@@ -62,8 +69,14 @@ class ImageClassifierRecipe(ImageRecipe):
 
 
 class ViTRecipe(ImageClassifierRecipe):
+    """Two recipes, measured on Fashion-MNIST for 10 minutes on 2 CPU cores: speedrun (the default), the
+    ``fashion-small`` ViT (4 × 64) with Muon and warmup-stable-decay, 88.4% on the test images; classic, the
+    ``fashion`` ViT (6 × 128) with AdamW and cosine decay, 78.0% (it needs 30 minutes for 88%)."""
+
     name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
     Settings = ViTSettings
+    RECIPES: ClassVar[dict[str, dict]] = {
+        "speedrun": {}, "classic": dict(preset="fashion", optimizer="adamw", lr=1e-3, schedule="cosine")}
     fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", *INGREDIENTS)
 
     def classes(self):
