@@ -147,12 +147,11 @@ def test_speedrun_is_the_default_recipe_and_classic_stays_reachable(work, tmp_pa
     speedrun, classic = tmp_path / "speedrun", tmp_path / "classic"
     ok(here("train", "lm", "--text", "shakespeare.txt", "--out", speedrun, "--max-steps", "2", *TINY, cwd=work))
     args = recorded(speedrun)
-    assert (args["recipe"], args["optimizer"], args["schedule"], args["batch_size"]) == ("speedrun", "muon", "wsd", 48)
+    assert (args["recipe"], args["optimizer"], args["schedule"], args["lr"]) == ("speedrun", "muon", "wsd", 3e-3)
     ok(here("train", "lm", "--text", "shakespeare.txt", "--out", classic, "--max-steps", "2", *TINY, "--recipe",
             "classic", cwd=work))
     args = recorded(classic)
-    assert (args["recipe"], args["optimizer"], args["schedule"], args["batch_size"]) == ("classic", "adamw", "cosine",
-                                                                                        32)
+    assert (args["recipe"], args["optimizer"], args["schedule"], args["lr"]) == ("classic", "adamw", "cosine", 1e-3)
     one_line_error(here("train", "lm", "--out", speedrun, "--resume", "--max-steps", "3", "--recipe", "classic",
                         cwd=work), "--recipe classic differs from this run's speedrun")
     # As a run made before recipes: no recipe, optimizer or Muon rate recorded.

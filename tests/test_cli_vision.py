@@ -52,6 +52,9 @@ def test_train_vit_writes_a_classifier_that_knows_its_data(vit_run):
     assert meta["labels"] == [str(d) for d in range(10)] and meta["image_shape"] == [1, 8, 8]
     assert len(meta["mean"]) == 1 and meta["command"] == "train vit"
     assert (vit_run / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    args = meta["args"]  # the default recipe: the small ViT with Muon and warmup-stable-decay
+    assert (args["recipe"], args["preset"], args["optimizer"], args["schedule"]) == ("speedrun", "fashion-small",
+                                                                                     "muon", "wsd")
 
 
 def test_train_vit_resumes_to_the_new_budget(here, work, vit_run, tmp_path):
