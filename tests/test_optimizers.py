@@ -130,9 +130,11 @@ def test_the_pair_saves_and_restores_both_states():
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_an_unknown_optimizer_is_refused():
+def test_an_unknown_optimizer_and_muon_without_matrices_are_refused():
     with pytest.raises(ValueError, match="optimizer must be one of"):
         build_optimizer(MODELS["gpt"](), kind="sgd", lr=1e-3)
+    with pytest.raises(ValueError, match="and LSTM has none; use --optimizer adamw"):
+        build_optimizer(nn.LSTM(4, 4), kind="muon", lr=1e-3)
 
 
 def steps_to_copy(settings: dict, *, limit: int = 250) -> int:

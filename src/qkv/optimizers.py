@@ -59,6 +59,9 @@ def build_optimizer(model: nn.Module, *, kind: str = "adamw", lr: float, muon_lr
     if kind not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {kind!r}")
     muon = hidden_matrices(model) if kind == "muon" else []
+    if kind == "muon" and not muon:
+        raise ValueError(f"--optimizer muon trains the matrices of attention and feed-forward layers, and "
+                         f"{type(model).__name__} has none; use --optimizer adamw")
     taken = {id(p) for p in muon}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
     decay = [p for p in rest if p.dim() >= 2]
