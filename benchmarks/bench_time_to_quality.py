@@ -55,7 +55,7 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
     """nanoGPT's CPU recipe, written here (see the module's text); (seconds, validation loss) at each mark."""
     started = time.monotonic()
     import torch
-    from bench_train_step import BATCH, CONTEXT, VOCAB, ReferenceGPT
+    from bench_train_step import CONTEXT, VOCAB, ReferenceGPT, reference_optimizer, reference_update
     from torch import nn
 
     chars = text.read_text(encoding="utf-8")
@@ -72,10 +72,7 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
             std = 0.02 / math.sqrt(2 * len(model.blocks)) if name.endswith(("c_proj.weight", "mlp_proj.weight")) \
                 else 0.02
             nn.init.normal_(p, 0.0, std)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
+    opt = reference_optimizer(model)
     starts = torch.linspace(0, len(valid) - CONTEXT - 1, EVAL_WINDOWS).long()
     windows = valid[starts[:, None] + torch.arange(CONTEXT + 1)]
 
@@ -88,14 +85,7 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
     while step < 2000 and time.monotonic() - started < minutes * 60:
         for group in opt.param_groups:
             group["lr"] = lr(step)
-        offsets = torch.randint(0, len(train) - CONTEXT - 1, (BATCH,))
-        chunk = train[offsets[:, None] + torch.arange(CONTEXT + 1)]
-        loss = model(chunk[:, :-1], chunk[:, 1:])
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()
+        reference_update(model, opt, train)
         step += 1
         if time.monotonic() - started >= next_mark or step == 2000:
             model.eval()

@@ -72,28 +72,35 @@ class ReferenceGPT(nn.Module):
         return F.cross_entropy(self.lm_head(self.ln_f(x)).flatten(0, 1), targets.flatten())
 
 
+def reference_optimizer(model: nn.Module) -> torch.optim.AdamW:
+    """nanoGPT's AdamW: lr 1e-3, β₂ 0.99, weight decay 0.1 on the matrices only, the for-each implementation."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                             lr=1e-3, betas=(0.9, 0.99), foreach=True)
+
+
+def reference_update(model: nn.Module, opt: torch.optim.Optimizer, stream: Tensor, g: torch.Generator | None = None,
+                     ) -> None:
+    """One step of nanoGPT's loop: a batch of random windows of ``stream``, the loss, clipping at 1, the update."""
+    starts = torch.randint(0, len(stream) - CONTEXT - 1, (BATCH,), generator=g)
+    chunk = stream[starts[:, None] + torch.arange(CONTEXT + 1)]
+    loss = model(chunk[:, :-1], chunk[:, 1:])
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    loss.item()  # a training loop reads its loss back
+
+
 def reference_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
     torch.manual_seed(0)
     model = ReferenceGPT()
     if compiled:
         model.compile()
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99), foreach=True)
+    opt = reference_optimizer(model)
     g = torch.Generator().manual_seed(0)
-
-    def step() -> None:
-        starts = torch.randint(0, len(stream) - CONTEXT - 1, (BATCH,), generator=g)
-        chunk = stream[starts[:, None] + torch.arange(CONTEXT + 1)]
-        loss = model(chunk[:, :-1], chunk[:, 1:])
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss.item()  # a training loop reads its loss back
-
-    return step
+    return lambda: reference_update(model, opt, stream, g)
 
 
 def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False) -> Callable[[], None]:

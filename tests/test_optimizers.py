@@ -122,8 +122,9 @@ def test_the_pair_saves_and_restores_both_states():
     again = build_optimizer(model, kind="muon", lr=1e-3)
     again.load_state_dict(state)
     w = model.decoder.layers[0].feed_forward.up.weight
-    assert torch.equal(again.state[w]["momentum_buffer"], opt.state[w]["momentum_buffer"])
-    assert torch.equal(again.state[model.lm_head.weight]["exp_avg"], opt.state[model.lm_head.weight]["exp_avg"])
+    head = model.lm_head.weight
+    assert torch.equal(again.parts["muon"].state[w]["momentum_buffer"], opt.parts["muon"].state[w]["momentum_buffer"])
+    assert torch.equal(again.parts["adamw"].state[head]["exp_avg"], opt.parts["adamw"].state[head]["exp_avg"])
     with pytest.raises(ValueError, match="another --optimizer"):
         again.load_state_dict(build_optimizer(model, lr=1e-3).state_dict())
     opt.zero_grad()

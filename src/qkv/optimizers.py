@@ -132,10 +132,6 @@ class Paired:
     def param_groups(self) -> list[dict[str, Any]]:
         return [group for part in self.parts.values() for group in part.param_groups]
 
-    @property
-    def state(self) -> dict:
-        return {p: s for part in self.parts.values() for p, s in part.state.items()}
-
     def step(self, closure=None) -> None:
         for part in self.parts.values():
             part.step()

@@ -21,7 +21,7 @@ TASK_COMMANDS = {"translation": "train", "language_model": "train lm", "masked_l
 RESUMABLE = frozenset({"max_steps", "epochs", "max_minutes", "eval_every", "eval_at_minutes", "lr", "muon_lr", "warmup",
                        "schedule", "min_lr_ratio", "clip", "weight_decay", "accum", "label_smoothing",
                        "teacher_forcing"})  # and --device, --precision: how this invocation runs, never stored
-CLASSIC = "classic"  # the recipe of the runs made before recipes had names
+BEFORE_RECIPES = "classic"  # the recipe of the runs made before recipes had names
 # Where a run's checkpoints record its data files as they were when it started, for --resume to check:
 # {absolute path: {"size": bytes, "sha256": hex}}.
 DATA_FILES = "data_files"
@@ -88,7 +88,7 @@ def merged_settings(args: argparse.Namespace, defaults: dict, *, command: str, p
     stored = _stored_args(Path(args.out), command) if args.resume else {}
     recorded = stored.pop(DATA_FILES, None)
     if recipes:
-        name = stored.get("recipe") or (CLASSIC if args.resume else typed.get("recipe") or next(iter(recipes)))
+        name = stored.get("recipe") or (BEFORE_RECIPES if args.resume else typed.get("recipe") or next(iter(recipes)))
         defaults = {**defaults, **recipes[name], "recipe": name}
     if args.resume:
         for key, value in typed.items():
