@@ -46,8 +46,6 @@ class Runtime:
         if where.type == "cuda" and group.world > 1:
             where = torch.device("cuda", group.local_rank)  # one GPU per process
             how = resolve_precision(precision, where, training=training)  # "auto" asks this process's GPU
-        elif group.world > 1:
-            how = group.decide(how)  # a CPU's measured choice, made once: every process computes alike
         prepare(where)
         return cls(where, how, group)
 
