@@ -230,3 +230,25 @@ def test_error_resume_without_checkpoint(work, tmp_path, here):
 def test_error_nothing_on_stdin(trained, tmp_path, here):
     proc = here("translate", "--model", trained[0], cwd=tmp_path, input="")
     one_line_error(proc, "nothing to translate")
+
+
+def test_the_transformer_trains_with_the_speedrun_recipe_and_the_lstms_with_theirs(work, tmp_path, here):
+    """qkv train's default: Muon, wsd and the multi30k model; --recipe classic: the paper's schedule and the small
+    model; an LSTM keeps its own recipe (AdamW: Muon has no matrices there)."""
+
+    def trained(name, *args):
+        ok(here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", name, "--max-steps", "1",
+                "--valid-size", "20", "--vocab-size", "300", "--bleu-samples", "0", "--no-progress", *args,
+                cwd=tmp_path))
+        return json.loads((tmp_path / name / "last" / "config.json").read_text())
+
+    config = trained("speedrun", "--d-model", "32", "--n-heads", "2", "--n-layers", "1")
+    settings = {k: config["args"][k] for k in ("recipe", "optimizer", "schedule", "preset", "batch_tokens")}
+    assert settings == dict(recipe="speedrun", optimizer="muon", schedule="wsd", preset="multi30k", batch_tokens=2000)
+    assert (config["model"]["d_ff"], config["model"]["attention_dropout"]) == (1024, 0.0)
+    config = trained("classic", "--d-model", "32", "--n-heads", "2", "--n-layers", "1", "--recipe", "classic")
+    settings = {k: config["args"][k] for k in ("recipe", "optimizer", "schedule", "preset", "lr")}
+    assert settings == dict(recipe="classic", optimizer="adamw", schedule="inverse_sqrt", preset="small", lr=7e-4)
+    assert config["model"]["d_ff"] == 512
+    config = trained("lstm", "--arch", "lstm", "--hidden-size", "32", "--embedding-dim", "16")
+    assert (config["args"]["recipe"], config["args"]["optimizer"], config["args"]["lr"]) == ("classic", "adamw", 1e-3)

@@ -104,6 +104,7 @@ def test_error_attention_map_of_the_bottleneck_model(work, tmp_path, here):
     (["--arch", "lstm-dot", "--attention-dim", "8"], ["--attention-dim", "lstm-additive"]),
     (["--arch", "lstm", "--teacher-forcing", "1.5"], ["argument --teacher-forcing: must be a finite number in [0, 1]"]),
     (["--arch", "lstm", "--hidden-size", "33"], ["odd hidden_size=33"]),
+    (["--arch", "lstm", "--recipe", "speedrun"], ["--recipe speedrun is the Transformer's", "drop --recipe"]),
 ])
 def test_error_options_of_the_other_architecture(work, tmp_path, args, phrases, here):
     proc = here("train", "--src", work / "train.de", "--tgt", work / "train.en", "--out", "out", "--max-steps", "1",

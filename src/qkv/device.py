@@ -3,7 +3,8 @@
     --device auto | cpu | cuda | cuda:N      auto: the first CUDA GPU when there is one, else the CPU
     --precision auto | fp32 | bf16 | fp16    auto: bf16 on a GPU that supports it; for training on a CPU with
                                              native bf16 (AMX or AVX512-BF16), bf16 when a measurement at
-                                             start-up shows it faster; else fp32
+                                             start-up shows it faster (one process; the processes of a
+                                             distributed CPU run train in fp32); else fp32
 
 Mixed precision is autocast: weights and optimizer state stay fp32, matrix products run in bf16 or fp16, and
 losses are computed in fp32 (the tasks cast the logits). fp16's narrow range needs the gradient scaler, so

@@ -21,6 +21,12 @@ from .device import Precision, autocast, prepare, resolve_device, resolve_precis
 from .distributed import SINGLE, Group
 
 
+# --precision auto for the processes of a distributed CPU run: one choice that needs no measurement (each process's
+# own could differ, and processes that compute in different precisions drift apart).
+DISTRIBUTED_CPU = Precision("fp32", None, "a distributed CPU run: its processes would each time bf16 on their own; "
+                            "--precision bf16 chooses it for all")
+
+
 @dataclass(frozen=True)
 class Runtime:
     """The device a run computes on, in what precision, and this process's place among the run's processes."""
@@ -46,6 +52,8 @@ class Runtime:
         if where.type == "cuda" and group.world > 1:
             where = torch.device("cuda", group.local_rank)  # one GPU per process
             how = resolve_precision(precision, where, training=training)  # "auto" asks this process's GPU
+        elif group.world > 1 and precision == "auto" and how.name != "fp32":
+            how = DISTRIBUTED_CPU  # each process measured on its own: they could have chosen apart
         prepare(where)
         return cls(where, how, group)
 

@@ -53,9 +53,11 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--arch", choices=["transformer", *LSTM_ATTENTION],
                        help="transformer; lstm: LSTM encoder-decoder reading one context vector; "
                             "lstm-dot / lstm-additive: with dot-product / additive (Bahdanau) attention")
-    model.add_argument("--preset", choices=["small", "base", "big"],
-                       help="small: Transformer 3+3 layers d=256; LSTM 1 layer, embeddings 256, state 512. "
-                            "base: Transformer 6+6 d=512; LSTM 2 layers. big: Transformer d=1024; LSTM 4x1000")
+    model.add_argument("--preset", choices=["multi30k", "small", "base", "big"],
+                       help="multi30k (the Transformer's default): small with FFN 1024, dropout on the residual "
+                            "stream only. small: Transformer 3+3 layers d=256; LSTM 1 layer (the LSTMs' default), "
+                            "embeddings 256, state 512. base: Transformer 6+6 d=512; LSTM 2 layers. big: "
+                            "Transformer d=1024; LSTM 4x1000")
     add_size_arguments(model)
     model.add_argument("--n-encoder-layers", type=COUNT)
     model.add_argument("--n-decoder-layers", type=COUNT)
@@ -71,8 +73,9 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
                        help="LSTM: read the source both ways (default) or left to right only")
     model.add_argument("--attention-dim", type=COUNT, help="lstm-additive: width of the attention's tanh layer")
     train = add_training_arguments(p, batch=("--batch-tokens", "tokens per batch, padding included"),
-                                   lr_help="peak learning rate (default 7e-4; LSTM 1e-3)",
-                                   warmup_help="warmup steps (default 1000; LSTM 200)")
+                                   lr_help="peak learning rate (of AdamW, where Muon takes the matrices; "
+                                           "default 1e-3, --recipe classic 7e-4)",
+                                   warmup_help="warmup steps (default 200, --recipe classic 1000)")
     train.add_argument("--label-smoothing", type=PROBABILITY, help="of the target distribution")
     train.add_argument("--teacher-forcing", type=real(0, 1), metavar="RATIO",
                        help="LSTM: probability of feeding the true previous token while training; otherwise "

@@ -60,6 +60,10 @@ class Recipe:
     def defaults(self) -> dict:
         return dataclasses.asdict(self.Settings())
 
+    def recipes(self) -> dict[str, dict]:
+        """The named sets of defaults this run may start from (:attr:`RECIPES`)."""
+        return self.RECIPES
+
     def prepare(self) -> None:
         """Before the settings are merged: checks of the typed options and paths made absolute."""
 
@@ -93,7 +97,7 @@ class Recipe:
         self.runtime = Runtime.resolve(self.args.device, self.args.precision, training=True)
         with claim(self.args.out, resume=self.args.resume) if self.runtime.group.main else contextlib.nullcontext():
             merged = merged_settings(self.args, self.defaults(), command=self.command, paths=self.paths,
-                                     recipes=self.RECIPES)
+                                     recipes=self.recipes())
             self.s = self.Settings(**{f.name: merged[f.name] for f in dataclasses.fields(self.Settings)})
             self.data_files = merged[DATA_FILES]
             torch.manual_seed(self.s.seed)
