@@ -20,7 +20,6 @@ from . import distributed
 from .device import Precision, autocast, prepare, resolve_device, resolve_precision
 from .distributed import SINGLE, Group
 
-
 # --precision auto for the processes of a distributed CPU run: one choice that needs no measurement (each process's
 # own could differ, and processes that compute in different precisions drift apart).
 DISTRIBUTED_CPU = Precision("fp32", None, "a distributed CPU run: its processes would each time bf16 on their own; "
