@@ -59,7 +59,8 @@ def test_every_arch_trains_into_the_same_checkpoints(run):
         assert config["arch"] == "lstm" and config["model"]["attention"] == ATTENTION[arch]
         assert config["model"]["hidden_size"] == 32 and config["model"]["share_embeddings"]
     assert config["args"]["teacher_forcing"] == (0.5 if arch == "lstm-additive" else 1.0)
-    assert config["args"]["lr"] == (7e-4 if arch == "transformer" else 1e-3)  # each architecture's defaults
+    recipe = ("speedrun", "muon") if arch == "transformer" else ("classic", "adamw")  # each architecture's own
+    assert (config["args"]["recipe"], config["args"]["optimizer"], config["args"]["lr"]) == (*recipe, 1e-3)
     assert (path / "loss.png").read_bytes().startswith(PNG_MAGIC)
 
 

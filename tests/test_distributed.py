@@ -1,6 +1,7 @@
 """Several processes with torchrun and DistributedDataParallel, on the CPU with Gloo: two processes with the
 same global batch follow one process's run, write one set of checkpoints and logs, and resume."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -39,7 +40,8 @@ def test_two_processes_follow_one_with_the_same_global_batch(cli_work, tmp_path,
     assert two.stdout.count("step budget reached after 4 steps") == 1  # rank 0 reports, once
     validations = [[line for line in proc.stdout.splitlines() if line.startswith("step ")] for proc in (one, two)]
     assert len(validations[1]) == len(validations[0]) > 0  # rank 0 prints them, rank 1 does not
-    assert "  step 4  -> " in two.stdout and "step 4.0" not in two.stdout  # the best's step is a count
+    # the best's step is a count (which step: the last one's rate is zero at the end of a wsd decay)
+    assert re.search(r"  step \d+  -> ", two.stdout) and not re.search(r"step \d+\.0", two.stdout)
     one_w = load_file(tmp_path / "one" / "last" / "model.safetensors")
     two_w = load_file(tmp_path / "two" / "last" / "model.safetensors")
     assert one_w.keys() == two_w.keys()

@@ -107,7 +107,7 @@ class TranslationRecipe(Recipe):
         return {**super().defaults(), **(LSTM_DEFAULTS if self.args.arch in LSTM_ATTENTION else {})}
 
     def recipes(self) -> dict[str, dict]:
-        if self.args.arch not in LSTM_ATTENTION:
+        if self.args.resume or self.args.arch not in LSTM_ATTENTION:  # a resumed run: its stored recipe
             return self.RECIPES
         if self.args.recipe not in (None, "classic"):
             raise ValueError(f"--recipe {self.args.recipe} is the Transformer's; the LSTMs (--arch {self.args.arch}) "
