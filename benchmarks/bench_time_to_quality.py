@@ -151,7 +151,7 @@ def main() -> None:
     print("|---" * (len(args.contenders) + 1) + "|")
     for target in args.targets:
         base = first_reached(reference, target) if reference else None
-        bound = bool(reference) and base is None and len(reference) and reference[-1][0] < args.minutes * 60
+        bound = base is None and bool(reference) and reference[-1][0] < args.minutes * 60
         if bound:
             base = reference[-1][0]  # its 2,000 steps ended before the budget, above the target
         cells = [cell(first_reached(curves[name], target), None if name == "nanogpt" else base, bound)
