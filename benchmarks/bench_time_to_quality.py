@@ -1,14 +1,19 @@
-"""Time to a given validation loss on tinyshakespeare, characters: qkv's speedrun recipe, its classic one and a
-nanoGPT-shaped reference with nanoGPT's own CPU settings, one after the other on the same cores.
+"""Time to a given validation quality: qkv's speedrun recipe against its classic one (and, for the language
+model, a nanoGPT-shaped reference with nanoGPT's own CPU settings), one after the other on the same cores.
 
-    python benchmarks/bench_time_to_quality.py [--minutes 4] [--budgets 1 2] [--targets 2.2 2.0 1.91 1.88 1.8]
+    python benchmarks/bench_time_to_quality.py [--task lm] [--minutes 4] [--budgets 1 2]
+                                               [--targets 2.2 2.0 1.91 1.88 1.8]
                                                [--contenders nanogpt classic speedrun] [--json out.json]
+    python benchmarks/bench_time_to_quality.py --task vit --minutes 30 --budgets 10 [--targets 0.85 0.88 0.9]
+    python benchmarks/bench_time_to_quality.py --task swin ...
 
 Each contender is its own process, run in turn for at most ``--minutes`` of wall-clock (its start-up, data
-reading and validations included), and validated at the same wall-clock marks (every ``--every`` seconds) on
-the same share of the validation text (the last 10% of ``input.txt``, as nanoGPT's ``prepare.py`` splits it):
-200 windows spread evenly over it, about 13,000 characters, as nanoGPT's 20 batches of 12 × 64. Printed: the
-seconds each needed to reach each target, and the ratio to the reference's.
+reading and validations included), and validated at the same wall-clock marks (every ``--every`` seconds).
+Printed: the seconds each needed to reach each target, and the ratio to the reference's (the first contender).
+
+``--task lm``, tinyshakespeare's characters, validation loss on the last 10% of ``input.txt`` (as nanoGPT's
+``prepare.py`` splits it): 200 windows spread evenly over it, about 13,000 characters, as nanoGPT's 20 batches of
+12 × 64.
 
 * nanogpt: nanoGPT's model as ``bench_train_step.py`` writes it (4 layers, 128 wide, 4 heads, context 64, the
   65 characters, tied embeddings, no biases, no dropout), initialised as nanoGPT does, with the settings of
@@ -18,11 +23,14 @@ seconds each needed to reach each target, and the ratio to the reference's.
   ``mini`` GPT, context 128, batch 32, AdamW, cosine over the budget).
 * speedrun: ``qkv train lm --max-minutes M``: the default recipe (Muon, see ``qkv train lm --help``).
 
-The two qkv recipes decay their learning rate over their budget (``--max-minutes``): a validation in the middle
-of a 4-minute run is taken at the full rate, before the decay that brings most of the loss down. So each qkv
-recipe also runs once for each of ``--budgets`` (minutes), and the loss at the end of such a run joins its curve
-at the time it ended: what a user who asks for that budget gets. A target the reference does not reach in its
-2,000 steps is compared with the whole of its run: the ratio is then an upper bound ("<").
+``--task vit`` and ``--task swin``: Fashion-MNIST (Debian's ``dataset-fashion-mnist``), validation accuracy on
+the 6,000 training images each run holds out, ``qkv train vit|swin --recipe classic|speedrun``.
+
+The qkv recipes decay their learning rate over their budget (``--max-minutes``): a validation in the middle
+of a long run is taken at the full rate, before the decay that brings most of the loss down. So each qkv
+recipe also runs once for each of ``--budgets`` (minutes), and the quality at the end of such a run joins its
+curve at the time it ended: what a user who asks for that budget gets. A target the reference does not reach
+in its 2,000 steps is compared with the whole of its run: the ratio is then an upper bound ("<").
 
 Nothing here is a test: the numbers depend on the machine, only the ratios travel.
 """
@@ -37,24 +45,49 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
-CONTENDERS = ("nanogpt", "classic", "speedrun")
 EVAL_WINDOWS = 200
 
 
-def qkv_run(recipe: str, text: Path, minutes: float, every: float | None, workdir: Path) -> list[tuple[float, float]]:
-    """(seconds, validation loss) of ``qkv train lm`` with ``recipe``, read back from its log.csv: validated every
+@dataclass(frozen=True)
+class Task:
+    """What ``--task`` trains and measures: ``qkv train`` + ``command``, the ``metric`` column of its log.csv
+    (``lower``: lower is better), and the defaults of the other options."""
+
+    command: tuple[str, ...]
+    metric: str
+    lower: bool
+    targets: tuple[float, ...]
+    minutes: float
+    budgets: tuple[float, ...]
+    contenders: tuple[str, ...]
+
+
+TASKS = {
+    "lm": Task(("lm", "--eval-windows", str(EVAL_WINDOWS)), "val_loss", True, (2.2, 2.0, 1.91, 1.88, 1.8), 4.0,
+               (1.0, 2.0), ("nanogpt", "classic", "speedrun")),
+    "vit": Task(("vit", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, (5.0,),
+                ("classic", "speedrun")),
+    "swin": Task(("swin", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, (5.0,),
+                 ("classic", "speedrun")),
+}
+
+
+def qkv_run(task: Task, recipe: str, data: list[str], minutes: float, every: float | None,
+            workdir: Path) -> list[tuple[float, float]]:
+    """(seconds, quality) of ``qkv train`` with ``recipe``, read back from its log.csv: validated every
     ``every`` seconds, or (None) only at its end."""
     out = workdir / f"{recipe}-{minutes:g}"
     marks = [] if every is None else [round(every * i / 60, 4) for i in range(1, int(minutes * 60 / every) + 1)]
-    cmd = ["qkv", "train", "lm", "--recipe", recipe, "--text", str(text), "--out", str(out), "--no-progress",
-           "--max-minutes", str(minutes), "--eval-every", "1000000", "--eval-windows", str(EVAL_WINDOWS)]
+    cmd = ["qkv", "train", *task.command, *data, "--recipe", recipe, "--out", str(out), "--no-progress",
+           "--max-minutes", str(minutes), "--eval-every", "1000000"]
     subprocess.run(cmd + (["--eval-at-minutes", *map(str, marks)] if marks else []), check=True,
                    stdout=subprocess.DEVNULL)
     with open(out / "log.csv", newline="") as f:
-        return [(float(r["elapsed_s"]), float(r["val_loss"])) for r in csv.DictReader(f) if r.get("val_loss")]
+        return [(float(r["elapsed_s"]), float(r[task.metric])) for r in csv.DictReader(f) if r.get(task.metric)]
 
 
 def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, float]]:
@@ -103,8 +136,13 @@ def nanogpt_run(text: Path, minutes: float, every: float) -> list[tuple[float, f
     return results
 
 
-def first_reached(curve: list[tuple[float, float]], target: float) -> float | None:
-    return next((seconds for seconds, loss in sorted(curve) if loss <= target), None)
+def first_reached(curve: list[tuple[float, float]], target: float, lower: bool) -> float | None:
+    return next((seconds for seconds, value in sorted(curve) if (value <= target if lower else value >= target)),
+                None)
+
+
+def best(curve: list[tuple[float, float]], lower: bool) -> float:
+    return (min if lower else max)(value for _, value in curve)
 
 
 def cell(seconds: float | None, base: float | None, bound: bool) -> str:
@@ -119,47 +157,61 @@ def cell(seconds: float | None, base: float | None, bound: bool) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--text", type=Path, default=TEXT)
-    parser.add_argument("--minutes", type=float, default=4.0, help="wall-clock budget of each contender")
-    parser.add_argument("--every", type=float, default=10.0, help="seconds between validations")
-    parser.add_argument("--budgets", type=float, nargs="*", default=[1.0, 2.0],
-                        help="shorter budgets (minutes) each qkv recipe also runs, validated at their end")
-    parser.add_argument("--targets", type=float, nargs="+", default=[2.2, 2.0, 1.91, 1.88, 1.8])
-    parser.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--task", choices=sorted(TASKS), default="lm")
+    parser.add_argument("--text", type=Path, default=TEXT, help="--task lm's text")
+    parser.add_argument("--minutes", type=float, help="wall-clock budget of each contender (lm: 4, images: 10)")
+    parser.add_argument("--every", type=float, help="seconds between validations (lm: 10, images: 60)")
+    parser.add_argument("--budgets", type=float, nargs="*",
+                        help="shorter budgets (minutes) each qkv recipe also runs, validated at their end "
+                             "(lm: 1 2, images: 5)")
+    parser.add_argument("--targets", type=float, nargs="+")
+    parser.add_argument("--contenders", nargs="+", choices=["nanogpt", "classic", "speedrun"],
+                        help="lm: nanogpt classic speedrun; images: classic speedrun")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", choices=["nanogpt"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    task = TASKS[args.task]
+    minutes = args.minutes if args.minutes is not None else task.minutes
+    every = args.every if args.every is not None else (10.0 if args.task == "lm" else 60.0)
     if args.child:
-        print(json.dumps(nanogpt_run(args.text, args.minutes, args.every)))
+        print(json.dumps(nanogpt_run(args.text, minutes, every)))
         return
+    contenders = args.contenders or list(task.contenders)
+    if "nanogpt" in contenders and args.task != "lm":
+        parser.error("the nanogpt reference trains the language model: --task lm")
+    budgets = args.budgets if args.budgets is not None else list(task.budgets)
+    targets = args.targets or list(task.targets)
+    data = ["--text", str(args.text)] if args.task == "lm" else []
     curves = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.contenders:
+        for name in contenders:
             if name == "nanogpt":
                 out = subprocess.run([sys.executable, __file__, "--child", "nanogpt", "--text", str(args.text),
-                                      "--minutes", str(args.minutes), "--every", str(args.every)],
+                                      "--minutes", str(minutes), "--every", str(every)],
                                      check=True, capture_output=True, text=True).stdout
                 curves[name] = json.loads(out.splitlines()[-1])
             else:
-                curves[name] = qkv_run(name, args.text, args.minutes, args.every, Path(tmp))
-                for budget in args.budgets:
-                    curves[name] += qkv_run(name, args.text, budget, None, Path(tmp))[-1:]
-            best = min(loss for _, loss in curves[name])
-            print(f"{name}: {len(curves[name])} validations, best {best:.3f}", file=sys.stderr, flush=True)
-    reference = curves.get("nanogpt")
-    print("| validation loss | " + " | ".join(args.contenders) + " |")
-    print("|---" * (len(args.contenders) + 1) + "|")
-    for target in args.targets:
-        base = first_reached(reference, target) if reference else None
-        bound = base is None and bool(reference) and reference[-1][0] < args.minutes * 60
+                curves[name] = qkv_run(task, name, data, minutes, every, Path(tmp))
+                for budget in budgets:
+                    curves[name] += qkv_run(task, name, data, budget, None, Path(tmp))[-1:]
+            print(f"{name}: {len(curves[name])} validations, best {best(curves[name], task.lower):.3f}",
+                  file=sys.stderr, flush=True)
+    reference = curves[contenders[0]]
+    reference_end = max(seconds for seconds, _ in reference)
+    what, sign = ("validation loss", "≤") if task.lower else ("validation accuracy", "≥")
+    print(f"| {what} | " + " | ".join(contenders) + " |")
+    print("|---" * (len(contenders) + 1) + "|")
+    for target in targets:
+        base = first_reached(reference, target, task.lower)
+        bound = base is None and reference_end < minutes * 60 - every
         if bound:
-            base = reference[-1][0]  # its 2,000 steps ended before the budget, above the target
-        cells = [cell(first_reached(curves[name], target), None if name == "nanogpt" else base, bound)
-                 for name in args.contenders]
-        print(f"| ≤ {target} | " + " | ".join(cells) + " |")
-    print("| best | " + " | ".join(f"{min(loss for _, loss in curves[n]):.3f}" for n in args.contenders) + " |")
+            base = reference_end  # the reference's run (nanoGPT's 2,000 steps) ended early, short of the target
+        cells = [cell(first_reached(curves[name], target, task.lower), None if i == 0 else base, bound)
+                 for i, name in enumerate(contenders)]
+        print(f"| {sign} {target} | " + " | ".join(cells) + " |")
+    print("| best | " + " | ".join(f"{best(curves[n], task.lower):.3f}" for n in contenders) + " |")
     if args.json:
-        args.json.write_text(json.dumps({"minutes": args.minutes, "curves": curves}, indent=1))
+        args.json.write_text(json.dumps({"task": args.task, "minutes": minutes, "curves": curves}, indent=1))
 
 
 if __name__ == "__main__":

@@ -348,3 +348,5 @@ def test_a_vit_classifier_exports_to_what_transformers_computes(tmp_path):
                                    atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cannot hold pooling='mean'"):
         export_hf(ViT(ViTConfig(**sizes, pooling="mean")), None, tmp_path / "mean")
+    with pytest.raises(ValueError, match="stem"):
+        export_hf(ViT(ViTConfig(**sizes, stem="conv")), None, tmp_path / "conv")

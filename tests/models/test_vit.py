@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from qkv import ViT, ViTConfig
 from qkv.interop import load_vit_from_hf
-from qkv.models.vit import PatchEmbedding, ViTClassifier
+from qkv.models.vit import ConvStem, PatchEmbedding, ViTClassifier
 
 transformers = pytest.importorskip("transformers")
 
@@ -64,6 +64,38 @@ def test_patch_convolution_equals_unfold_then_linear():
     torch.testing.assert_close(embed(pixels)[:, 2], F.linear(patch, embed.proj.weight.flatten(1), embed.proj.bias))
 
 
+def test_conv_stem_is_its_formula_and_sees_only_its_neighbourhood():
+    """Two 3x3 stride-2 convolutions with GELU and a 1x1 one, written out with F.conv2d; a token (row r, column
+    c) of a 4-pixel grid sees the pixels 4r-3 ... 4r+3 (the receptive field of the two 3x3 convolutions), so a
+    pixel beyond them leaves it alone and one inside moves it."""
+    torch.manual_seed(0)
+    stem = ConvStem(1, 4, 16)
+    pixels = torch.randn(2, 1, 28, 28)
+    (c1, _, c2, _), proj = stem.convs, stem.proj
+    x = F.gelu(F.conv2d(pixels, c1.weight, c1.bias, stride=2, padding=1))
+    x = F.gelu(F.conv2d(x, c2.weight, c2.bias, stride=2, padding=1))
+    expected = F.conv2d(x, proj.weight, proj.bias).flatten(2).transpose(1, 2)
+    tokens = stem(pixels)
+    assert tokens.shape == (2, 49, 16) and c1.out_channels == 8
+    torch.testing.assert_close(tokens, expected)
+    token = 2 * 7 + 2  # row 2, column 2: pixels 5 ... 11 in each direction
+    for (row, col), moves in (((11, 11), True), ((5, 8), True), ((12, 8), False), ((8, 4), False)):
+        nudged = pixels.clone()
+        nudged[:, :, row, col] += 1.0
+        changed = not torch.equal(stem(nudged)[:, token], tokens[:, token])
+        assert changed == moves, (row, col)
+
+
+def test_a_vit_with_the_conv_stem_reads_each_image_alone_and_any_size():
+    torch.manual_seed(0)
+    model = ViTClassifier(ViTConfig(image_size=28, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1,
+                                    stem="conv", n_classes=3)).eval()
+    pixels = torch.randn(3, 1, 28, 28)
+    with torch.no_grad():
+        torch.testing.assert_close(model(pixels)[1:2], model(pixels[1:2]), atol=1e-6, rtol=1e-5)
+        assert model(torch.randn(1, 1, 32, 24)).shape == (1, 3)  # a 8 x 6 grid: positions interpolated
+
+
 def test_mean_pooling_reads_the_patches_only():
     model = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1,
                           pooling="mean")).eval()
@@ -89,5 +121,10 @@ def test_config_errors():
         ViTConfig(image_size=30, patch_size=4)
     with pytest.raises(ValueError, match="pooling"):
         ViTConfig(pooling="max")
+    with pytest.raises(ValueError, match="stem"):
+        ViTConfig(stem="resnet")
+    for patch_size, d_model in ((6, 48), (1, 48), (8, 42)):
+        with pytest.raises(ValueError, match="power of two"):
+            ViTConfig(image_size=48, patch_size=patch_size, d_model=d_model, n_heads=2, stem="conv")
     with pytest.raises(ValueError, match="needs n_classes"):
         ViTClassifier(ViTConfig(image_size=8, patch_size=4, d_model=16, n_heads=2, n_layers=1))

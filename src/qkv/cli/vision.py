@@ -51,6 +51,9 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
     add_size_arguments(model)
     model.add_argument("--pooling", choices=["cls", "mean"], help="the image vector: [CLS] (default) or mean")
+    model.add_argument("--stem", choices=["patch", "conv"],
+                       help="pixels to patch vectors: one linear map per patch, or 3x3 convolutions of stride 2 "
+                            "(the preset's: patch)")
     add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)

@@ -13,6 +13,7 @@ interpolating the grid (bicubic), as ViT does when it fine-tunes at a higher res
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Literal, overload
 
@@ -54,6 +55,35 @@ class PatchEmbedding(nn.Module):
         return F.linear(patches.transpose(1, 2), weight, self.proj.bias)  # (B, N, D)
 
 
+class ConvStem(nn.Module):
+    """Patch vectors from a few convolutions instead of one linear map per patch (``stem="conv"``; Xiao et al.
+    2021, "Early Convolutions Help Transformers See Better").
+
+    A patch embedding sees each ``P×P`` patch alone, through one matrix: an edge that crosses a patch's border
+    is split between two unrelated vectors, and the only non-linearity is the first attention layer's. The stem
+    instead halves the image ``log2(P)`` times with 3×3 convolutions of stride 2 (padding 1), each followed by
+    a GELU, the widths doubling up to ``d_model`` (for ``P = 4``: ``d_model/2``, then ``d_model``), and ends with
+    a 1×1 convolution: the same ``(H/P)·(W/P)`` tokens, each built from overlapping neighbourhoods of pixels. On
+    Fashion-MNIST, small ViTs learn noticeably faster from it for about a fifth more time per image.
+
+    Shape:
+        ``(B, C, H, W)`` -> ``(B, (H/P)·(W/P), d_model)``, in row-major order, like :class:`PatchEmbedding`.
+    """
+
+    def __init__(self, channels: int, patch_size: int, d_model: int, *, bias: bool = True) -> None:
+        super().__init__()
+        halvings = patch_size.bit_length() - 1
+        widths = [channels] + [d_model >> (halvings - 1 - i) for i in range(halvings)]
+        layers: list[nn.Module] = []
+        for c_in, c_out in itertools.pairwise(widths):
+            layers += [nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1), nn.GELU()]
+        self.convs = nn.Sequential(*layers)
+        self.proj = nn.Conv2d(d_model, d_model, kernel_size=1, bias=bias)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return self.proj(self.convs(pixels)).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
+
+
 def check_pixels(pixels: Tensor, channels: int, patch_size: int) -> None:
     """Images must be a float ``(B, C, H, W)`` tensor with the model's channel count and sides that are whole
     numbers of patches."""
@@ -80,7 +110,8 @@ class ViT(common.Model):
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
         cfg = self.config = config
-        self.patches = PatchEmbedding(cfg.channels, cfg.patch_size, cfg.d_model, bias=cfg.patch_bias)
+        stem = ConvStem if cfg.stem == "conv" else PatchEmbedding
+        self.patches = stem(cfg.channels, cfg.patch_size, cfg.d_model, bias=cfg.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         self.positions = nn.Parameter(torch.zeros(1, 1 + cfg.n_patches, cfg.d_model))  # [CLS], then the grid
         self.emb_dropout = nn.Dropout(cfg.dropout)

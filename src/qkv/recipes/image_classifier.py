@@ -15,6 +15,7 @@ class ViTSettings(ModelIngredients, ImageSettings):
     """The speedrun recipe's defaults (see :class:`ViTRecipe`)."""
 
     pooling: str | None = None
+    stem: str | None = None
     preset: str = "fashion-small"
     optimizer: str = "muon"
     lr: float | None = 2e-3
@@ -86,7 +87,7 @@ class ViTRecipe(ImageClassifierRecipe):
     Settings = ViTSettings
     RECIPES: ClassVar[dict[str, dict]] = {
         "speedrun": {}, "classic": {**CLASSIC, "preset": "fashion"}}
-    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", *INGREDIENTS)
+    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", "stem", *INGREDIENTS)
 
     def classes(self):
         from ..config import ViTConfig
