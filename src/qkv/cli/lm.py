@@ -36,8 +36,7 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     model = p.add_argument_group("model (a preset, then any field overridden)")
     model.add_argument("--preset", choices=["tiny", "mini", "shakespeare-char", "gpt2"],
                        help="tiny: 4x128, context 64; mini: 4x256, context 128; shakespeare-char: 6x384, context "
-                            "256; gpt2: 12x768, context 1024 (the speedrun recipe's: tiny, or mini with dropout 0.1 "
-                            "and 32 windows a step for --max-minutes 20 or more)")
+                            "256; gpt2: 12x768, context 1024")
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
     add_size_arguments(model)

@@ -8,10 +8,9 @@ Two recipes (``--recipe``), measured on tinyshakespeare's characters on 2 CPU co
   feed-forward matrices (``--muon-lr 0.02``) and AdamW for the rest (``--lr 3e-3``), 30 warmup steps, the rate
   held and then decayed to zero over the last fifth (``wsd``). Muon takes most of the gain: at the same 2,000
   steps of nanoGPT's CPU recipe it ends at a validation loss of 1.67 where AdamW ends at 1.90.
-  The model's size is part of the recipe: given ``--max-minutes`` of at least :data:`LONG_MINUTES` and no
-  ``--preset``, it trains the 4 × 256 ``mini`` GPT (context 128, 32 windows a step) with dropout 0.1 on the
-  residual stream instead, which goes on learning where the tiny one has flattened out (about 1.5 after 8
-  minutes) and would over-fit without the dropout.
+  For an hour, ``--preset mini --dropout 0.1 --batch-size 32`` (4 × 256, context 128, dropout on the residual
+  stream) reached 1.453; the tiny model's hour was not measured, so the recipe does not switch on its own (at
+  10 minutes the tiny one is far ahead: 1.514 against 1.660).
 * classic: the recipe before it: the 4 × 256 ``mini`` GPT, context 128, 32 windows a step, AdamW at 1e-3, 200
   warmup steps, cosine decay to a tenth.
 """
@@ -53,9 +52,6 @@ class LMSettings(ModelIngredients, TrainingSettings):
     eval_windows: int | None = None
 
 
-# The speedrun recipe of a long budget (see the module's text): a larger model.
-LONG_MINUTES = 20.0
-LONG = dict(preset="mini", batch_size=32, dropout=0.1)
 # The recipe before the speedrun one, and that of every run stored before recipes had names.
 CLASSIC = dict(preset="mini", batch_size=32, optimizer="adamw", lr=1e-3, warmup=200, schedule="cosine",
                min_lr_ratio=0.1)
@@ -89,13 +85,6 @@ class LanguageModelRecipe(Recipe):
     paths = ("text", "valid_text")
     betas = (0.9, 0.95)
     RECIPES: ClassVar[dict[str, dict]] = {"speedrun": {}, "classic": CLASSIC}
-
-    def recipes(self) -> dict[str, dict]:
-        """The speedrun recipe trains a larger model for a budget of LONG_MINUTES or more, unless --preset."""
-        args = self.args
-        if args.preset is None and (args.max_minutes or 0) >= LONG_MINUTES:
-            return {**self.RECIPES, "speedrun": LONG}
-        return self.RECIPES
 
     def setup(self) -> None:
         from ..tasks.language_model import training_text
