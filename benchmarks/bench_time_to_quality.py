@@ -62,16 +62,17 @@ class Task:
     lower: bool
     targets: tuple[float, ...]
     minutes: float
+    every: float
     budgets: tuple[float, ...]
     contenders: tuple[str, ...]
 
 
 TASKS = {
     "lm": Task(("lm", "--eval-windows", str(EVAL_WINDOWS)), "val_loss", True, (2.2, 2.0, 1.91, 1.88, 1.8), 4.0,
-               (1.0, 2.0), ("nanogpt", "classic", "speedrun")),
-    "vit": Task(("vit", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, (5.0,),
+               10.0, (1.0, 2.0), ("nanogpt", "classic", "speedrun")),
+    "vit": Task(("vit", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, 60.0, (5.0,),
                 ("classic", "speedrun")),
-    "swin": Task(("swin", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, (5.0,),
+    "swin": Task(("swin", "--data", "fashion-mnist"), "val_accuracy", False, (0.8, 0.85, 0.88, 0.9), 10.0, 60.0, (5.0,),
                  ("classic", "speedrun")),
 }
 
@@ -172,7 +173,7 @@ def main() -> None:
     args = parser.parse_args()
     task = TASKS[args.task]
     minutes = args.minutes if args.minutes is not None else task.minutes
-    every = args.every if args.every is not None else (10.0 if args.task == "lm" else 60.0)
+    every = args.every if args.every is not None else task.every
     if args.child:
         print(json.dumps(nanogpt_run(args.text, minutes, every)))
         return

@@ -303,7 +303,7 @@ class GPTConfig(ModelConfig):
         # Small GPTs for training on a CPU (GPT-2 style unless the llama switches are added).
         "tiny": dict(d_model=128, n_heads=4, n_layers=4, max_seq_len=64),
         # Its dropout (none unless --dropout) is on the residual stream only: dropout on the attention weights
-        # takes SDPA off its fused CPU kernel, a quarter of the step's speed at this size.
+        # takes SDPA off its fused CPU kernel, about a fifth of the step's speed at this size.
         "mini": dict(d_model=256, n_heads=4, n_layers=4, max_seq_len=128, attention_dropout=0.0,
                      activation_dropout=0.0),
         # nanoGPT's character-level Shakespeare model.

@@ -64,7 +64,8 @@ class ConvStem(nn.Module):
     instead halves the image ``log2(P)`` times with 3×3 convolutions of stride 2 (padding 1), each followed by
     a GELU, the widths doubling up to ``d_model`` (for ``P = 4``: ``d_model/2``, then ``d_model``), and ends with
     a 1×1 convolution: the same ``(H/P)·(W/P)`` tokens, each built from overlapping neighbourhoods of pixels. On
-    Fashion-MNIST, small ViTs learn noticeably faster from it for about a fifth more time per image.
+    Fashion-MNIST a small ViT learns faster from it at first, for about a fifth more time per image, but ends no
+    better after 30 minutes of training (docs/vision.md).
 
     Shape:
         ``(B, C, H, W)`` -> ``(B, (H/P)·(W/P), d_model)``, in row-major order, like :class:`PatchEmbedding`.
