@@ -404,10 +404,16 @@ def check_finite(tensors: Iterable[tuple[str, Tensor]], holder: str, advice: str
     Raises:
         ValueError: naming the first tensor that is not finite.
     """
-    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not _all_finite(tensor)]
     if bad:
         raise CheckpointError(f"{holder} weights that are not finite (NaN or Inf) in {len(bad)} tensor(s), e.g. "
                               f"{bad[0]}: {advice}")
+
+
+def _all_finite(tensor: Tensor) -> bool:
+    """Whether every element is finite. A NaN or an infinity makes the sum NaN or infinite, so a finite sum
+    settles it in one cheap pass; only a sum that overflowed (or a real NaN) needs the element-wise look."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def _load_tokenizers(directory: Path, arch: str, config: Any, recorded: Any) -> dict[str, Tokenizer]:

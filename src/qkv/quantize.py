@@ -314,6 +314,9 @@ class Int8Linear(QuantizedLinear):
         return product
 
 
+_LOW_NIBBLES = 0x0F0F0F0F0F0F0F0F  # the low nibble of each of eight bytes
+
+
 class Int4Linear(QuantizedLinear):
     """W stored as int4 in groups of ``group_size`` inputs, each with a bf16 scale and zero point:
     ``W ≈ (q - 8) · s + z``.
@@ -392,21 +395,24 @@ class Int4Linear(QuantizedLinear):
 
     def write_pairs(self, start: int, pairs: Tensor, span: int, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` from codes packed two to a byte as ggml stores them (see :func:`unpaired`):
-        ``pairs`` ``(r, ...)``, each row ``in / 2`` bytes. Whole blocks of 32 rows go byte to byte: rows ``i`` and
-        ``i + 16`` meet in one byte by a shift and a mask, row by row, then one copy turns the bytes input by
-        input; never a byte per code (a model's codes are gigabytes)."""
+        ``pairs`` ``(r, ...)``, each row ``in / 2`` bytes. Whole blocks of 32 rows go byte to byte, never a byte
+        per code (a model's codes are gigabytes): one copy turns each row's bytes input by input, then rows ``i``
+        and ``i + 16`` meet in one byte by a shift and a mask, eight bytes at a time."""
         if start % 32 or len(pairs) % 32 or self.in_features % (2 * span):
             self.write_rows(start, unpaired(pairs.reshape(len(pairs), -1), span), scales, zeros)
             return
         runs = self.in_features // (2 * span)
         rows = pairs.reshape(-1, 2, 16, runs, span)  # (block, rows i / i + 16, i, run, j)
-        low, high = rows[:, 0], rows[:, 1]
-        met = torch.empty(len(rows), 16, runs, 2, span, dtype=torch.uint8)  # inputs j, then j + span
-        torch.bitwise_and(low, 0x0F, out=met[:, :, :, 0])
-        met[:, :, :, 0] |= high << 4
-        torch.bitwise_right_shift(low, 4, out=met[:, :, :, 1])
-        met[:, :, :, 1] |= high & 0xF0
-        self.codes[start : start + len(pairs)].view(len(rows), runs, 2, span, 16).copy_(met.permute(0, 2, 3, 4, 1))
+        turned = torch.empty(len(rows), 2, runs, span * 16, dtype=torch.uint8)  # (block, rows, run, (j, i))
+        turned.view(len(rows), 2, runs, span, 16).copy_(rows.permute(0, 1, 3, 4, 2))
+        low, high = turned.view(torch.int64).unbind(1)  # eight bytes a number: the masks act on each byte
+        out = self.codes[start : start + len(pairs)].view(len(rows), runs, 2, span * 16).view(torch.int64)
+        first, second = out[:, :, 0], out[:, :, 1]  # inputs j, then j + span: low nibbles, then high ones
+        torch.bitwise_and(low, _LOW_NIBBLES, out=first)
+        first |= (high & _LOW_NIBBLES) << 4
+        torch.bitwise_right_shift(low, 4, out=second)
+        second &= _LOW_NIBBLES
+        second |= high & ~_LOW_NIBBLES
         self.scales[start : start + len(pairs)] = scales.to(torch.bfloat16)
         self.zeros[start : start + len(pairs)] = zeros.to(torch.bfloat16)
 

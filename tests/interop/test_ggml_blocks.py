@@ -1,5 +1,6 @@
 """ggml's 4-bit blocks read as qkv's int4 groups give back, weight for weight, what the gguf package's own
-dequantizer gives (the independent reference), for random blocks of every repacked format."""
+dequantizer gives (the independent reference), for random blocks of every repacked format; Q8_0, which qkv
+decodes itself, gives the package's bits."""
 
 import numpy as np
 import pytest
@@ -8,7 +9,7 @@ gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf pac
 
 import torch  # noqa: E402
 
-from qkv.interop.ggml_blocks import SPANS, int4_groups  # noqa: E402
+from qkv.interop.ggml_blocks import SPANS, dequantized_rows, int4_groups  # noqa: E402
 from qkv.quantize import unpaired  # noqa: E402
 
 
@@ -44,3 +45,16 @@ def test_other_formats_and_broken_rows_are_refused():
         int4_groups("Q8_0", np.zeros((1, 34), np.uint8))
     with pytest.raises(ValueError, match="a row of 19 bytes is not a whole number of Q4_0 blocks of 18 bytes"):
         int4_groups("Q4_0", np.zeros((1, 19), np.uint8))
+
+
+def test_q8_0_rows_are_the_packages_bits():
+    """Every int8 code (-128 included) times fp16 scales of every kind: negative, subnormal, the largest."""
+    rng = np.random.default_rng(1)
+    blocks = rng.integers(0, 256, (7, 6, 34), dtype=np.uint8)
+    scales = np.array([1e-3, -0.5, 6e-8, 65504.0, -2.0, 0.0], dtype=np.float16)
+    blocks[..., :2] = scales.view(np.uint8).reshape(1, 6, 2)
+    raw = blocks.reshape(7, -1)
+    ours = dequantized_rows("Q8_0", raw, gguf.GGMLQuantizationType.Q8_0)
+    reference = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0)
+    assert ours.dtype == np.float32 and ours.shape == (7, 192)
+    np.testing.assert_array_equal(ours, reference)

@@ -99,19 +99,22 @@ class _GGUFSource(_Source):
     def __init__(self, tensor: Any, path: Path, heads: int | None = None) -> None:
         self.name, self.kind, self.tensor, self.path = tensor.name, tensor.tensor_type.name, tensor, path
         self.rows, self.inputs = tensor.data.shape[0], int(tensor.shape[0])
+        self.permuted = heads is not None
         self.order = np.arange(self.rows) if heads is None else _unpermuted_order(self.rows, heads)
 
-    def raw(self, rows: np.ndarray) -> np.ndarray:
-        """The stored bytes of ``rows``, in the model's order (a copy: only these pages of the file are read)."""
-        return self.tensor.data[self.order[rows]]
+    def raw(self, start: int, end: int) -> np.ndarray:
+        """The stored bytes of rows ``start ... end - 1`` in the model's order: a view of the file's memory map
+        where those rows lie in the file's order, else a copy (only these pages of the file are read)."""
+        if self.permuted:
+            return self.tensor.data[self.order[start:end]]
+        return self.tensor.data[start:end]
 
     def release(self) -> None:
         self.tensor.release()
 
     def rows_at(self, start: int, end: int) -> Tensor:
-        rows = np.arange(start, end)
-        values = dequantized_rows(self.kind, self.raw(rows), self.tensor.tensor_type)
-        return torch.from_numpy(values.reshape(len(rows), -1))
+        values = dequantized_rows(self.kind, self.raw(start, end), self.tensor.tensor_type)
+        return torch.from_numpy(values.reshape(end - start, -1))
 
 
 class _SafetensorsSource(_Source):
@@ -357,8 +360,8 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     offset = 0
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
-            chunk = np.arange(start, min(start + CHUNK_ROWS, source.rows))
-            pairs, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, source.raw(chunk)))
+            raw = source.raw(start, min(start + CHUNK_ROWS, source.rows))
+            pairs, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, raw))
             check_finite([(source.name, scales), (source.name, zeros)], f"{source.path} holds",
                          "the file is damaged; use another copy")
             layer.write_pairs(offset + start, pairs, SPANS[source.kind], scales=scales, zeros=zeros)

@@ -24,6 +24,7 @@ time, for a layer that is quantized again (see :mod:`qkv.quantize`).
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 GROUP = 32  # weights per group of every format here (a Q4_K super-block holds eight)
 BLOCKS = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q4_K": (256, 144)}  # format -> (weights, bytes) of a block
@@ -58,22 +59,29 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return pairs, scales.reshape(rows, -1), zeros.reshape(rows, -1)
 
 
-def _fp16(blocks: np.ndarray, at: int) -> np.ndarray:
-    """The little-endian fp16 at byte ``at`` of each block, as float32 (every block is a whole number of fp16s, so
-    the blocks are read as fp16s in place, no bytes copied)."""
-    return blocks.view("<f2")[..., at // 2].astype(np.float32)
+def _fp16(blocks: np.ndarray, at: int, count: int = 1) -> np.ndarray:
+    """The ``count`` (1 or 2) little-endian fp16s from byte ``at`` of each block, as float32 ``(..., count)``.
+    They are gathered as whole integers (two fp16s as one 4-byte word where the blocks allow) into one
+    contiguous run, then widened by PyTorch: a strided fp16 read is several times slower."""
+    words = torch.from_numpy(blocks)
+    if count == 2 and at % 4 == 0 and blocks.shape[-1] % 4 == 0:
+        halves = words.view(torch.int32)[..., at // 4].contiguous()
+    else:
+        halves = words.view(torch.int16)[..., at // 2 : at // 2 + count].contiguous()
+    return halves.view(torch.float16).float().view(*blocks.shape[:-1], count).numpy()
 
 
 def _q4_0_1(blocks: np.ndarray, kind: str):
-    d = _fp16(blocks, 0)
-    start = 2 if kind == "Q4_0" else 4
-    pairs = blocks[..., start : start + 16]
-    zeros = np.zeros_like(d) if kind == "Q4_0" else _fp16(blocks, 2) + 8 * d
-    return pairs, d, zeros
+    if kind == "Q4_0":
+        d = _fp16(blocks, 0)[..., 0]
+        return blocks[..., 2:18], d, np.zeros_like(d)
+    dm = _fp16(blocks, 0, 2)
+    d = dm[..., 0]
+    return blocks[..., 4:20], d, dm[..., 1] + 8 * d
 
 
 def _q4_k(blocks: np.ndarray, kind: str):
-    d, dmin = _fp16(blocks, 0), _fp16(blocks, 2)
+    d, dmin = np.moveaxis(_fp16(blocks, 0, 2), -1, 0)
     packed = blocks[..., 4:16].astype(np.uint8)  # 8 six-bit scales and mins in 12 bytes
     low, high = packed[..., 0:4], packed[..., 4:8]
     sc = np.concatenate([low & 63, (packed[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
@@ -85,7 +93,12 @@ def _q4_k(blocks: np.ndarray, kind: str):
 
 def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
     """Rows of any format the ``gguf`` package reads, as float32 ``(rows, inputs)``; ``tensor_type`` is its
-    ``GGMLQuantizationType``."""
+    ``GGMLQuantizationType``. Q8_0, most files' token table, is decoded here, in PyTorch: each weight is its
+    int8 code times its block's fp16 scale, a product float32 holds exactly, so the bits are the package's."""
+    if kind == "Q8_0":
+        blocks = np.ascontiguousarray(raw).reshape(len(raw), -1, 34)  # an fp16 scale, 32 int8 codes
+        codes = torch.from_numpy(blocks[..., 2:]).view(torch.int8)
+        return (codes * torch.from_numpy(_fp16(blocks, 0))).view(len(raw), -1).numpy()
     from gguf.quants import dequantize
 
     try:

@@ -127,7 +127,9 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
 
     path = Path(path)
     with open(path, "rb") as f:
-        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if path.stat().st_size else b""
+        # Copy-on-write: the views are writable arrays, as PyTorch wants to wrap them, and a write (none is
+        # made) could never reach the file; pages only read are the file cache's, as with a read-only map.
+        buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if path.stat().st_size else b""
     if bytes(buffer[:4]) != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file (it does not start with 'GGUF')")
     order = ">" if struct.unpack("<I", buffer[4:8])[0] & 0xFFFF == 0 else "<"

@@ -15,10 +15,12 @@ A chat model's template lays conversations out as it was trained on them (see :m
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,7 +99,25 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             missing or unreadable file, an unsupported model type, architecture or quantization, or weights
             that do not fit the config.
     """
-    name = os.fspath(name_or_path)
+    with _collector_paused():
+        return _load(os.fspath(name_or_path), check_tokenizer, weights)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a model loads: reading a header makes hundreds of thousands of
+    objects (a vocabulary, its merges), each batch of which would otherwise start a pass over every object of
+    the process (PyTorch's included) — a sixth of a small model's load — and loading makes no cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load(name: str, check_tokenizer: Callable[[PretrainedTokenizer], None] | None, weights: str) -> Pretrained:
     if name == "smollm2":
         path = smollm2_path()
         if path is None:
