@@ -99,15 +99,14 @@ class _GGUFSource(_Source):
     def __init__(self, tensor: Any, path: Path, heads: int | None = None) -> None:
         self.name, self.kind, self.tensor, self.path = tensor.name, tensor.tensor_type.name, tensor, path
         self.rows, self.inputs = tensor.data.shape[0], int(tensor.shape[0])
-        self.permuted = heads is not None
-        self.order = np.arange(self.rows) if heads is None else _unpermuted_order(self.rows, heads)
+        self.order = None if heads is None else _unpermuted_order(self.rows, heads)  # None: the file's order
 
     def raw(self, start: int, end: int) -> np.ndarray:
         """The stored bytes of rows ``start ... end - 1`` in the model's order: a view of the file's memory map
         where those rows lie in the file's order, else a copy (only these pages of the file are read)."""
-        if self.permuted:
-            return self.tensor.data[self.order[start:end]]
-        return self.tensor.data[start:end]
+        if self.order is None:
+            return self.tensor.data[start:end]
+        return self.tensor.data[self.order[start:end]]
 
     def release(self) -> None:
         self.tensor.release()
