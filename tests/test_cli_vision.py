@@ -41,6 +41,7 @@ def vit_run(work) -> Path:
     proc = ok(qkv("train", "vit", "--data", "digits", "--out", "vit", "--max-steps", "10", "--patch-size", "2",
                   "--n-layers", "1", "--d-ff", "64", *SMALL, cwd=work))
     assert "test accuracy: " in proc.stdout and "on 359 digits test images" in proc.stdout
+    assert "10 classes; augmented: no\n" in proc.stderr  # digits are not mirrored, and the recipe does not shift
     return work / "vit"
 
 
@@ -52,9 +53,9 @@ def test_train_vit_writes_a_classifier_that_knows_its_data(vit_run):
     assert meta["labels"] == [str(d) for d in range(10)] and meta["image_shape"] == [1, 8, 8]
     assert len(meta["mean"]) == 1 and meta["command"] == "train vit"
     assert (vit_run / "loss.png").read_bytes()[:8] == PNG_MAGIC
-    args = meta["args"]  # the default recipe: the small ViT with Muon and warmup-stable-decay
-    assert (args["recipe"], args["preset"], args["optimizer"], args["schedule"]) == ("speedrun", "fashion-small",
-                                                                                     "muon", "wsd")
+    args = meta["args"]  # the default recipe: the small ViT with Muon and warmup-stable-decay, images unshifted
+    assert (args["recipe"], args["preset"], args["optimizer"], args["schedule"], args["pad"]) == (
+        "speedrun", "fashion-small", "muon", "wsd", 0)
 
 
 def test_train_vit_resumes_to_the_new_budget(here, work, vit_run, tmp_path):

@@ -46,8 +46,9 @@ def show_defaults(parser: argparse.ArgumentParser, settings) -> None:
 
 def add_recipe_argument(p: argparse.ArgumentParser, recipes: dict[str, dict]) -> None:
     """``--recipe``: which set of defaults the run starts from (the first is the default); each one's settings are
-    listed in the help."""
-    lines = "; ".join(f"{name}: " + (" ".join(_typed(k, v) for k, v in values.items()) or "the defaults shown")
+    listed in the help, but for those it leaves to a rule (None), which their own option's help states."""
+    lines = "; ".join(f"{name}: " + (" ".join(_typed(k, v) for k, v in values.items() if v is not None)
+                                     or "the defaults shown")
                       for name, values in recipes.items())
     p.add_argument("--recipe", choices=list(recipes),
                    help=f"the defaults a run starts from, before the options typed ({lines}; default "

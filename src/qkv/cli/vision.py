@@ -36,7 +36,9 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side")
     data.add_argument("--channels", type=integer(1), choices=[1, 3], help="a folder's images as grey (1) or RGB (3)")
     data.add_argument("--pad", type=integer(0),
-                      help="augmentation: shift by up to this many pixels (default: a 14th of the side, at least 1)")
+                      help="augmentation: shift by up to this many pixels (default: 0 for vit and swin, whose speedrun "
+                           "recipes end before shifts pay off; clip and --recipe classic: a 14th of the side, at "
+                           "least 1)")
     data.add_argument("--flip", action=argparse.BooleanOptionalAction,
                       help="augmentation: mirror half the images (default: on for fashion-mnist, off for digits and "
                            "folders, where a mirror image may change the label)")

@@ -16,6 +16,7 @@ class ViTSettings(ModelIngredients, ImageSettings):
 
     pooling: str | None = None
     stem: str | None = None
+    pad: int | None = 0
     preset: str = "fashion-small"
     optimizer: str = "muon"
     lr: float | None = 2e-3
@@ -29,13 +30,15 @@ class SwinSettings(ModelIngredients, ImageSettings):
     depths: list[int] | None = None
     stage_heads: list[int] | None = None
     window_size: int | None = None
+    pad: int | None = 0
     optimizer: str = "muon"
     lr: float | None = 2e-3
     schedule: str = "wsd"
 
 
-# The image classifiers' recipe before the speedrun ones (the ViT's adds its larger preset).
-CLASSIC = dict(optimizer="adamw", lr=1e-3, schedule="cosine")
+# The image classifiers' recipe before the speedrun ones (the ViT's adds its larger preset): AdamW, cosine, and
+# images shifted by a 14th of their side (pad None), which the speedrun recipes leave unshifted.
+CLASSIC = dict(optimizer="adamw", lr=1e-3, schedule="cosine", pad=None)
 
 
 class ImageClassifierRecipe(ImageRecipe):
@@ -81,7 +84,11 @@ class ImageClassifierRecipe(ImageRecipe):
 class ViTRecipe(ImageClassifierRecipe):
     """Two recipes, measured on Fashion-MNIST for 10 minutes on 2 CPU cores: speedrun (the default), the
     ``fashion-small`` ViT (4 × 64) with Muon and warmup-stable-decay, 88.4% on the test images; classic, the
-    ``fashion`` ViT (6 × 128) with AdamW and cosine decay, 78.0% (it needs 30 minutes for 88%)."""
+    ``fashion`` ViT (6 × 128) with AdamW and cosine decay, 78.0% (it needs 30 minutes for 88%).
+
+    The speedrun recipe mirrors images but does not shift them: within its minutes shifts slow learning more
+    than they keep the model from overfitting (side by side: 86.1% against 82.5% with shifts of 2 px after 3
+    epochs, 88.2% against 87.2% in 10 minutes, 90.4% against 90.3% in 30)."""
 
     name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
     Settings = ViTSettings

@@ -72,9 +72,10 @@ class ImageRecipe(Recipe):
         self.flip = s.flip if s.flip is not None else s.data == "fashion-mnist"
         self.pad = s.pad if s.pad is not None else max(1, round(side / 14))
         test = f", {len(self.test)} test" if self.test is not None else ""
-        log.info("data: %d training, %d validation%s images of %s, %d classes; augmented: shifts of up to %d px%s",
+        augmented = [f"shifts of up to {self.pad} px"] * bool(self.pad) + ["mirrored"] * self.flip
+        log.info("data: %d training, %d validation%s images of %s, %d classes; augmented: %s",
                  len(self.train), len(self.valid), test, "x".join(map(str, self.train.pixels.shape[1:])),
-                 len(self.train.classes), self.pad, ", mirrored" if self.flip else "")
+                 len(self.train.classes), ", ".join(augmented) or "no")
 
     def statistics(self, previous) -> None:
         """Sets mean and std: the channel statistics of the training images, or the resumed run's."""
