@@ -11,29 +11,31 @@ from .settings import INGREDIENTS, ModelIngredients
 
 
 @dataclass
-class ViTSettings(ModelIngredients, ImageSettings):
-    """The speedrun recipe's defaults (see :class:`ViTRecipe`)."""
+class SpeedrunImageSettings(ModelIngredients, ImageSettings):
+    """What the ViT's and the Swin's speedrun recipes share: Muon, warmup-stable-decay, images unshifted."""
 
-    pooling: str | None = None
-    stem: str | None = None
     pad: int | None = 0
-    preset: str = "fashion-small"
     optimizer: str = "muon"
     lr: float | None = 2e-3
     schedule: str = "wsd"
 
 
 @dataclass
-class SwinSettings(ModelIngredients, ImageSettings):
+class ViTSettings(SpeedrunImageSettings):
+    """The speedrun recipe's defaults (see :class:`ViTRecipe`)."""
+
+    pooling: str | None = None
+    stem: str | None = None
+    preset: str = "fashion-small"
+
+
+@dataclass
+class SwinSettings(SpeedrunImageSettings):
     """The speedrun recipe's defaults (see :class:`SwinRecipe`)."""
 
     depths: list[int] | None = None
     stage_heads: list[int] | None = None
     window_size: int | None = None
-    pad: int | None = 0
-    optimizer: str = "muon"
-    lr: float | None = 2e-3
-    schedule: str = "wsd"
 
 
 # The image classifiers' recipe before the speedrun ones (the ViT's adds its larger preset): AdamW, cosine, and
