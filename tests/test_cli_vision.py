@@ -56,6 +56,7 @@ def test_train_vit_writes_a_classifier_that_knows_its_data(vit_run):
     args = meta["args"]  # the default recipe: the small ViT with Muon and warmup-stable-decay, images unshifted
     assert (args["recipe"], args["preset"], args["optimizer"], args["schedule"], args["pad"]) == (
         "speedrun", "fashion-small", "muon", "wsd", 0)
+    assert config["model"]["patch_dropout"] == 0.5  # trained on half of each image's patches
 
 
 def test_train_vit_resumes_to_the_new_budget(here, work, vit_run, tmp_path):

@@ -402,10 +402,13 @@ class ViTConfig(ImageConfig):
         stem: how pixels become patch vectors: ``"patch"`` (one linear map of each patch, the paper's) or
             ``"conv"`` (3×3 convolutions of stride 2, one per halving of the side, then a 1×1 one: see
             :class:`qkv.models.vit.ConvStem`); ``"conv"`` needs a patch size that is a power of two.
+        patch_dropout: the fraction of each image's patch tokens left out in training, drawn afresh for every
+            image (PatchDropout: :func:`qkv.models.vit.drop_patches`); evaluation reads them all.
     """
 
     pooling: str = "cls"
     stem: str = "patch"
+    patch_dropout: float = 0.0
     patch_bias: bool = True
     embed_norm: bool = False
     d_model: int = 768
@@ -428,6 +431,8 @@ class ViTConfig(ImageConfig):
         super().__post_init__()
         _check_choice("pooling", self.pooling, VIT_POOLINGS)
         _check_choice("stem", self.stem, VIT_STEMS)
+        if not 0.0 <= self.patch_dropout < 1.0:
+            raise ValueError(f"patch_dropout must be in [0, 1), got patch_dropout={self.patch_dropout}")
         power_of_two = self.patch_size & (self.patch_size - 1) == 0
         if self.stem == "conv" and (self.patch_size < 2 or not power_of_two or self.d_model % (self.patch_size // 2)):
             raise ValueError(f"stem='conv' halves the image with 3x3 convolutions down to the patch grid: patch_size "

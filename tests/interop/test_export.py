@@ -330,7 +330,7 @@ def test_a_vit_classifier_exports_to_what_transformers_computes(tmp_path):
     from qkv.models import ViT, ViTClassifier
 
     sizes = dict(image_size=28, patch_size=4, channels=1, d_model=32, n_heads=4, n_layers=2, d_ff=64, norm_eps=1e-6)
-    model = ViTClassifier(ViTConfig(**sizes, n_classes=10)).eval()
+    model = ViTClassifier(ViTConfig(**sizes, n_classes=10, patch_dropout=0.5)).eval()  # a training-only field
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.1)

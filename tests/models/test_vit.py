@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from qkv import ViT, ViTConfig
 from qkv.interop import load_vit_from_hf
-from qkv.models.vit import ConvStem, PatchEmbedding, ViTClassifier
+from qkv.models.vit import ConvStem, PatchEmbedding, ViTClassifier, drop_patches
 
 transformers = pytest.importorskip("transformers")
 
@@ -104,6 +104,39 @@ def test_mean_pooling_reads_the_patches_only():
     torch.testing.assert_close(model.pool(hidden), hidden[:, 1:].mean(1))
 
 
+def test_patch_dropout_keeps_the_cls_token_and_a_fresh_ordered_subset_of_patches():
+    tokens = torch.arange(50.0)[None, :, None].expand(3, -1, 2)  # each token holds its index: [CLS] 0, patches 1-49
+    torch.manual_seed(0)
+    kept = drop_patches(tokens, 0.5)
+    assert kept.shape == (3, 1 + 24, 2)  # round(49 / 2) patches
+    index = kept[..., 0].long()
+    assert (index[:, 0] == 0).all() and (index[:, 1:] >= 1).all() and (index[:, 1:].diff(dim=1) > 0).all()
+    assert len({tuple(row.tolist()) for row in index}) == 3  # drawn for each image alone
+    assert torch.equal(kept[..., 1], kept[..., 0])  # whole tokens move
+    assert drop_patches(tokens, 0.99).shape == (3, 2, 2)  # at least one patch
+
+
+def test_patch_dropout_trains_on_the_kept_patches_and_evaluates_on_all():
+    """In training the encoder reads the [CLS] token and the kept patches, positions added before the cut; in
+    evaluation, every patch, as a model without patch dropout does."""
+    sizes = dict(image_size=8, patch_size=2, channels=1, d_model=16, n_heads=2, n_layers=2, dropout=0.0)
+    model = ViT(ViTConfig(**sizes, patch_dropout=0.5))
+    plain = ViT(ViTConfig(**sizes))
+    plain.load_state_dict(model.state_dict())
+    pixels = torch.randn(2, 1, 8, 8)
+    torch.manual_seed(1)
+    trained = model(pixels)
+    torch.manual_seed(1)  # the same draw, on tokens that name themselves
+    index = drop_patches(torch.arange(17.0)[None, :, None].expand(2, -1, 1), 0.5)[..., 0].long()
+    assert trained.shape == (2, 1 + 8, 16)
+    plain.eval()
+    with torch.no_grad():
+        tokens = plain.embed(pixels).gather(1, index[..., None].expand(-1, -1, 16))
+        torch.testing.assert_close(trained.detach(), plain.encoder(tokens)[0])
+        model.eval()
+        torch.testing.assert_close(model(pixels), plain(pixels))
+
+
 @pytest.mark.parametrize(("pixels", "message"), [
     (torch.randn(2, 3, 8, 8), "1 channel"),
     (torch.randn(2, 1, 10, 8), "multiples of the patch size 4"),
@@ -123,6 +156,8 @@ def test_config_errors():
         ViTConfig(pooling="max")
     with pytest.raises(ValueError, match="stem"):
         ViTConfig(stem="resnet")
+    with pytest.raises(ValueError, match="patch_dropout must be in"):
+        ViTConfig(patch_dropout=1.0)
     for patch_size, d_model in ((6, 48), (1, 48), (8, 42)):
         with pytest.raises(ValueError, match="power of two"):
             ViTConfig(image_size=48, patch_size=patch_size, d_model=d_model, n_heads=2, stem="conv")

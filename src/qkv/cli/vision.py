@@ -16,7 +16,7 @@ from .common import (
     runtime,
     show_defaults,
 )
-from .numbers import COUNT, FRACTION, integer
+from .numbers import COUNT, FRACTION, PROBABILITY, integer
 
 log = logging.getLogger("qkv")
 
@@ -56,6 +56,9 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--stem", choices=["patch", "conv"],
                        help="pixels to patch vectors: one linear map per patch, or 3x3 convolutions of stride 2 "
                             "(the preset's: patch)")
+    model.add_argument("--patch-dropout", type=PROBABILITY,
+                       help="the fraction of each training image's patches left out, drawn afresh every time "
+                            "(PatchDropout): fewer tokens a step, more images a minute; evaluation reads them all")
     add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)
@@ -72,7 +75,7 @@ def add_swin_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--depths", type=COUNT, nargs="+", help="blocks per stage, e.g. 2 2 6 2")
     model.add_argument("--stage-heads", type=COUNT, nargs="+", help="attention heads per stage, e.g. 3 6 12 24")
     model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (the preset's)")
-    model.add_argument("--dropout", type=FRACTION)
+    model.add_argument("--dropout", type=PROBABILITY)
     add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)

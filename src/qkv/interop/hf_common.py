@@ -43,7 +43,7 @@ def check_config(cfg: ModelConfig, checkpoint: str, **allowed: tuple[Any, ...]) 
 
 
 # What a training run sets and a model's weights do not depend on: an export writes it but need not keep it
-TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "init", "init_std")
+TRAINING_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "patch_dropout", "init", "init_std")
 
 
 def check_written(ours: Mapping[str, Any], read_back: Mapping[str, Any], family: str, *,

@@ -8,6 +8,11 @@ Nothing in the encoder knows it reads an image: a 28×28 picture cut into 4×4 p
 patch embedding and the position table, which is a grid: a model trained at one size reads another by
 interpolating the grid (bicubic), as ViT does when it fine-tunes at a higher resolution.
 
+Because the encoder reads a set of tokens, each carrying its position, it can also read *part* of an image:
+training on a random half of each image's patches (PatchDropout, Liu et al. 2022: ``patch_dropout=0.5``) costs
+about half the compute per image, so a time budget sees twice the images, and each image is a different view every
+epoch. Evaluation reads every patch.
+
     ViTClassifier:  ViT ─ pool ─ linear -> logits ``(B, n_classes)``
 """
 
@@ -85,6 +90,21 @@ class ConvStem(nn.Module):
         return self.proj(self.convs(pixels)).flatten(2).transpose(1, 2)  # (B, D, H/P, W/P) -> (B, N, D)
 
 
+def drop_patches(tokens: Tensor, fraction: float) -> Tensor:
+    """PatchDropout: the [CLS] token and a random ``1 - fraction`` of the patch tokens after it (at least one),
+    drawn for each image alone and kept in their order. Positions are added before: a kept token still says
+    where it came from.
+
+    Shape:
+        ``(B, 1 + N, D)`` -> ``(B, 1 + K, D)`` with ``K = max(1, round(N · (1 - fraction)))``.
+    """
+    batch, n = tokens.size(0), tokens.size(1) - 1
+    kept = max(1, round(n * (1 - fraction)))
+    patches = torch.rand(batch, n, device=tokens.device).argsort(dim=1)[:, :kept].sort(dim=1).values + 1
+    index = torch.cat([patches.new_zeros(batch, 1), patches], dim=1)  # (B, 1 + K): [CLS] first
+    return tokens.gather(1, index[..., None].expand(-1, -1, tokens.size(2)))
+
+
 def check_pixels(pixels: Tensor, channels: int, patch_size: int) -> None:
     """Images must be a float ``(B, C, H, W)`` tensor with the model's channel count and sides that are whole
     numbers of patches."""
@@ -134,13 +154,16 @@ class ViT(common.Model):
         return torch.cat([cls, grid.flatten(2).transpose(1, 2)], dim=1)  # (1, 1 + rows·cols, D)
 
     def embed(self, pixels: Tensor) -> Tensor:
-        """[CLS] + patch embeddings + positions: the encoder's input ``(B, 1 + N, D)``."""
+        """[CLS] + patch embeddings + positions: the encoder's input ``(B, 1 + N, D)``; in training with
+        ``patch_dropout``, ``(B, 1 + K, D)`` (:func:`drop_patches`)."""
         cfg = self.config
         check_pixels(pixels, cfg.channels, cfg.patch_size)
         x = self.patches(pixels)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = x + self.position_table(pixels.size(2) // cfg.patch_size, pixels.size(3) // cfg.patch_size)
         x = self.emb_dropout(x)
+        if self.training and cfg.patch_dropout > 0:
+            x = drop_patches(x, cfg.patch_dropout)
         return x if self.embed_norm is None else self.embed_norm(x)
 
     @overload

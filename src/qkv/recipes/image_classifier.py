@@ -26,6 +26,7 @@ class ViTSettings(SpeedrunImageSettings):
 
     pooling: str | None = None
     stem: str | None = None
+    patch_dropout: float | None = 0.5
     preset: str = "fashion-small"
 
 
@@ -95,8 +96,9 @@ class ViTRecipe(ImageClassifierRecipe):
     name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
     Settings = ViTSettings
     RECIPES: ClassVar[dict[str, dict]] = {
-        "speedrun": {}, "classic": {**CLASSIC, "preset": "fashion"}}
-    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", "stem", *INGREDIENTS)
+        "speedrun": {}, "classic": {**CLASSIC, "preset": "fashion", "patch_dropout": 0.0}}
+    fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", "stem", "patch_dropout",
+              *INGREDIENTS)
 
     def classes(self):
         from ..config import ViTConfig
