@@ -27,6 +27,12 @@ def _check_int(name: str, value: Any, *, minimum: int = 1, optional: bool = Fals
         raise ValueError(f"{name} must be >= {minimum}, got {name}={value}")
 
 
+def _check_probability(name: str, value: float | None) -> None:
+    """A dropout rate: in [0, 1) (None: not set)."""
+    if value is not None and not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {name}={value}")
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
@@ -170,9 +176,7 @@ class ModelConfig(Config):
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {name}={value}")
+            _check_probability(name, getattr(self, name))
         if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 0:
             raise ValueError("norm_eps, init_std and rope_base must be positive")
         _check_choice("norm", self.norm, NORMS)
@@ -431,8 +435,7 @@ class ViTConfig(ImageConfig):
         super().__post_init__()
         _check_choice("pooling", self.pooling, VIT_POOLINGS)
         _check_choice("stem", self.stem, VIT_STEMS)
-        if not 0.0 <= self.patch_dropout < 1.0:
-            raise ValueError(f"patch_dropout must be in [0, 1), got patch_dropout={self.patch_dropout}")
+        _check_probability("patch_dropout", self.patch_dropout)
         power_of_two = self.patch_size & (self.patch_size - 1) == 0
         if self.stem == "conv" and (self.patch_size < 2 or not power_of_two or self.d_model % (self.patch_size // 2)):
             raise ValueError(f"stem='conv' halves the image with 3x3 convolutions down to the patch grid: patch_size "
@@ -709,8 +712,7 @@ class RNNConfig(Config):
         if self.bidirectional and self.hidden_size % 2:
             raise ValueError(f"a bidirectional encoder splits hidden_size in two halves; got odd "
                              f"hidden_size={self.hidden_size}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got dropout={self.dropout}")
+        _check_probability("dropout", self.dropout)
         if not self.init_range > 0:
             raise ValueError(f"init_range must be positive, got init_range={self.init_range}")
         if self.share_embeddings and self.src_vocab_size != self.tgt_vocab_size:

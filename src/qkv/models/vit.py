@@ -161,9 +161,9 @@ class ViT(common.Model):
         x = self.patches(pixels)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = x + self.position_table(pixels.size(2) // cfg.patch_size, pixels.size(3) // cfg.patch_size)
-        x = self.emb_dropout(x)
-        if self.training and cfg.patch_dropout > 0:
+        if self.training and cfg.patch_dropout > 0:  # before dropout: no work on the tokens left out
             x = drop_patches(x, cfg.patch_dropout)
+        x = self.emb_dropout(x)
         return x if self.embed_norm is None else self.embed_norm(x)
 
     @overload
