@@ -11,7 +11,7 @@ from qkv import Transformer, TransformerConfig
 from qkv.checkpoint import load_checkpoint
 from qkv.tasks.translation import ParallelData, TranslationTask
 from qkv.tokenizers import CharTokenizer
-from qkv.training import Trainer, TrainOptions, learning_rate
+from qkv.training import Trainer, TrainOptions, cooling_down, learning_rate
 
 WORDS = ["red", "ball", "robot", "picked", "up", "the", "a", "blue", "cat", "sat"]
 
@@ -64,6 +64,19 @@ def test_schedules():
     assert learning_rate(110, wsd, 110) == pytest.approx(0.0)  # to the floor: zero here
     timed_wsd = TrainOptions(out="x", max_minutes=60, lr=1.0, warmup=10, schedule="wsd", min_lr_ratio=0.1)
     assert learning_rate(500, timed_wsd, None, 0.9) == pytest.approx(0.55)  # by time, as cosine
+
+
+def test_the_cool_down_is_where_wsd_lowers_the_rate():
+    wsd = TrainOptions(out="x", max_steps=110, lr=1.0, warmup=10, schedule="wsd")
+    steps = [s for s in range(1, 111) if cooling_down(s, wsd, 110)]
+    assert steps == list(range(91, 111))  # the last fifth after warmup
+    assert all(learning_rate(s, wsd, 110) < 0.99 for s in steps) and learning_rate(90, wsd, 110) == pytest.approx(1)
+    timed = TrainOptions(out="x", max_minutes=10, lr=1.0, warmup=10, schedule="wsd")
+    assert [cooling_down(500, timed, None, f) for f in (0.79, 0.81)] == [False, True]  # by time, as the rate
+    assert not cooling_down(5, timed, None, 0.9)  # warmup is never the cool-down
+    assert not cooling_down(500, timed, None)  # no budget, no cool-down
+    cosine = TrainOptions(out="x", max_steps=110, lr=1.0, warmup=10, schedule="cosine")
+    assert not any(cooling_down(s, cosine, 110) for s in range(1, 111))
 
 
 class FakeClock:

@@ -407,7 +407,8 @@ class ViTConfig(ImageConfig):
             ``"conv"`` (3×3 convolutions of stride 2, one per halving of the side, then a 1×1 one: see
             :class:`qkv.models.vit.ConvStem`); ``"conv"`` needs a patch size that is a power of two.
         patch_dropout: the fraction of each image's patch tokens left out in training, drawn afresh for every
-            image (PatchDropout: :func:`qkv.models.vit.drop_patches`); evaluation reads them all.
+            image (PatchDropout: :func:`qkv.models.vit.drop_patches`); evaluation reads them all, and so does
+            training in wsd's cool-down.
     """
 
     pooling: str = "cls"

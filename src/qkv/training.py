@@ -62,7 +62,9 @@ class Task(Protocol):
 
     ``model`` is the task's model, the one trained and saved. Its loss and evaluation run the model they are
     given: the trainer passes the DDP wrapper of ``model`` to :meth:`loss` in a distributed run (``model`` itself
-    otherwise), and ``model`` itself, in eval mode, to :meth:`evaluate`.
+    otherwise), and ``model`` itself, in eval mode, to :meth:`evaluate`. A task may also have a ``cool_down()``
+    method: the trainer calls it before every step of wsd's cool-down (:func:`cooling_down`); the image classifier's
+    stops leaving patches out there.
     """
 
     model: nn.Module
@@ -163,16 +165,30 @@ def learning_rate(step: int, opts: TrainOptions, total_steps: int | None,
         return opts.lr * step / opts.warmup
     if opts.schedule == "inverse_sqrt":
         return opts.lr * math.sqrt(max(opts.warmup, 1) / step)
-    if opts.schedule in ("cosine", "wsd") and (total_steps or time_fraction is not None):
-        if total_steps:
-            progress = min(1.0, (step - opts.warmup) / max(1, total_steps - opts.warmup))
-        else:
-            progress = min(1.0, max(0.0, time_fraction))
+    progress = _progress(step, opts, total_steps, time_fraction)
+    if opts.schedule in ("cosine", "wsd") and progress is not None:
         floor = opts.lr * opts.min_lr_ratio
         if opts.schedule == "wsd":
             return opts.lr - (opts.lr - floor) * max(0.0, (progress - 1 + WSD_COOLDOWN) / WSD_COOLDOWN)
         return floor + (opts.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
     return opts.lr
+
+
+def _progress(step: int, opts: TrainOptions, total_steps: int | None, time_fraction: float | None) -> float | None:
+    """The share of the run after warmup that ``step`` has reached, by steps or by time; None when the run has
+    neither budget."""
+    if total_steps:
+        return min(1.0, (step - opts.warmup) / max(1, total_steps - opts.warmup))
+    return None if time_fraction is None else min(1.0, max(0.0, time_fraction))
+
+
+def cooling_down(step: int, opts: TrainOptions, total_steps: int | None, time_fraction: float | None = None) -> bool:
+    """Whether ``step`` is in wsd's cool-down, the last :data:`WSD_COOLDOWN` of the run, where the rate falls.
+    A task may train differently there (its ``cool_down()``, see :class:`Task`)."""
+    if opts.schedule != "wsd" or step <= opts.warmup:
+        return False
+    progress = _progress(step, opts, total_steps, time_fraction)
+    return progress is not None and progress > 1 - WSD_COOLDOWN
 
 
 class _StopFlag:
@@ -358,6 +374,8 @@ class Trainer:
         is not finite is never applied to the weights. Returns (mean loss, items, learning rate)."""
         fraction = self.budget.time_fraction(self._run_s()) if total is None else None
         lr = learning_rate(self.state.step + 1, self.opts, total, fraction)
+        if cooling_down(self.state.step + 1, self.opts, total, fraction) and hasattr(self.task, "cool_down"):
+            self.task.cool_down()
         for group, peak in zip(self.optimizer.param_groups, self.peak_lrs, strict=True):
             group["lr"] = lr * (peak / self.opts.lr)  # AdamW's exactly lr; Muon's in proportion
         n_items = sum(batch.n_tokens for batch in batches)  # all processes' items, counted on the host

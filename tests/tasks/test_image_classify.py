@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from qkv.checkpoint import load_checkpoint
 from qkv.config import ViTConfig
 from qkv.data import DataError
 from qkv.images import (
@@ -39,6 +40,24 @@ def test_a_small_vit_learns_the_digits(tmp_path):
     assert after["val_accuracy"] >= 0.90, after
     probs = predict_images(task.model, test.pixels[:5], mean=mean, std=std)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5))
+
+
+@pytest.mark.parametrize("schedule", ["wsd", "cosine"])
+def test_patch_dropout_stops_in_the_cool_down(tmp_path, schedule):
+    """With wsd the trainer's last fifth of steps reads every patch (the task's cool_down); the patches left out
+    before are patch dropout's; cosine has no cool-down. The saved config keeps the rate asked for."""
+    digits = load_digits("test")
+    cfg = ViTConfig(image_size=8, patch_size=2, channels=1, d_model=16, n_heads=2, n_layers=1, d_ff=32, n_classes=10,
+                    patch_dropout=0.5)
+    model = ViTClassifier(cfg)
+    lengths = []
+    model.backbone.encoder.register_forward_pre_hook(lambda m, args: lengths.append(args[0].size(1)) if m.training
+                                                     else None)
+    task = ImageClassifyTask(model, digits, digits, batch_size=8, mean=[0.5], std=[0.5])
+    opts = TrainOptions(out=str(tmp_path), max_steps=10, warmup=0, schedule=schedule, eval_every=100, progress=False)
+    Trainer(task, opts).run()
+    assert lengths == ([1 + 8] * 8 + [1 + 16] * 2 if schedule == "wsd" else [1 + 8] * 10)  # [CLS] + 8 or 16 patches
+    assert load_checkpoint(tmp_path / "last").model.config.patch_dropout == 0.5
 
 
 def test_the_digits_are_scikit_learns():

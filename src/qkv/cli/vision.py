@@ -58,7 +58,8 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
                             "(the preset's: patch)")
     model.add_argument("--patch-dropout", type=PROBABILITY,
                        help="the fraction of each training image's patches left out, drawn afresh every time "
-                            "(PatchDropout): fewer tokens a step, more images a minute; evaluation reads them all")
+                            "(PatchDropout): fewer tokens a step, more images a minute; evaluation and wsd's cool-down "
+                            "read them all")
     add_ingredient_arguments(model, activations="the preset's: gelu")
     add_training_arguments(p, batch=("--batch-size", "images per batch"))
     show_defaults(p, settings)

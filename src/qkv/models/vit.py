@@ -11,7 +11,8 @@ interpolating the grid (bicubic), as ViT does when it fine-tunes at a higher res
 Because the encoder reads a set of tokens, each carrying its position, it can also read *part* of an image:
 training on a random half of each image's patches (PatchDropout, Liu et al. 2022: ``patch_dropout=0.5``) costs
 about half the compute per image, so a time budget sees twice the images, and each image is a different view every
-epoch. Evaluation reads every patch.
+epoch. Evaluation reads every patch, and so does training once the rate starts its final fall (wsd's cool-down,
+:meth:`qkv.tasks.image_classify.ImageClassifyTask.cool_down`): the model ends fitted to whole images.
 
     ViTClassifier:  ViT ─ pool ─ linear -> logits ``(B, n_classes)``
 """
@@ -135,6 +136,7 @@ class ViT(common.Model):
         self.patches = stem(cfg.channels, cfg.patch_size, cfg.d_model, bias=cfg.patch_bias)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.d_model))
         self.positions = nn.Parameter(torch.zeros(1, 1 + cfg.n_patches, cfg.d_model))  # [CLS], then the grid
+        self.patch_dropout = cfg.patch_dropout  # in training; 0 in wsd's cool-down (see the module's text)
         self.emb_dropout = nn.Dropout(cfg.dropout)
         self.embed_norm = LayerNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.embed_norm else None
         self.encoder = Encoder([common.encoder_layer(cfg, None) for _ in range(cfg.n_layers)], common.final_norm(cfg))
@@ -155,14 +157,14 @@ class ViT(common.Model):
 
     def embed(self, pixels: Tensor) -> Tensor:
         """[CLS] + patch embeddings + positions: the encoder's input ``(B, 1 + N, D)``; in training with
-        ``patch_dropout``, ``(B, 1 + K, D)`` (:func:`drop_patches`)."""
+        ``patch_dropout`` (the attribute, from the config), ``(B, 1 + K, D)`` (:func:`drop_patches`)."""
         cfg = self.config
         check_pixels(pixels, cfg.channels, cfg.patch_size)
         x = self.patches(pixels)  # (B, N, D)
         x = torch.cat([self.cls_token.expand(x.size(0), -1, -1), x], dim=1)  # (B, 1 + N, D)
         x = x + self.position_table(pixels.size(2) // cfg.patch_size, pixels.size(3) // cfg.patch_size)
-        if self.training and cfg.patch_dropout > 0:  # before dropout: no work on the tokens left out
-            x = drop_patches(x, cfg.patch_dropout)
+        if self.training and self.patch_dropout > 0:  # before dropout: no work on the tokens left out
+            x = drop_patches(x, self.patch_dropout)
         x = self.emb_dropout(x)
         return x if self.embed_norm is None else self.embed_norm(x)
 
