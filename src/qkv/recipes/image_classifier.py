@@ -93,10 +93,10 @@ class ViTRecipe(ImageClassifierRecipe):
 
     Half the patches (``--patch-dropout 0.5``) take about half the compute: twice the images in a budget (side by
     side in 10 minutes, patches left out to the end: 87.86% with every patch, 89.96% with half, 89.54% with 30%;
-    reading every patch in the cool-down, 90.61%). The speedrun recipe mirrors
-    images but does not shift them: within its minutes shifts slow learning more than they keep the model from
-    overfitting (side by side, every patch read: 86.1% against 82.5% with shifts of 2 px after 3 epochs, 88.2%
-    against 87.2% in 10 minutes, 90.4% against 90.3% in 30)."""
+    reading every patch in the cool-down, 90.61%). The speedrun recipe mirrors images but does not shift them:
+    within its minutes shifts slow learning more than they keep the model from overfitting (side by side, every
+    patch read: 86.1% against 82.5% with shifts of 2 px after 3 epochs, 88.2% against 87.2% in 10 minutes, 90.4%
+    against 90.3% in 30)."""
 
     name, command, summary = "vit", "train vit", "a Vision Transformer image classifier, from scratch"
     Settings = ViTSettings
