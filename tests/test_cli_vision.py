@@ -105,10 +105,12 @@ def test_train_swin_on_a_folder_with_a_test_folder(here, work, tmp_path):
     proc = ok(here("train", "swin", "--data", "shapes", "--test-data", "shapes-test", "--image-size", "16",
                    "--out", tmp_path / "swin", "--max-steps", "4", "--d-model", "12", "--depths", "2",
                    "--stage-heads", "2", "--window-size", "4", "--patch-size", "2", "--batch-size", "8",
-                   "--valid-fraction", "0.25", "--eval-every", "2", "--no-progress", cwd=work))
+                   "--valid-fraction", "0.25", "--eval-every", "2", "--label-smoothing", "0.1", "--no-progress",
+                   cwd=work))
     assert "on 12 shapes-test test images" in proc.stdout
     config = json.loads((tmp_path / "swin" / "best" / "config.json").read_text())
     assert config["arch"] == "swin-classifier" and config["model"]["channels"] == 3
+    assert config["args"]["label_smoothing"] == 0.1
     assert config["labels"] == ["dark", "light"]
     lines = ok(here("classify-image", "--model", tmp_path / "swin", "shapes/light/0.png", "--resize",
                     cwd=work)).stdout

@@ -60,6 +60,24 @@ def test_patch_dropout_stops_in_the_cool_down(tmp_path, schedule):
     assert load_checkpoint(tmp_path / "last").model.config.patch_dropout == 0.5
 
 
+def test_label_smoothing_mixes_the_label_with_every_class_and_validation_scores_the_plain_loss():
+    """Training's loss with smoothing ε is (1 − ε)·(−log p_label) + ε·mean over the classes of (−log p_c), summed
+    over the batch; validation's is the plain cross-entropy whatever ε is."""
+    digits = load_digits("test")
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1, d_ff=32, n_classes=10)
+    model = ViTClassifier(cfg).eval()
+    smooth, plain = (ImageClassifyTask(model, digits, digits, batch_size=32, mean=[0.5], std=[0.5],
+                                       label_smoothing=eps) for eps in (0.2, 0.0))
+    batch = smooth.batch(digits, torch.arange(32))
+    log_p = model(batch.pixels).log_softmax(-1)
+    expected = (0.8 * -log_p.gather(1, batch.labels[:, None]).squeeze(1) + 0.2 * -log_p.mean(-1)).sum()
+    loss, n = smooth.loss(model, batch)
+    torch.testing.assert_close(loss, expected)
+    assert n == 32 and loss > plain.loss(model, batch)[0]
+    assert smooth.evaluate(model) == plain.evaluate(model)
+
+
 def test_the_digits_are_scikit_learns():
     datasets = pytest.importorskip("sklearn.datasets")
     reference = datasets.load_digits()

@@ -44,6 +44,13 @@ def _add_data_arguments(p: argparse.ArgumentParser) -> None:
                            "folders, where a mirror image may change the label)")
 
 
+def _add_classifier_training_arguments(p: argparse.ArgumentParser) -> None:
+    train = add_training_arguments(p, batch=("--batch-size", "images per batch"))
+    train.add_argument("--label-smoothing", type=PROBABILITY,
+                       help="the share of each image's target spread over all classes (validation scores the "
+                            "plain loss)")
+
+
 def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
     _add_data_arguments(p)
     model = p.add_argument_group("model (a preset, then any field overridden)")
@@ -61,7 +68,7 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
                             "(PatchDropout): fewer tokens a step, more images a minute; evaluation and wsd's cool-down "
                             "read them all")
     add_ingredient_arguments(model, activations="the preset's: gelu")
-    add_training_arguments(p, batch=("--batch-size", "images per batch"))
+    _add_classifier_training_arguments(p)
     show_defaults(p, settings)
 
 
@@ -78,7 +85,7 @@ def add_swin_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--window-size", type=COUNT, help="side of an attention window in patches (the preset's)")
     model.add_argument("--dropout", type=PROBABILITY)
     add_ingredient_arguments(model, activations="the preset's: gelu")
-    add_training_arguments(p, batch=("--batch-size", "images per batch"))
+    _add_classifier_training_arguments(p)
     show_defaults(p, settings)
 
 

@@ -12,12 +12,14 @@ from .settings import INGREDIENTS, ModelIngredients
 
 @dataclass
 class SpeedrunImageSettings(ModelIngredients, ImageSettings):
-    """What the ViT's and the Swin's speedrun recipes share: Muon, warmup-stable-decay, images unshifted."""
+    """What the ViT's and the Swin's recipes share: the speedrun one's Muon, warmup-stable-decay and unshifted
+    images, and no label smoothing (with six layers for 30 minutes, 92.08% against 92.01% without: noise)."""
 
     pad: int | None = 0
     optimizer: str = "muon"
     lr: float | None = 2e-3
     schedule: str = "wsd"
+    label_smoothing: float = 0.0
 
 
 @dataclass
@@ -68,7 +70,8 @@ class ImageClassifierRecipe(ImageRecipe):
         model = self.built(self.model_cls, self.cfg, batch=(s.batch_size, None),
                            inputs=padded_images(s.batch_size, self.cfg, self.pad))
         return ImageClassifyTask(model, self.train, self.valid, batch_size=s.batch_size, pad=self.pad, flip=self.flip,
-                                 mean=self.mean, std=self.std, seed=s.seed, meta=self.meta())
+                                 mean=self.mean, std=self.std, label_smoothing=s.label_smoothing, seed=s.seed,
+                                 meta=self.meta())
 
     def finish(self) -> None:
         """The best checkpoint's accuracy on the test images."""

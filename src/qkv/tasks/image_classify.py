@@ -2,7 +2,8 @@
 
 Each batch is a random draw of the training images, augmented (a random shift by crop-after-padding, and
 mirror images where they keep the label), normalised with the training set's per-channel mean and spread,
-and scored with cross-entropy. Validation reports the loss and the accuracy on the held-out images; the best
+and scored with cross-entropy (optionally label-smoothed: the target keeps 1 − ε on the label and spreads ε
+evenly over all the classes). Validation reports the loss and the accuracy on the held-out images; the best
 accuracy picks the checkpoint. The mean and spread go into the checkpoint, so ``qkv classify-image`` reads a
 new image exactly as training did.
 """
@@ -59,7 +60,7 @@ class ImageClassifyTask:
     unit = "images"
 
     def __init__(self, model: nn.Module, train: ImageSet, valid: ImageSet, *, batch_size: int, pad: int = 0,
-                 flip: bool = False, mean: list[float], std: list[float], seed: int = 0,
+                 flip: bool = False, mean: list[float], std: list[float], label_smoothing: float = 0.0, seed: int = 0,
                  meta: dict[str, Any] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -68,7 +69,7 @@ class ImageClassifyTask:
         self.model, self.tokenizers = model, {}
         self.train, self.valid = train, valid
         self.batch_size, self.pad, self.flip, self.seed = batch_size, pad, flip, seed
-        self.mean, self.std = mean, std
+        self.mean, self.std, self.label_smoothing = mean, std, label_smoothing
         self.meta = {"task": "classify-image", "labels": train.classes, "mean": mean, "std": std,
                      "image_shape": list(train.pixels.shape[1:]), **(meta or {})}
 
@@ -94,7 +95,8 @@ class ImageClassifyTask:
     def loss(self, model: nn.Module, batch: ImageBatch) -> tuple[Tensor, int]:
         batch = move(batch, device_of(model))
         logits = model(batch.pixels)  # (B, n_classes)
-        return F.cross_entropy(logits.float(), batch.labels, reduction="sum"), batch.n_tokens
+        loss = F.cross_entropy(logits.float(), batch.labels, label_smoothing=self.label_smoothing, reduction="sum")
+        return loss, batch.n_tokens
 
     @torch.no_grad()
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
