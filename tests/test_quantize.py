@@ -18,6 +18,7 @@ from qkv.quantize import (
     Int8Linear,
     QuantizedLinear,
     input_magnitudes,
+    int4_block,
     int4_slots,
     quantize,
     quantize_linear,
@@ -128,7 +129,8 @@ def test_dequantized_weights_are_within_half_a_step(mode, group):
 @pytest.mark.parametrize("rows, inputs", [(16, 64), (32, 64), (48, 128), (96, 32), (80, 256), (960, 64)])
 def test_int4_codes_lie_where_pytorchs_own_converter_puts_them(rows, inputs):
     """The layout Int4Linear writes (int4_slots) is the one PyTorch's CPU kernel reads: its own converter, given
-    the same codes, makes the same bytes, for blocks of 32 rows and a last block of 16."""
+    the same codes, makes the same bytes, for whole blocks of rows (32 on AVX2, 64 on AVX-512) and a shorter last
+    one."""
     codes = torch.randint(0, 16, (rows, inputs), generator=torch.Generator().manual_seed(rows), dtype=torch.int32)
     theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
     layer = Int4Linear(inputs, rows)
@@ -140,11 +142,28 @@ def test_int4_codes_lie_where_pytorchs_own_converter_puts_them(rows, inputs):
         rows * inputs  # every code its own place
 
 
+@pytest.fixture(params=[32, 64], ids=["avx2", "avx512"])
+def either_int4_layout(request, monkeypatch):
+    """Each of the layouts PyTorch's int4 kernel reads on some CPU (rows in blocks of 32 or 64), whatever this
+    CPU's is: how the codes are written must agree with where int4_slots says they lie in both."""
+    monkeypatch.setattr("qkv.quantize._BLOCK", request.param)
+    return request.param
+
+
+def test_the_int4_layout_is_found_once_and_an_unknown_one_is_one_clear_error(monkeypatch):
+    assert int4_block() in (32, 64) and int4_block() == int4_block()
+    monkeypatch.setattr("qkv.quantize._BLOCK", None)
+    monkeypatch.setattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu",
+                        lambda codes, inner: torch.zeros(len(codes), codes.size(1) // 2, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match=r"int4 kernel reads another layout .* use --quantize int8 or none"):
+        int4_block()
+
+
 @pytest.mark.parametrize("span", [16, 32])
-def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span):
-    """write_pairs moves ggml's bytes (inputs j and j + span) into the kernel's (rows i and i + 16) by shifts and
-    masks: the same layer as the codes unpacked and written one by one, whole blocks of 32 rows or not."""
-    rows, inputs = 112, 128  # blocks of 32 rows, then one of 16
+def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span, either_int4_layout):
+    """write_pairs moves ggml's bytes (inputs j and j + span) into the kernel's (rows i and i + block / 2) by
+    shifts and masks: the same layer as the codes unpacked and written one by one, whole blocks or not."""
+    rows, inputs = 112, 128  # whole blocks of rows, then a shorter one
     pairs = torch.randint(0, 256, (rows, inputs // 2), generator=torch.Generator().manual_seed(span),
                           dtype=torch.uint8)
     codes = unpaired(pairs, span)
@@ -156,6 +175,8 @@ def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span):
     for start, end in [(0, 64), (64, 77), (77, 112)]:  # whole blocks, then rows that share bytes with others
         paired.write_pairs(start, pairs[start:end], span, scales[start:end], zeros[start:end])
     assert torch.equal(paired.codes, one_by_one.codes)
+    slots, nibbles = int4_slots(torch.arange(rows), inputs, rows)
+    assert torch.equal(paired.codes.view(-1)[slots] >> 4 * nibbles[:, None] & 15, codes)  # where int4_slots says
     assert torch.equal(paired.scales_and_zeros, one_by_one.scales_and_zeros)
 
 

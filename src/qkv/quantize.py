@@ -76,8 +76,8 @@ cost on a CPU. The output layer recomputes each row's largest outputs in fp32 fr
 (:meth:`QuantizedLinear._exact_largest`): the bf16 output rounds logits near 16 to steps of 1/16, enough to tie
 the two best tokens and flip greedy's choice.
 
-The codes are held in the layouts PyTorch's CPU kernels read (int8 rows; int4 in blocks of rows, see
-:class:`Int4Linear`), so each layer is one copy of its weights, multiplied by as it is. The state-dict keys of a
+The codes are held in the layouts PyTorch's CPU kernels read (int8 rows; int4 in blocks of rows, 32 or 64 by
+the CPU's vector width, see :class:`Int4Linear`), so each layer is one copy of its weights, multiplied by as it is. The state-dict keys of a
 quantized model are those of the model it was made from, except the stacked layers (``self_attn.qkv_proj``,
 ``feed_forward.gate_up``) and int4's ``scales_and_zeros``; qkv itself writes no quantized model to disk (the
 command line quantizes after loading).
@@ -324,11 +324,12 @@ class Int4Linear(QuantizedLinear):
     Buffers, in the layout PyTorch's CPU kernel reads, so that it multiplies by them as they are (no second,
     repacked copy): ``codes`` ``(rows, in_features / 2)`` uint8 and ``scales_and_zeros`` ``(n_groups, rows, 2)``
     bf16, ``rows`` being ``out_features`` rounded up to 16 (the extra rows are zero weights). In ``codes`` the
-    rows go in blocks of 32 (a last block of 16 when ``rows`` is an odd multiple of 16), each block input by
-    input: for each input column, a byte per two rows of the block — rows ``i`` and ``i + 16`` (in a block of
-    16: ``2i`` and ``2i + 1``), the first in the low nibble. :func:`int4_slots` computes where a code lies;
-    :meth:`write_rows` and :meth:`_decoded` go through it; the first product checks it against the kernel's own
-    converter (:func:`check_int4_layout`). ``scales`` and ``zeros`` are ``(out_features, n_groups)`` views.
+    rows go in blocks of :func:`int4_block` rows (32 where PyTorch's kernel runs on AVX2, 64 on AVX-512; the
+    last block shorter when ``rows`` is not a multiple), each block input by input: for each input column, a
+    byte per two rows of the block — rows ``i`` and ``i + block / 2`` (in a shorter last block: ``2i`` and
+    ``2i + 1``), the first in the low nibble. :func:`int4_slots` computes where a code lies; :meth:`write_rows`
+    and :meth:`_decoded` go through it; :func:`int4_block` finds the block against the kernel's own converter.
+    ``scales`` and ``zeros`` are ``(out_features, n_groups)`` views.
 
     Raises:
         ValueError: a group size PyTorch's kernel does not take, or one that does not divide ``in_features``.
@@ -370,19 +371,20 @@ class Int4Linear(QuantizedLinear):
     def write_rows(self, start: int, codes: Tensor, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` in [0, 15], scales and zeros ``(r, n_groups)``."""
         codes = codes.to(torch.uint8)
-        end, n_rows = start + len(codes), self.codes.size(0)
-        whole = start % 32 == 0 and (end % 32 == 0 or end == self.out_features)
+        end, n_rows, block = start + len(codes), self.codes.size(0), int4_block()
+        whole = start % block == 0 and (end % block == 0 or end == self.out_features)
         if whole:  # whole blocks: a reshape, not a scatter
             padded = F.pad(codes, (0, 0, 0, (-len(codes)) % 16), value=8)
-            full = len(padded) // 32 * 32
-            blocks = padded[:full].view(-1, 2, 16, self.in_features)  # rows i and i + 16 of each block
-            bytes_ = self.codes[start : start + full].view(-1, self.in_features, 16)  # a block: input by input
+            full, half = len(padded) // block * block, block // 2
+            blocks = padded[:full].view(-1, 2, half, self.in_features)  # rows i and i + half of each block
+            bytes_ = self.codes[start : start + full].view(-1, self.in_features, half)  # a block: input by input
             torch.bitwise_left_shift(blocks[:, 1].transpose(1, 2), 4, out=bytes_)  # written in place
             bytes_ |= blocks[:, 0].transpose(1, 2)
-            if full < len(padded):  # the last block of 16: rows 2i and 2i + 1
-                tail = padded[full:].view(8, 2, self.in_features)
-                self.codes[start + full : start + full + 16] = (tail[:, 0] | tail[:, 1] << 4).T.reshape(
-                    16, self.in_features // 2)
+            if full < len(padded):  # the shorter last block: rows 2i and 2i + 1
+                size = len(padded) - full
+                tail = padded[full:].view(size // 2, 2, self.in_features)
+                self.codes[start + full : start + len(padded)] = (tail[:, 0] | tail[:, 1] << 4).T.reshape(
+                    size, self.in_features // 2)
         else:
             slots, nibbles = int4_slots(torch.arange(start, end), self.in_features, n_rows)
             data = self.codes.view(-1)
@@ -395,18 +397,20 @@ class Int4Linear(QuantizedLinear):
 
     def write_pairs(self, start: int, pairs: Tensor, span: int, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` from codes packed two to a byte as ggml stores them (see :func:`unpaired`):
-        ``pairs`` ``(r, ...)``, each row ``in / 2`` bytes. Whole blocks of 32 rows go byte to byte, never a byte
-        per code (a model's codes are gigabytes): one copy turns each row's bytes input by input, then rows ``i``
-        and ``i + 16`` meet in one byte by a shift and a mask, eight bytes at a time."""
-        if start % 32 or len(pairs) % 32 or self.in_features % (2 * span):
+        ``pairs`` ``(r, ...)``, each row ``in / 2`` bytes. Whole blocks of rows (:func:`int4_block`) go byte to
+        byte, never a byte per code (a model's codes are gigabytes): one copy turns each row's bytes input by
+        input, then rows ``i`` and ``i + block / 2`` meet in one byte by a shift and a mask, eight bytes at a
+        time."""
+        block = int4_block()
+        if start % block or len(pairs) % block or self.in_features % (2 * span):
             self.write_rows(start, unpaired(pairs.reshape(len(pairs), -1), span), scales, zeros)
             return
-        runs = self.in_features // (2 * span)
-        rows = pairs.reshape(-1, 2, 16, runs, span)  # (block, rows i / i + 16, i, run, j)
-        turned = torch.empty(len(rows), 2, runs, span * 16, dtype=torch.uint8)  # (block, rows, run, (j, i))
-        turned.view(len(rows), 2, runs, span, 16).copy_(rows.permute(0, 1, 3, 4, 2))
+        runs, half = self.in_features // (2 * span), block // 2
+        rows = pairs.reshape(-1, 2, half, runs, span)  # (block, rows i / i + half, i, run, j)
+        turned = torch.empty(len(rows), 2, runs, span * half, dtype=torch.uint8)  # (block, rows, run, (j, i))
+        turned.view(len(rows), 2, runs, span, half).copy_(rows.permute(0, 1, 3, 4, 2))
         low, high = turned.view(torch.int64).unbind(1)  # eight bytes a number: the masks act on each byte
-        out = self.codes[start : start + len(pairs)].view(len(rows), runs, 2, span * 16).view(torch.int64)
+        out = self.codes[start : start + len(pairs)].view(len(rows), runs, 2, span * half).view(torch.int64)
         first, second = out[:, :, 0], out[:, :, 1]  # inputs j, then j + span: low nibbles, then high ones
         torch.bitwise_and(low, _LOW_NIBBLES, out=first)
         first |= (high & _LOW_NIBBLES) << 4
@@ -426,7 +430,7 @@ class Int4Linear(QuantizedLinear):
         return weights.view(len(rows), self.in_features)
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
-        check_int4_layout()
+        int4_block()
         codes, scales_and_zeros, kernel = self.codes, self.scales_and_zeros, torch.ops.aten._weight_int4pack_mm_for_cpu
         group_size, out_features, padded = self.group_size, self.out_features, self.codes.size(0) != self.out_features
 
@@ -453,35 +457,42 @@ def unpaired(pairs: Tensor, span: int) -> Tensor:
 
 def int4_slots(rows: Tensor, in_features: int, n_rows: int) -> tuple[Tensor, Tensor]:
     """Where the codes of ``rows`` lie in an :class:`Int4Linear`'s ``codes`` of ``n_rows`` rows (a multiple of
-    16): the flat byte of each ``(row, input)`` ``(len(rows), in_features)``, and each row's nibble (0: low)."""
-    start = rows // 32 * 32
+    16): the flat byte of each ``(row, input)`` ``(len(rows), in_features)``, and each row's nibble (0: low).
+    The rows go in blocks of :func:`int4_block` rows; a whole block pairs rows ``i`` and ``i + block / 2`` in a
+    byte, a shorter last block rows ``2i`` and ``2i + 1``."""
+    block = int4_block()
+    start = rows // block * block
     within = rows - start
-    tail = (start == n_rows - 16) if n_rows % 32 == 16 else torch.zeros_like(rows, dtype=torch.bool)
-    step = torch.where(tail, 8, 16)  # bytes per input column in the row's block
-    offset = torch.where(tail, within // 2, within % 16)
-    nibbles = torch.where(tail, within % 2, within // 16)
-    slots = (start * (in_features // 2) + offset)[:, None] + torch.arange(in_features)[None, :] * step[:, None]
+    size = (n_rows - start).clamp(max=block)  # rows in the row's block
+    whole = size == block
+    offset = torch.where(whole, within % (block // 2), within // 2)
+    nibbles = torch.where(whole, within // (block // 2), within % 2)
+    slots = (start * (in_features // 2) + offset)[:, None] + torch.arange(in_features)[None, :] * (size // 2)[:, None]
     return slots, nibbles
 
 
-_LAYOUT_CHECKED = False
+_BLOCK: int | None = None
 
 
-def check_int4_layout() -> None:
-    """The layout :func:`int4_slots` describes against PyTorch's own converter, once a process: a PyTorch
-    whose kernel reads another layout fails here, in one sentence, not with wrong numbers."""
-    global _LAYOUT_CHECKED
-    if _LAYOUT_CHECKED:
-        return
-    tracer = torch.randint(0, 16, (48, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
-    theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(tracer, 1)
-    slots, nibbles = int4_slots(torch.arange(48), 64, 48)
-    shifted = (tracer << (4 * nibbles[:, None]).to(torch.int32)).flatten()
-    ours = torch.zeros(48 * 32, dtype=torch.int32).index_add_(0, slots.flatten(), shifted)
-    if not torch.equal(theirs.flatten().to(torch.int32), ours):
-        raise RuntimeError(f"PyTorch {torch.__version__}'s int4 kernel reads another layout of codes than qkv writes "
-                           "(qkv.quantize.int4_slots); use --quantize int8 or none")
-    _LAYOUT_CHECKED = True
+def int4_block() -> int:
+    """The rows of a block in PyTorch's int4 CPU layout: 32 where its kernel runs on AVX2, 64 on AVX-512; found
+    once a process by packing a tracer with PyTorch's own converter and comparing it with the layout
+    :func:`int4_slots` describes for each. A PyTorch whose layout is neither fails here, in one sentence, not
+    with wrong numbers. (So an int4 layer's ``codes`` hold the layout of the CPU that wrote them.)"""
+    global _BLOCK
+    if _BLOCK is not None:
+        return _BLOCK
+    n_rows, in_features = 112, 64  # a whole block and a shorter one under either layout
+    tracer = torch.randint(0, 16, (n_rows, in_features), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(tracer, 1).flatten().to(torch.int32)
+    for _BLOCK in (32, 64):
+        slots, nibbles = int4_slots(torch.arange(n_rows), in_features, n_rows)
+        shifted = (tracer << (4 * nibbles[:, None]).to(torch.int32)).flatten()
+        if torch.equal(torch.zeros(theirs.numel(), dtype=torch.int32).index_add_(0, slots.flatten(), shifted), theirs):
+            return _BLOCK
+    _BLOCK = None
+    raise RuntimeError(f"PyTorch {torch.__version__}'s int4 kernel reads another layout of codes than qkv writes "
+                       "(qkv.quantize.int4_slots); use --quantize int8 or none")
 
 
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
