@@ -76,11 +76,11 @@ cost on a CPU. The output layer recomputes each row's largest outputs in fp32 fr
 (:meth:`QuantizedLinear._exact_largest`): the bf16 output rounds logits near 16 to steps of 1/16, enough to tie
 the two best tokens and flip greedy's choice.
 
-The codes are held in the layouts PyTorch's CPU kernels read (int8 rows; int4 in blocks of rows, 32 or 64 by
-the CPU's vector width, see :class:`Int4Linear`), so each layer is one copy of its weights, multiplied by as it is. The state-dict keys of a
-quantized model are those of the model it was made from, except the stacked layers (``self_attn.qkv_proj``,
-``feed_forward.gate_up``) and int4's ``scales_and_zeros``; qkv itself writes no quantized model to disk (the
-command line quantizes after loading).
+The codes are held in the layouts PyTorch's CPU kernels read (int8 rows; int4 in blocks of rows, 32 or 64 by the
+CPU's vector width, see :class:`Int4Linear`), so each layer is one copy of its weights, multiplied by as it is.
+The state-dict keys of a quantized model are those of the model it was made from, except the stacked layers
+(``self_attn.qkv_proj``, ``feed_forward.gate_up``) and int4's ``scales_and_zeros``; qkv itself writes no quantized
+model to disk (the command line quantizes after loading).
 """
 
 from __future__ import annotations
