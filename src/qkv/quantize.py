@@ -455,12 +455,12 @@ def unpaired(pairs: Tensor, span: int) -> Tensor:
     return codes.view(len(pairs), -1)
 
 
-def int4_slots(rows: Tensor, in_features: int, n_rows: int) -> tuple[Tensor, Tensor]:
+def int4_slots(rows: Tensor, in_features: int, n_rows: int, block: int | None = None) -> tuple[Tensor, Tensor]:
     """Where the codes of ``rows`` lie in an :class:`Int4Linear`'s ``codes`` of ``n_rows`` rows (a multiple of
     16): the flat byte of each ``(row, input)`` ``(len(rows), in_features)``, and each row's nibble (0: low).
-    The rows go in blocks of :func:`int4_block` rows; a whole block pairs rows ``i`` and ``i + block / 2`` in a
-    byte, a shorter last block rows ``2i`` and ``2i + 1``."""
-    block = int4_block()
+    The rows go in blocks of ``block`` rows (default: this CPU's, :func:`int4_block`); a whole block pairs rows
+    ``i`` and ``i + block / 2`` in a byte, a shorter last block rows ``2i`` and ``2i + 1``."""
+    block = block or int4_block()
     start = rows // block * block
     within = rows - start
     size = (n_rows - start).clamp(max=block)  # rows in the row's block
@@ -485,12 +485,12 @@ def int4_block() -> int:
     n_rows, in_features = 112, 64  # a whole block and a shorter one under either layout
     tracer = torch.randint(0, 16, (n_rows, in_features), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     theirs = torch.ops.aten._convert_weight_to_int4pack_for_cpu(tracer, 1).flatten().to(torch.int32)
-    for _BLOCK in (32, 64):
-        slots, nibbles = int4_slots(torch.arange(n_rows), in_features, n_rows)
+    for block in (32, 64):
+        slots, nibbles = int4_slots(torch.arange(n_rows), in_features, n_rows, block)
         shifted = (tracer << (4 * nibbles[:, None]).to(torch.int32)).flatten()
         if torch.equal(torch.zeros(theirs.numel(), dtype=torch.int32).index_add_(0, slots.flatten(), shifted), theirs):
-            return _BLOCK
-    _BLOCK = None
+            _BLOCK = block
+            return block
     raise RuntimeError(f"PyTorch {torch.__version__}'s int4 kernel reads another layout of codes than qkv writes "
                        "(qkv.quantize.int4_slots); use --quantize int8 or none")
 
