@@ -119,7 +119,7 @@ def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False) -> Callable[[],
     def step() -> None:
         offsets = torch.randint(0, len(stream) - CONTEXT, (BATCH,), generator=g)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss, n = task.loss(WindowBatch(offsets, BATCH * CONTEXT))
+            loss, n = task.loss(model, WindowBatch(offsets, BATCH * CONTEXT))
         (loss / n).backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

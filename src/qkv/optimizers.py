@@ -81,14 +81,14 @@ NS_STEPS = 5
 def orthogonalise(m: Tensor, steps: int = NS_STEPS) -> Tensor:
     """U Vᵀ of M = U S Vᵀ, approximately (singular values land in about 0.7–1.2): Newton–Schulz iterations
     X ← a X + (b A + c A²) X with A = X Xᵀ, on the wide orientation (A is the smaller Gram matrix), from
-    X₀ = M / ‖M‖ so that every singular value starts at most 1. ``m`` may be a batch (..., rows, columns)."""
+    X₀ = M / ‖M‖ so that every singular value starts at most 1. ``m`` is a batch (n, rows, columns)."""
     a, b, c = NS_COEFFICIENTS
     tall = m.size(-2) > m.size(-1)
     x = m.mT if tall else m
     x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
-    for _ in range(steps):
+    for _ in range(steps):  # three matrix products a step, the scalings folded into them
         gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
 
 

@@ -40,7 +40,8 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     model.add_argument("--style", choices=["gpt2", "llama"],
                        help="gpt2 (LayerNorm, learned positions, GELU) or llama (RMSNorm, RoPE, SwiGLU)")
     add_size_arguments(model)
-    add_ingredient_arguments(model, activations="the style's: gelu_tanh or swiglu")
+    add_ingredient_arguments(model, activations="the preset's: gelu for tiny, gelu_tanh for the other GPT-2 "
+                                                "style ones, swiglu with --style llama")
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
     train = add_training_arguments(p, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=integer(0),

@@ -84,7 +84,7 @@ class Recipe:
     def run(self) -> int:
         import time
 
-        import torch
+        import torch._dynamo  # torch, and what any torch.optim optimizer imports: imports, outside the clock
 
         from ..distributed import current
         from ..rundir import claim
