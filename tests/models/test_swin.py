@@ -173,15 +173,16 @@ def test_parameters_do_not_depend_on_the_image_size_and_flops_grow_linearly_with
     assert count_flops(vit, pixels_4x) > 8 * count_flops(vit, pixels)
 
 
-def test_fashion_preset_runs_through_every_stage():
-    model = SwinClassifier(SwinConfig.from_preset("fashion", n_classes=10)).eval()
+@pytest.mark.parametrize(("preset", "heads", "width"), [("fashion", (3, 6), 96), ("fashion-small", (2, 4), 64)])
+def test_fashion_presets_run_through_every_stage(preset, heads, width):
+    model = SwinClassifier(SwinConfig.from_preset(preset, n_classes=10)).eval()
     logits, attention = model(torch.randn(2, 1, 28, 28), return_attention=True)
     assert logits.shape == (2, 10)
     # 14x14 patches in four shifted 7x7 windows, then 7x7 tokens in one window
-    assert [tuple(a.shape) for a in attention] == [(2, 4, 3, 49, 49)] * 2 + [(2, 1, 6, 49, 49)] * 2
+    assert [tuple(a.shape) for a in attention] == [(2, 4, heads[0], 49, 49)] * 2 + [(2, 1, heads[1], 49, 49)] * 2
     stages = [m for m in model.modules() if isinstance(m, SwinStage)]
     assert [s.merge is not None for s in stages] == [True, False]
-    assert model.swin(torch.randn(2, 1, 28, 28)).shape == (2, 49, 96)
+    assert model.swin(torch.randn(2, 1, 28, 28)).shape == (2, 49, width)
 
 
 @pytest.mark.parametrize(("pixels", "message"), [

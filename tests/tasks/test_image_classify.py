@@ -195,3 +195,36 @@ def test_split_images_holds_out_a_random_fraction_once():
     both = torch.cat([kept.pixels, held.pixels]).flatten(1).float().sum(1).sort().values
     torch.testing.assert_close(both, digits.pixels.flatten(1).float().sum(1).sort().values)
     assert torch.equal(split_images(digits, 0.25, seed=1)[1].pixels, held.pixels)  # the same split on --resume
+
+
+@pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (10, None, None), (19.9, None, None),
+                                                    (20, None, 6), (30, None, 6), (30, 3, 3)])
+def test_the_speedrun_vit_deepens_from_twenty_minutes_unless_told(tmp_path, minutes, typed, layers):
+    """Six layers rather than the preset's four (None: the preset's) given 20 minutes or more; a typed
+    --n-layers wins, and the classic recipe keeps its own preset at any budget."""
+    import argparse
+
+    from qkv.recipes.image_classifier import DEEPER_FROM_MINUTES, ViTRecipe
+    from qkv.recipes.settings import merged_settings
+
+    assert DEEPER_FROM_MINUTES == 20
+    args = argparse.Namespace(out=str(tmp_path / "run"), resume=False, max_minutes=minutes, n_layers=typed,
+                              recipe=None)
+    recipe = ViTRecipe(args)
+    assert merged_settings(args, recipe.defaults(), command="train vit", recipes=recipe.recipes())["n_layers"] == layers
+    args.recipe = "classic"
+    assert merged_settings(args, recipe.defaults(), command="train vit",
+                           recipes=recipe.recipes())["n_layers"] == typed
+
+
+def test_the_speedrun_swin_is_the_small_one_and_the_classic_keeps_its_own():
+    import argparse
+
+    from qkv.recipes.image_classifier import SwinRecipe
+    from qkv.recipes.settings import merged_settings
+
+    for recipe, preset in ((None, "fashion-small"), ("classic", "fashion")):
+        args = argparse.Namespace(out="run", resume=False, recipe=recipe, preset=None)
+        swin = SwinRecipe(args)
+        assert merged_settings(args, swin.defaults(), command="train swin",
+                               recipes=swin.recipes())["preset"] == preset

@@ -75,9 +75,10 @@ def add_vit_arguments(p: argparse.ArgumentParser, settings) -> None:
 def add_swin_arguments(p: argparse.ArgumentParser, settings) -> None:
     _add_data_arguments(p)
     model = p.add_argument_group("model (a preset, then any field overridden)")
-    model.add_argument("--preset", choices=["fashion", "swin-tiny"],
-                       help="fashion: 2 stages (2+2 blocks), 48 wide, patches of 2 px, 7x7 windows, 0.3M "
-                            "parameters; swin-tiny: 4 stages, 96 wide")
+    model.add_argument("--preset", choices=["fashion-small", "fashion", "swin-tiny"],
+                       help="fashion-small (the speedrun recipe's): 2 stages (2+2 blocks), 32 wide, patches of 2 px, "
+                            "7x7 windows, 0.14M parameters; fashion (the classic recipe's): the same, 48 wide, 0.3M; "
+                            "swin-tiny: 4 stages, 96 wide")
     model.add_argument("--patch-size", type=COUNT, help="side of a patch in pixels (the preset's)")
     model.add_argument("--d-model", type=COUNT, help="width of the first stage (doubles at every merge)")
     model.add_argument("--depths", type=COUNT, nargs="+", help="blocks per stage, e.g. 2 2 6 2")
