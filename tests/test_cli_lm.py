@@ -147,7 +147,8 @@ def test_speedrun_is_the_default_recipe_and_classic_stays_reachable(work, tmp_pa
     speedrun, classic = tmp_path / "speedrun", tmp_path / "classic"
     ok(here("train", "lm", "--text", "shakespeare.txt", "--out", speedrun, "--max-steps", "2", *TINY, cwd=work))
     args = recorded(speedrun)
-    assert (args["recipe"], args["optimizer"], args["schedule"], args["lr"]) == ("speedrun", "muon", "wsd", 3e-3)
+    assert (args["recipe"], args["optimizer"], args["schedule"], args["lr"], args["muon_lr"]) == (
+        "speedrun", "muon", "wsd", 3e-3, 0.04)
     # The mini preset's dropout is on the residual stream only (attention dropout leaves SDPA's fused kernel).
     mini = tmp_path / "mini"
     ok(here("train", "lm", "--text", "shakespeare.txt", "--out", mini, "--max-steps", "1", "--preset", "mini",

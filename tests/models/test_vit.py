@@ -96,6 +96,23 @@ def test_a_vit_with_the_conv_stem_reads_each_image_alone_and_any_size():
         assert model(torch.randn(1, 1, 32, 24)).shape == (1, 3)  # a 8 x 6 grid: positions interpolated
 
 
+@pytest.mark.parametrize(("preset", "layers", "width", "millions"),
+                         [("fashion-small", 4, 64, 0.20), ("fashion", 6, 128, 0.81)])
+def test_the_fashion_presets_read_28_pixel_images_at_their_documented_sizes(preset, layers, width, millions):
+    """The sizes the recipes and the --preset help promise, each reading a batch of 28 x 28 grey images into ten
+    classes, each image as alone."""
+    config = ViTConfig.from_preset(preset, n_classes=10)
+    assert (config.n_layers, config.d_model, config.d_model % config.n_heads) == (layers, width, 0)
+    torch.manual_seed(0)
+    model = ViTClassifier(config).eval()
+    assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - millions) < 0.01
+    with torch.no_grad():
+        pixels = torch.randn(3, 1, 28, 28)
+        logits = model(pixels)
+        assert logits.shape == (3, 10)
+        torch.testing.assert_close(logits[2:], model(pixels[2:]), atol=1e-5, rtol=1e-4)
+
+
 def test_mean_pooling_reads_the_patches_only():
     model = ViT(ViTConfig(image_size=8, patch_size=4, channels=1, d_model=16, n_heads=2, n_layers=1,
                           pooling="mean")).eval()
