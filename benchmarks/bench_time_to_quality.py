@@ -176,6 +176,8 @@ def main() -> None:
     parser.add_argument("--child", choices=["nanogpt"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     task = TASKS[args.task]
+    if args.task == "lm" and not args.text.is_file():
+        parser.error(f"--text {args.text}: no such file; pass tinyshakespeare's input.txt (../shared/data/...)")
     minutes = args.minutes if args.minutes is not None else task.minutes
     every = args.every if args.every is not None else task.every
     if args.child:
