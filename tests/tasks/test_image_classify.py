@@ -197,34 +197,32 @@ def test_split_images_holds_out_a_random_fraction_once():
     assert torch.equal(split_images(digits, 0.25, seed=1)[1].pixels, held.pixels)  # the same split on --resume
 
 
-@pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (10, None, None), (19.9, None, None),
-                                                    (20, None, 6), (30, None, 6), (30, 3, 3)])
-def test_the_speedrun_vit_deepens_from_twenty_minutes_unless_told(tmp_path, minutes, typed, layers):
-    """Six layers rather than the preset's four (None: the preset's) given 20 minutes or more; a typed
-    --n-layers wins, and the classic recipe keeps its own preset at any budget."""
+def recipe_settings(recipe_cls, command, **typed):
+    """The settings a recipe class gives for what was typed (None: not typed), as ``qkv train`` merges them."""
     import argparse
 
-    from qkv.recipes.image_classifier import DEEPER_FROM_MINUTES, ViTRecipe
     from qkv.recipes.settings import merged_settings
 
+    args = argparse.Namespace(out="run", resume=False, **typed)
+    recipe = recipe_cls(args)
+    return merged_settings(args, recipe.defaults(), command=command, recipes=recipe.recipes())
+
+
+@pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (10, None, None), (19.9, None, None),
+                                                    (20, None, 6), (30, None, 6), (30, 3, 3)])
+def test_the_speedrun_vit_deepens_from_twenty_minutes_unless_told(minutes, typed, layers):
+    """Six layers rather than the preset's four (None: the preset's) given 20 minutes or more; a typed
+    --n-layers wins, and the classic recipe keeps its own preset at any budget."""
+    from qkv.recipes.image_classifier import DEEPER_FROM_MINUTES, ViTRecipe
+
     assert DEEPER_FROM_MINUTES == 20
-    args = argparse.Namespace(out=str(tmp_path / "run"), resume=False, max_minutes=minutes, n_layers=typed,
-                              recipe=None)
-    recipe = ViTRecipe(args)
-    assert merged_settings(args, recipe.defaults(), command="train vit", recipes=recipe.recipes())["n_layers"] == layers
-    args.recipe = "classic"
-    assert merged_settings(args, recipe.defaults(), command="train vit",
-                           recipes=recipe.recipes())["n_layers"] == typed
+    for recipe, expected in ((None, layers), ("classic", typed)):
+        settings = recipe_settings(ViTRecipe, "train vit", max_minutes=minutes, n_layers=typed, recipe=recipe)
+        assert settings["n_layers"] == expected
 
 
 def test_the_speedrun_swin_is_the_small_one_and_the_classic_keeps_its_own():
-    import argparse
-
     from qkv.recipes.image_classifier import SwinRecipe
-    from qkv.recipes.settings import merged_settings
 
     for recipe, preset in ((None, "fashion-small"), ("classic", "fashion")):
-        args = argparse.Namespace(out="run", resume=False, recipe=recipe, preset=None)
-        swin = SwinRecipe(args)
-        assert merged_settings(args, swin.defaults(), command="train swin",
-                               recipes=swin.recipes())["preset"] == preset
+        assert recipe_settings(SwinRecipe, "train swin", recipe=recipe, preset=None)["preset"] == preset
