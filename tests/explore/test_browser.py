@@ -79,13 +79,22 @@ def _no_script_errors(driver):
     assert not errors, errors
 
 
+def _attributes(driver, selector, *names):
+    """Each element's attributes (``text``: its rendered text), read in one script: a WebDriver call per
+    attribute of hundreds of cells would take seconds."""
+    script = ("return Array.from(document.querySelectorAll(arguments[0]), e => arguments[1].map("
+              "n => n === 'text' ? e.innerText : e.getAttribute(n)));")
+    return [tuple(row) for row in driver.execute_script(script, selector, list(names))]
+
+
 def _detail(driver, layer, head):
     """Click the model view's thumbnail of (layer, head); the detail table's numbers by (query, key)."""
     wait = WebDriverWait(driver, 30)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#model-view .thumb"))
     driver.find_element(By.CSS_SELECTOR, f'.thumb[data-layer="{layer}"][data-head="{head}"]').click()
-    cells = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#detail-table td[data-query]"))
-    return {(int(c.get_attribute("data-query")), int(c.get_attribute("data-key"))): c.text for c in cells}
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#detail-table td[data-query]"))
+    cells = _attributes(driver, "#detail-table td[data-query]", "data-query", "data-key", "text")
+    return {(int(q), int(k)): text for q, k, text in cells}
 
 
 def _check_numbers(shown, attention, rows):
@@ -105,12 +114,13 @@ def test_the_served_page_shows_the_models_attention(browser, lm_server, lm_dir, 
     shown = _detail(browser, 1, 2)
     steps = expected["steps"]  # at the last step: every row that wrote a token (the last one read the last token)
     _check_numbers(shown, expected["views"][0]["attention"][1][2], steps["first"] + len(steps["tokens"]))
-    lines = browser.find_elements(By.CSS_SELECTOR, "#head-view line.attn")
-    assert lines and {line.get_attribute("data-head") for line in lines} == {"2"}  # the clicked head alone
+    lines = _attributes(browser, "#head-view line.attn", "data-head")
+    assert lines and set(lines) == {("2",)}  # the clicked head alone
     token = browser.find_element(By.CSS_SELECTOR, '.query-token[data-index="3"]')
     ActionChains(browser).move_to_element(token).perform()
-    shown = [line for line in lines if "dim" not in line.get_attribute("class")]
-    assert shown and {line.get_attribute("data-query") for line in shown} == {"3"}  # hovering isolates a row
+    lines = _attributes(browser, "#head-view line.attn", "class", "data-query")
+    shown = {query for cls, query in lines if "dim" not in cls.split()}
+    assert len(lines) > 1 and shown == {"3"}  # hovering isolates a row
     labels = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#head-view .query-token")]
     assert "猫" in labels  # Chinese labels are drawn
     screenshot = os.environ.get("QKV_EXPLORER_SCREENSHOT") or str(tmp_path / "explorer.png")
