@@ -54,8 +54,8 @@ def test_train_vit_writes_a_classifier_that_knows_its_data(vit_run):
     assert len(meta["mean"]) == 1 and meta["command"] == "train vit"
     assert (vit_run / "loss.png").read_bytes()[:8] == PNG_MAGIC
     args = meta["args"]  # the default recipe: the small ViT with Muon and warmup-stable-decay, images unshifted
-    assert (args["recipe"], args["preset"], args["optimizer"], args["schedule"], args["pad"]) == (
-        "speedrun", "fashion-small", "muon", "wsd", 0)
+    assert (args["recipe"], args["preset"], args["optimizer"], args["muon_lr"], args["schedule"], args["pad"]) == (
+        "speedrun", "fashion-small", "muon", 0.01, "wsd", 0)
     assert config["model"]["patch_dropout"] == 0.5  # trained on half of each image's patches
 
 

@@ -226,3 +226,13 @@ def test_the_speedrun_swin_is_the_small_one_and_the_classic_keeps_its_own():
 
     for recipe, preset in ((None, "fashion-small"), ("classic", "fashion")):
         assert recipe_settings(SwinRecipe, "train swin", recipe=recipe, preset=None)["preset"] == preset
+
+
+@pytest.mark.parametrize("typed, expected", [(None, 0.01), (0.02, 0.02)])
+def test_the_image_speedrun_recipes_run_muon_at_half_the_language_models_rate(typed, expected):
+    """0.01 for the ViT and the Swin (the LM's recipe has 0.04, the trainer 0.02); a typed --muon-lr wins."""
+    from qkv.recipes.image_classifier import SwinRecipe, ViTRecipe
+
+    for recipe_cls, command in ((ViTRecipe, "train vit"), (SwinRecipe, "train swin")):
+        settings = recipe_settings(recipe_cls, command, recipe=None, max_minutes=None, muon_lr=typed)
+        assert settings["muon_lr"] == expected
