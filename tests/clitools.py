@@ -66,3 +66,14 @@ def one_line_error(proc: subprocess.CompletedProcess, *phrases: str) -> str:
     for phrase in phrases:
         assert phrase in lines[0], lines[0]
     return lines[0]
+
+
+def recipe_settings(recipe_cls, command: str, **typed) -> dict:
+    """The settings a recipe class gives for what was typed (None: not typed), as ``qkv train`` merges them."""
+    import argparse
+
+    from qkv.recipes.settings import merged_settings
+
+    args = argparse.Namespace(out="run", resume=False, **typed)
+    recipe = recipe_cls(args)
+    return merged_settings(args, recipe.defaults(), command=command, recipes=recipe.recipes())

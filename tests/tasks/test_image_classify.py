@@ -6,6 +6,7 @@ import struct
 import numpy as np
 import pytest
 import torch
+from clitools import recipe_settings
 
 from qkv.checkpoint import load_checkpoint
 from qkv.config import ViTConfig
@@ -195,17 +196,6 @@ def test_split_images_holds_out_a_random_fraction_once():
     both = torch.cat([kept.pixels, held.pixels]).flatten(1).float().sum(1).sort().values
     torch.testing.assert_close(both, digits.pixels.flatten(1).float().sum(1).sort().values)
     assert torch.equal(split_images(digits, 0.25, seed=1)[1].pixels, held.pixels)  # the same split on --resume
-
-
-def recipe_settings(recipe_cls, command, **typed):
-    """The settings a recipe class gives for what was typed (None: not typed), as ``qkv train`` merges them."""
-    import argparse
-
-    from qkv.recipes.settings import merged_settings
-
-    args = argparse.Namespace(out="run", resume=False, **typed)
-    recipe = recipe_cls(args)
-    return merged_settings(args, recipe.defaults(), command=command, recipes=recipe.recipes())
 
 
 @pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (10, None, None), (19.9, None, None),

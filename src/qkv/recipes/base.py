@@ -43,6 +43,9 @@ class Recipe:
     betas: ClassVar[tuple[float, float]] = (0.9, 0.999)  # AdamW's
     # Named sets of defaults over Settings() (``--recipe``); the first is a new run's.
     RECIPES: ClassVar[dict[str, dict]] = {"classic": {}}
+    # The first recipe's depth by the time it is given: (from this --max-minutes, n_layers) in rising order, the
+    # last one the budget reaches applies (None: the preset's depth; no --max-minutes: none applies).
+    LAYERS_BY_MINUTES: ClassVar[tuple[tuple[float, int | None], ...]] = ()
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.out = args, Path(args.out)
@@ -61,8 +64,14 @@ class Recipe:
         return dataclasses.asdict(self.Settings())
 
     def recipes(self) -> dict[str, dict]:
-        """The named sets of defaults this run may start from (:attr:`RECIPES`)."""
-        return self.RECIPES
+        """The named sets of defaults this run may start from (:attr:`RECIPES`), the first one's depth following
+        ``--max-minutes`` (:attr:`LAYERS_BY_MINUTES`; a typed ``--n-layers`` wins, a resumed run keeps its model)."""
+        minutes = getattr(self.args, "max_minutes", None)
+        layers = [n for start, n in self.LAYERS_BY_MINUTES if minutes is not None and minutes >= start]
+        if not layers or layers[-1] is None:
+            return self.RECIPES
+        first = next(iter(self.RECIPES))
+        return {**self.RECIPES, first: {**self.RECIPES[first], "n_layers": layers[-1]}}
 
     def prepare(self) -> None:
         """Before the settings are merged: checks of the typed options and paths made absolute."""

@@ -118,15 +118,9 @@ class ViTRecipe(ImageClassifierRecipe):
     Settings = ViTSettings
     RECIPES: ClassVar[dict[str, dict]] = {
         "speedrun": {}, "classic": {**CLASSIC, "preset": "fashion", "patch_dropout": 0.0}}
+    LAYERS_BY_MINUTES = ((DEEPER_FROM_MINUTES, 6),)
     fields = ("patch_size", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "pooling", "stem", "patch_dropout",
               *INGREDIENTS)
-
-    def recipes(self) -> dict[str, dict]:
-        """The speedrun recipe's depth follows the time it is given (a resumed run keeps its model)."""
-        minutes = self.args.max_minutes
-        if minutes is None or minutes < DEEPER_FROM_MINUTES:
-            return self.RECIPES
-        return {**self.RECIPES, "speedrun": {**self.RECIPES["speedrun"], "n_layers": 6}}
 
     def classes(self):
         from ..config import ViTConfig
