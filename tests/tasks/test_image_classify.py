@@ -198,19 +198,6 @@ def test_split_images_holds_out_a_random_fraction_once():
     assert torch.equal(split_images(digits, 0.25, seed=1)[1].pixels, held.pixels)  # the same split on --resume
 
 
-@pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (10, None, None), (19.9, None, None),
-                                                    (20, None, 6), (30, None, 6), (30, 3, 3)])
-def test_the_speedrun_vit_deepens_from_twenty_minutes_unless_told(minutes, typed, layers):
-    """Six layers rather than the preset's four (None: the preset's) given 20 minutes or more; a typed
-    --n-layers wins, and the classic recipe keeps its own preset at any budget."""
-    from qkv.recipes.image_classifier import DEEPER_FROM_MINUTES, ViTRecipe
-
-    assert DEEPER_FROM_MINUTES == 20
-    for recipe, expected in ((None, layers), ("classic", typed)):
-        settings = recipe_settings(ViTRecipe, "train vit", max_minutes=minutes, n_layers=typed, recipe=recipe)
-        assert settings["n_layers"] == expected
-
-
 def test_the_speedrun_swin_is_the_small_one_and_the_classic_keeps_its_own():
     from qkv.recipes.image_classifier import SwinRecipe
 

@@ -174,18 +174,3 @@ def test_the_default_eval_windows_bound_evaluation_to_a_tenth_of_training():
     assert eval_windows(s) == 900  # forward-only windows worth 0.1 x 250 training steps of 12 windows
     assert eval_windows(replace(s, accum=4)) == 3600 == eval_windows(replace(s, accum=2), world=2)  # a step's windows
     assert eval_windows(replace(s, eval_windows=0)) is None and eval_windows(replace(s, eval_windows=7)) == 7
-
-
-@pytest.mark.parametrize("minutes, typed, layers", [(None, None, None), (0.5, None, 2), (3.9, None, 2),
-                                                    (4, None, None), (60, None, None), (1, 3, 3)])
-def test_the_speedrun_gpt_is_shallower_below_four_minutes_unless_told(minutes, typed, layers):
-    """Two layers rather than the tiny preset's four (None: the preset's) given under 4 minutes; a typed
-    --n-layers wins, and the classic recipe keeps its own preset at any budget."""
-    from clitools import recipe_settings
-
-    from qkv.recipes.language_model import SHALLOW_BELOW_MINUTES, LanguageModelRecipe
-
-    assert SHALLOW_BELOW_MINUTES == 4
-    for recipe, expected in ((None, layers), ("classic", typed)):
-        settings = recipe_settings(LanguageModelRecipe, "train lm", max_minutes=minutes, n_layers=typed, recipe=recipe)
-        assert settings["n_layers"] == expected
