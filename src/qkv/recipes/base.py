@@ -67,8 +67,8 @@ class Recipe:
         """The named sets of defaults this run may start from (:attr:`RECIPES`), the first one's depth following
         ``--max-minutes`` (:attr:`LAYERS_BY_MINUTES`; a typed ``--n-layers`` wins, a resumed run keeps its model)."""
         minutes = getattr(self.args, "max_minutes", None)
-        layers = [n for start, n in self.LAYERS_BY_MINUTES if minutes is not None and minutes >= start]
-        if not layers or layers[-1] is None:
+        layers = [n for start, n in self.LAYERS_BY_MINUTES if minutes is not None and minutes >= start][-1:]
+        if layers in ([], [None]):
             return self.RECIPES
         first = next(iter(self.RECIPES))
         return {**self.RECIPES, first: {**self.RECIPES[first], "n_layers": layers[-1]}}

@@ -12,7 +12,7 @@ Two recipes (``--recipe``), measured on tinyshakespeare's characters on 2 CPU co
   steps of nanoGPT's CPU recipe it ends at a validation loss of 1.67 where AdamW ends at 1.90.
   Given an hour it reaches 1.456 (below the 1.47 of nanoGPT's 10.7M model on a GPU), as ``--preset mini
   --dropout 0.1 --batch-size 32`` (4 × 256, context 128, dropout on the residual stream) does (1.453); at 10
-  minutes the tiny model is far ahead (1.514 against 1.660), so the recipe keeps it at every budget.
+  minutes the tiny model is far ahead (1.514 against 1.660), so the recipe keeps the ``tiny`` preset at every budget.
 * classic: the recipe before it: the 4 × 256 ``mini`` GPT, context 128, 32 windows a step, AdamW at 1e-3, 200
   warmup steps, cosine decay to a tenth.
 """
