@@ -44,6 +44,7 @@ from .config import (
 )
 from .files import read_json
 from .footprint import build_model
+from .lora import lora_config_of, lora_layers
 from .models import (
     BERT,
     CLIP,
@@ -75,6 +76,9 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], type]] = {
 }
 
 CONFIG, WEIGHTS, TRAINER_STATE = "config.json", "model.safetensors", "trainer_state.pt"
+# A LoRA run's checkpoints hold its adapters alone, as PEFT writes them, in this folder; the base model is named
+# by the run's meta ("base": its source, how its weights are held, and a fingerprint of its files).
+ADAPTER, ADAPTER_WEIGHTS = "adapter", "adapter_model.safetensors"
 # What config.json records about the other files, to check them when loading; not part of the meta.
 CHECKSUM, TOKENIZERS = "weights_sha256", "tokenizers"
 # The tokenizer kinds each family's code can run with (an encoder frames its input with WordPiece's [CLS] and
@@ -153,13 +157,20 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
     from safetensors.torch import save_model
 
     tmp.mkdir()
-    save_model(model, str(tmp / WEIGHTS))  # shared (tied) tensors are stored once
+    if lora_layers(model):  # a LoRA run: the adapters alone, in PEFT's format; the base is named in the meta
+        from .interop.peft import save_peft_adapter
+
+        save_peft_adapter(model, lora_config_of(model), tmp / ADAPTER, base_name=str((meta or {})["base"]["source"]))
+        weights = tmp / ADAPTER / ADAPTER_WEIGHTS
+    else:
+        save_model(model, str(tmp / WEIGHTS))  # shared (tied) tensors are stored once
+        weights = tmp / WEIGHTS
     config = {"arch": architecture_of(model), "model": model.config.to_dict(), **(meta or {}),
-              CHECKSUM: file_sha256(tmp / WEIGHTS),
+              CHECKSUM: file_sha256(weights),
               TOKENIZERS: {side: {"kind": t.kind, "vocab_size": t.vocab_size} for side, t in tokenizers.items()}}
     (tmp / CONFIG).write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
     # safetensors creates its file private (0600); give it the mode the umask gave its siblings
-    os.chmod(tmp / WEIGHTS, (tmp / CONFIG).stat().st_mode & 0o777)
+    os.chmod(weights, (tmp / CONFIG).stat().st_mode & 0o777)
     for side, tokenizer in tokenizers.items():
         save_tokenizer(tokenizer, tmp / f"tokenizer.{side}.json")
     if trainer_state is not None:
@@ -183,6 +194,9 @@ def _first_line(err: BaseException) -> str:
 
 def _fsync_dir(path: Path) -> None:
     for f in path.iterdir():
+        if f.is_dir():
+            _fsync_dir(f)
+            continue
         with open(f, "rb") as handle:
             os.fsync(handle.fileno())
 
@@ -218,6 +232,11 @@ def load_checkpoint(path: str | Path, *, with_trainer_state: bool = False) -> Ch
     """
     directory = resolve(path)
     arch, model_cls, config, meta, recorded = _read_config(directory / CONFIG)
+    if (directory / ADAPTER).is_dir() and isinstance(meta.get("base"), dict):
+        model, tokenizer = _adapted_base(directory, meta)
+        load_adapter_weights(model, directory, recorded.get(CHECKSUM))
+        trainer_state = load_trainer_state(directory) if with_trainer_state else None
+        return Checkpoint(model.eval(), arch, meta, {"text": tokenizer}, directory, trainer_state)
     try:
         with skip_init():  # every weight is overwritten by the strict load below
             model = build_model(model_cls, config, what=f"the model of {directory / CONFIG}")
@@ -227,8 +246,38 @@ def load_checkpoint(path: str | Path, *, with_trainer_state: bool = False) -> Ch
     _check_digest(directory / WEIGHTS, recorded.get(CHECKSUM))
     model.eval()
     tokenizers = _load_tokenizers(directory, arch, config, recorded.get(TOKENIZERS))
-    trainer_state = _load_trainer_state(directory) if with_trainer_state else None
+    trainer_state = load_trainer_state(directory) if with_trainer_state else None
     return Checkpoint(model, arch, meta, tokenizers, directory, trainer_state)
+
+
+def _adapted_base(directory: Path, meta: dict[str, Any]) -> tuple[nn.Module, Tokenizer]:
+    """The base model a LoRA run adapted, loaded as the run loaded it, checked to be the same files."""
+    from .interop.pretrained import load_base
+
+    try:
+        base = load_base(meta["base"]["source"], weights=meta["base"]["weights"],
+                         expected=meta["base"].get("fingerprint"))
+    except KeyError as err:
+        raise CheckpointError(f"{directory / CONFIG}: the base model's record lacks {err}") from None
+    return base.model, base.tokenizer
+
+
+def load_adapter_weights(model: nn.Module, directory: Path, recorded: Any) -> None:
+    """Copy a LoRA run's adapters (``directory/adapter``) into ``model`` (adapted there if not yet), after checking
+    the file's bytes against the checksum recorded when it was saved."""
+    from .interop.peft import load_peft_adapter
+
+    _check_digest(directory / ADAPTER / ADAPTER_WEIGHTS, recorded)
+    load_peft_adapter(model, directory / ADAPTER)
+
+
+def resume_adapters(model: nn.Module, path: str | Path) -> dict[str, Any]:
+    """A LoRA run's checkpoint read back into ``model`` (its base already loaded and adapted): the adapters copied
+    in place, and the trainer state returned."""
+    directory = resolve(path)
+    recorded = _read_config(directory / CONFIG)[4]
+    load_adapter_weights(model, directory, recorded.get(CHECKSUM))
+    return load_trainer_state(directory)
 
 
 def read_meta(path: str | Path) -> dict[str, Any]:
@@ -461,7 +510,7 @@ def _check_tokenizer(path: Path, tokenizer: Tokenizer, arch: str, model_vocab: i
                           "saved with the model")
 
 
-def _load_trainer_state(directory: Path) -> dict[str, Any]:
+def load_trainer_state(directory: Path) -> dict[str, Any]:
     state_path = directory / TRAINER_STATE
     if not state_path.is_file():
         raise CheckpointError(f"{directory} has no {TRAINER_STATE}; resume from a run's last/ checkpoint")

@@ -250,7 +250,7 @@ class QuantizedLinear(nn.Module):
         flat = x.reshape(-1, self.in_features)
         rows = flat.to(torch.bfloat16).contiguous()
         if x.is_cpu:
-            y = self._cpu_product()(rows).to(x.dtype)
+            y = _QuantizedProduct.apply(rows, self).to(x.dtype)
         else:  # the kernels are the CPU's; elsewhere, widen the weights
             y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)
         if self.outliers:
@@ -267,6 +267,32 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         outliers = f", {self.outliers} fp32 columns" if self.outliers else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, {self._format()}{outliers}"
+
+
+BACKWARD_TILE_WEIGHTS = 1 << 20  # the backward pass dequantizes this many weights at a time (4 MB of float32)
+
+
+class _QuantizedProduct(torch.autograd.Function):
+    """``y = x Ŵᵀ`` by the format's CPU kernel, which has no backward pass of its own; the backward pass is
+    ``∂L/∂x = ∂L/∂y · Ŵ``, with Ŵ (:meth:`QuantizedLinear._decoded`) widened to float32 a tile of output rows
+    at a time, so that training through a quantized layer (QLoRA) never holds its float32 weights whole. The
+    weights themselves get no gradient: they are frozen codes."""
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, layer: QuantizedLinear) -> Tensor:
+        ctx.layer = layer
+        return layer._cpu_product()(rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        layer = ctx.layer
+        tile = max(1, BACKWARD_TILE_WEIGHTS // layer.in_features)
+        grad = grad.float()
+        out = grad.new_zeros(grad.size(0), layer.in_features)
+        for start in range(0, layer.out_features, tile):
+            end = min(start + tile, layer.out_features)
+            out.addmm_(grad[:, start:end], layer._decoded(torch.arange(start, end)).to(grad.device))  # (rows, in)
+        return out.to(torch.bfloat16), None
 
 
 class Int8Linear(QuantizedLinear):

@@ -42,8 +42,9 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .budget import Budget
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import CheckpointError, load_checkpoint, resume_adapters, save_checkpoint
 from .distributed import SINGLE, Group
+from .lora import lora_layers
 from .optimizers import OPTIMIZERS, build_optimizer
 from .progress import Progress, RunLog
 from .rundir import claim, holds
@@ -511,13 +512,19 @@ class Trainer:
         }
 
     def _restore(self) -> None:
-        ckpt = load_checkpoint(self.out / "last", with_trainer_state=True)
-        state = ckpt.trainer_state
+        path = self.out / "last"
         try:
-            self.model.load_state_dict(ckpt.model.state_dict())  # copied onto this run's device
+            if lora_layers(self.model):  # a LoRA run saved its adapters alone: its base is the one loaded now
+                state = resume_adapters(self.model, path)
+            else:
+                ckpt = load_checkpoint(path, with_trainer_state=True)
+                state = ckpt.trainer_state
+                self.model.load_state_dict(ckpt.model.state_dict())  # copied onto this run's device
             self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
-            raise ValueError(f"{ckpt.path} does not fit the model being resumed ({str(err).splitlines()[0]}); "
+            if isinstance(err, CheckpointError):
+                raise
+            raise ValueError(f"{path} does not fit the model being resumed ({str(err).splitlines()[0]}); "
                              "resume a run with the command that started it") from None
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -527,5 +534,5 @@ class Trainer:
         if self.device.type == "cuda" and len(state.get("cuda_rng", [])) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(state["cuda_rng"])  # dropout on the GPU continues as it would have
         self.log.read(up_to_step=self.state.step)
-        log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", ckpt.path, self.state.step,
+        log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", path, self.state.step,
                  self.state.epoch, self.state.batch_index, self.device)

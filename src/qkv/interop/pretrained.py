@@ -188,4 +188,71 @@ def _check_vocab(model: GPT, tokenizer: PretrainedTokenizer, source: Path) -> No
         )
 
 
-__all__ = ["Pretrained", "load_pretrained", "smollm2_path"]
+# ------------------------------------------------------------------------------------------ fine-tuning's base
+
+
+def _qkv_run(source: str) -> bool:
+    """Whether ``source`` is a qkv run or checkpoint directory (a Hugging Face folder's config has no "arch")."""
+    from ..files import read_json
+
+    path = Path(source)
+    if (path / "best").is_dir() or (path / "last").is_dir():
+        return True
+    return (path / "config.json").is_file() and "arch" in read_json(path / "config.json")
+
+
+def base_files(source: str) -> list[Path]:
+    """The files that make a base model: a GGUF file; a Hugging Face folder's config, weights and tokenizer; a qkv
+    run's checkpoint config (which holds its weights' sha256)."""
+    if source == "smollm2":
+        return [p for p in [smollm2_path()] if p is not None]
+    path = Path(source)
+    if not path.is_dir():
+        return [path]
+    if _qkv_run(source):
+        from ..checkpoint import CONFIG, resolve
+
+        return [resolve(path) / CONFIG]
+    names = ["config.json", "tokenizer.json", "model.safetensors.index.json",
+             *sorted(p.name for p in path.glob("*.safetensors"))]
+    return [path / n for n in names if (path / n).is_file()]
+
+
+def fingerprint(source: str) -> str:
+    """The sha256 of a base model's files (:func:`base_files`), in order: what a LoRA run records of its base, to
+    refuse another model's files under the same name."""
+    import hashlib
+
+    from ..checkpoint import file_sha256
+
+    digest = hashlib.sha256()
+    for path in base_files(source):
+        digest.update(file_sha256(path).encode())
+    return digest.hexdigest()
+
+
+def load_base(source: str, *, weights: str, expected: str | None = None) -> Pretrained:
+    """A model to fine-tune: anything :func:`load_pretrained` reads, or a qkv language-model run (its ``best/``
+    checkpoint), its weights as ``weights`` says ("none": float32; "auto", "int8", "int4": quantized as
+    :func:`load_pretrained` holds them). With ``expected`` (a :func:`fingerprint`), the files must be those the
+    fingerprint was taken of.
+
+    Raises:
+        ValueError: one line: what :func:`load_pretrained` or :func:`qkv.checkpoint.load_checkpoint` refuse, a
+            qkv run that is not a language model, or files that differ from the fingerprint.
+    """
+    if expected is not None and fingerprint(source) != expected:
+        raise ValueError(f"the base model {source} is not the one the adapters were trained on (its files have "
+                         "changed); use the original base model")
+    if not (Path(source).is_dir() and _qkv_run(source)):
+        return load_pretrained(source, weights=weights)
+    from ..checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(source)
+    if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
+        raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model to fine-tune")
+    model = ckpt.model if weights in ("none", "auto") else quantize(ckpt.model, weights)
+    return Pretrained(model, ckpt.tokenizers["text"], None, ckpt.name)
+
+
+__all__ = ["Pretrained", "base_files", "fingerprint", "load_base", "load_pretrained", "smollm2_path"]

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import GPTConfig
-from ..nn import Decoder, DecoderCache, padding_mask
+from ..nn import Decoder, DecoderCache, padding_mask, segment_mask, segment_positions
 from . import common
 from .common import WithAttention
 
@@ -27,6 +27,7 @@ class GPT(common.Model):
     """
 
     output_layer = "lm_head"  # the layer that writes the logits (kept at 8 bits by qkv.quantize's int4)
+    checkpointing = False  # training: recompute each layer's activations in the backward pass (see Decoder)
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -49,11 +50,11 @@ class GPT(common.Model):
 
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: DecoderCache | None = None, last_only: bool = False,
+                segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
                 return_attention: Literal[False] = False) -> Tensor: ...
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
-                cache: DecoderCache | None = None, last_only: bool = False,
+                segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
                 return_attention: Literal[True]) -> WithAttention: ...
 
     def forward(
@@ -62,6 +63,7 @@ class GPT(common.Model):
         *,
         attention_mask: Tensor | None = None,
         positions: Tensor | None = None,
+        segments: Tensor | None = None,
         cache: DecoderCache | None = None,
         last_only: bool = False,
         return_attention: bool = False,
@@ -74,6 +76,8 @@ class GPT(common.Model):
                 the config has a pad_id (and no cache is used). Positions then count real tokens only, so a
                 left-padded sequence gets the same positions as it would alone.
             positions: explicit positions ``(T,)`` or ``(B, T)``; by default they follow the mask or cache.
+            segments: packed rows ``(B, T)``: each token's example number; a token attends to its own example's
+                earlier tokens only, and positions restart at 0 with each example (no cache).
             cache: from :meth:`new_cache`; extended in place.
             last_only: logits for the last position only, ``(B, 1, vocab_size)``: all that decoding needs, and
                 the output layer is the largest product of a step (49k × 576 in SmolLM2).
@@ -95,6 +99,13 @@ class GPT(common.Model):
             attention_mask = common.check_mask(attention_mask, ids.new_empty(b, past + t), "attention_mask")
             if positions is None:
                 positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        attn_mask = None
+        if segments is not None:
+            if cache is not None or segments.shape != ids.shape:
+                raise ValueError(f"segments must have the shape of ids {tuple(ids.shape)}, without a cache; got "
+                                 f"{tuple(segments.shape)}")
+            attn_mask = segment_mask(segments)  # (B, 1, T, T)
+            positions = segment_positions(segments) if positions is None else positions
         if positions is None:
             positions = torch.arange(past, past + t, device=ids.device)
 
@@ -102,8 +113,8 @@ class GPT(common.Model):
         if self.positions is not None:
             x = x + self.positions(positions)
         x, weights, _ = self.decoder(
-            self.emb_dropout(x), key_padding_mask=attention_mask, positions=positions, cache=cache,
-            need_weights=return_attention,
+            self.emb_dropout(x), key_padding_mask=attention_mask, attn_mask=attn_mask, positions=positions,
+            cache=cache, need_weights=return_attention, checkpointing=self.checkpointing and self.training,
         )
         x = x[:, -1:] if last_only else x
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token

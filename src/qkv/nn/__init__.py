@@ -3,7 +3,15 @@
 from .attention import KVCache, MultiHeadAttention, StackedSelfAttention, scaled_dot_product_attention
 from .feedforward import FeedForward, StackedFeedForward
 from .layers import Decoder, DecoderCache, DecoderLayer, Encoder, EncoderLayer, LayerCache
-from .masks import causal_mask, key_padding_to_attention, padding_mask, sliding_window_mask
+from .lora import LoRALinear
+from .masks import (
+    causal_mask,
+    key_padding_to_attention,
+    padding_mask,
+    segment_mask,
+    segment_positions,
+    sliding_window_mask,
+)
 from .norm import LayerNorm, RMSNorm, build_norm
 from .position import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
@@ -18,6 +26,7 @@ __all__ = [
     "LayerCache",
     "LayerNorm",
     "LearnedPositionalEmbedding",
+    "LoRALinear",
     "MultiHeadAttention",
     "RMSNorm",
     "RotaryEmbedding",
@@ -29,5 +38,7 @@ __all__ = [
     "key_padding_to_attention",
     "padding_mask",
     "scaled_dot_product_attention",
+    "segment_mask",
+    "segment_positions",
     "sliding_window_mask",
 ]

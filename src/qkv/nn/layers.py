@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
@@ -249,17 +251,27 @@ class Decoder(nn.Module):
         *,
         key_padding_mask: Tensor | None = None,
         memory_key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
         positions: Tensor | None = None,
         cache: DecoderCache | None = None,
         need_weights: bool = False,
+        checkpointing: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        """Returns ``(x, self-attention weights per layer, cross-attention weights per layer)``."""
+        """Returns ``(x, self-attention weights per layer, cross-attention weights per layer)``.
+
+        ``attn_mask`` (boolean, True = may attend, broadcastable to ``(B, H, T, T_k)``) is added to every layer's
+        self-attention masks (packed rows: :func:`~qkv.nn.segment_mask`). ``checkpointing`` (training):
+        activation checkpointing, each layer's activations recomputed in the backward pass instead of kept,
+        for about a third more compute; the memory of one layer's activations instead of all of them."""
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.layers):
-            x, sw, cw = layer(
-                x, memory, key_padding_mask=key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
-                positions=positions, cache=None if cache is None else cache.layers[i], need_weights=need_weights,
-            )
+            options = dict(key_padding_mask=key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
+                           attn_mask=attn_mask, positions=positions, cache=None if cache is None else cache.layers[i],
+                           need_weights=need_weights)
+            if checkpointing and torch.is_grad_enabled():
+                x, sw, cw = torch.utils.checkpoint.checkpoint(layer, x, memory, use_reentrant=False, **options)
+            else:
+                x, sw, cw = layer(x, memory, **options)
             if need_weights:
                 self_weights.append(sw)
                 if cw is not None:

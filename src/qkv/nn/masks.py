@@ -77,3 +77,31 @@ def key_padding_to_attention(key_padding_mask: Tensor) -> Tensor:
     if key_padding_mask.dim() != 2:
         raise ValueError(f"key_padding_mask must have shape (B, T_k), got {tuple(key_padding_mask.shape)}")
     return key_padding_mask[:, None, None, :]  # (B, 1, 1, T_k)
+
+
+def segment_mask(segments: Tensor) -> Tensor:
+    """Packed rows: several sequences laid end to end in one row, each attending to itself only.
+
+    Training on short examples packs them into full rows, so no compute is spent on padding; each example must
+    then see none of its neighbours (with the causal mask on top: its own earlier tokens only). ``segments``
+    numbers each token's example; a query may attend to a key of the same number.
+
+    Shape:
+        segments ``(B, T)`` integers -> ``(B, 1, T, T)``.
+    """
+    if segments.dim() != 2:
+        raise ValueError(f"segments must have shape (B, T), got {tuple(segments.shape)}")
+    return (segments[:, :, None] == segments[:, None, :])[:, None]  # (B, 1, T_q, T_k)
+
+
+def segment_positions(segments: Tensor) -> Tensor:
+    """Each token's position within its own example of a packed row (0 at each example's first token), so that
+    a packed example has the positions it would have alone.
+
+    Shape:
+        segments ``(B, T)`` -> ``(B, T)`` long.
+    """
+    index = torch.arange(segments.size(-1), device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[:, 1:] = segments[:, 1:] != segments[:, :-1]  # where a new example begins
+    return index - torch.where(starts, index, 0).cummax(dim=-1).values

@@ -1,0 +1,46 @@
+"""``qkv finetune``: the parser of the fine-tuning recipe (:mod:`qkv.recipes.finetune`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import add_training_arguments, command, show_defaults
+from .numbers import COUNT, FRACTION, POSITIVE, PROBABILITY
+
+
+def add_commands(sub) -> None:
+    from ..recipes.finetune import METHODS, FineTuneRecipe, FineTuneSettings
+
+    p = command(sub, "finetune", FineTuneRecipe.summary)
+    src = p.add_argument_group("model and data")
+    src.add_argument("--pretrained", metavar="SRC",
+                     help="the model to adapt: 'smollm2', a .gguf file, a Hugging Face folder, or a qkv language-"
+                          "model run")
+    src.add_argument("--data", nargs="+", metavar="FILE",
+                     help="examples: .jsonl lines {\"messages\": [...]} (the loss on the assistant turns) or "
+                          "{\"prompt\", \"completion\"}; any other file is plain text (continued pretraining)")
+    src.add_argument("--valid-data", nargs="+", metavar="FILE", help="held-out examples (else --valid-fraction of "
+                                                                      "--data)")
+    src.add_argument("--valid-fraction", type=FRACTION, help="share of the examples held out for validation")
+    src.add_argument("--context", type=COUNT, help="tokens a row of packed examples holds (longer examples are "
+                                                   "dropped, and counted in the log)")
+    src.add_argument("--packing", action=argparse.BooleanOptionalAction,
+                     help="lay short examples end to end in full rows, each attending to itself only")
+    method = p.add_argument_group("method")
+    method.add_argument("--method", choices=METHODS,
+                        help="lora: adapters on the float32 base; qlora: adapters on the base kept in 4 or 8 bits "
+                             "as stored; full: every weight learns")
+    method.add_argument("--rank", type=COUNT, help="LoRA rank r")
+    method.add_argument("--alpha", type=POSITIVE, help="LoRA scale: the update is multiplied by alpha / r")
+    method.add_argument("--lora-dropout", type=PROBABILITY, help="dropout on the adapters' input")
+    method.add_argument("--rslora", action=argparse.BooleanOptionalAction,
+                        help="rank-stabilised LoRA: scale by alpha / sqrt(r)")
+    method.add_argument("--target-modules", nargs="+", metavar="NAME",
+                        help="the projections adapted, by their Hugging Face names: q_proj, k_proj, v_proj, o_proj, "
+                             "gate_proj, up_proj, down_proj (default: all of them)")
+    method.add_argument("--checkpointing", action=argparse.BooleanOptionalAction,
+                        help="activation checkpointing: recompute each layer in the backward pass (less memory, "
+                             "about a third more compute)")
+    add_training_arguments(p, batch=("--batch-size", "rows of packed examples per batch"))
+    show_defaults(p, FineTuneSettings)
+    p.set_defaults(run=FineTuneRecipe.main, command=FineTuneRecipe.command)

@@ -1,0 +1,391 @@
+"""LoRA adapters in PEFT's format, both ways, for the LLaMA family (llama, mistral, qwen2, qwen3).
+
+    DIR/adapter_config.json          peft_type "LORA", r, lora_alpha, lora_dropout, target_modules, use_rslora, ...
+    DIR/adapter_model.safetensors    base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_A.weight (r, in)
+                                     base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_B.weight (out, r)
+                                     base_model.model.model.layers.{i}.mlp.{gate,up,down}_proj.lora_{A,B}.weight
+
+PEFT's LoRA computes what :class:`qkv.nn.LoRALinear` computes, ``y = W x + s · B A x`` with ``s = α / r``
+(``use_rslora``: ``α / √r``), and its ``A`` and ``B`` are qkv's part for part, so the format is a renaming: PEFT's
+module names are Hugging Face's (:data:`qkv.lora.TARGETS`), and qkv's stacked layers of a quantized model
+(``self_attn.qkv_proj``, ``feed_forward.gate_up``) hold one adapter per stacked projection
+(:meth:`~qkv.nn.LoRALinear.part`), so they read and write the same files as separate layers.
+
+Only plain LoRA is read: an adapter over the unchanged base weights, on every layer's projections, each with the
+file's one rank and α. What PEFT adds beyond that (DoRA, biases, per-module ranks, some layers only, extra
+trained modules, initialisations that change the base weights, ...) is refused in one line that says so; peft's
+own ``merge_and_unload()`` turns any of them into a plain model folder that :func:`~qkv.interop.load_pretrained`
+reads. Weights are read from safetensors only, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..config import GPTConfig
+from ..files import read_json
+from ..lora import TARGETS, LoRAConfig, add_lora, lora_config_of, lora_layers, targets_of
+from .export import check_out, written
+
+CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+# PeftModelForCausalLM -> LoraModel -> LlamaForCausalLM -> LlamaModel: the prefix of every weight it saves
+_PREFIX = "base_model.model.model.layers."
+_MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+            "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+            "down_proj": "mlp.down_proj"}
+_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight")
+# Fields that change what an adapter computes or where it applies: each must hold plain LoRA's value (absent,
+# null, false, "none" or empty) to be read.
+_NOT_SUPPORTED = ("use_dora", "fan_in_fan_out", "bias", "lora_bias", "rank_pattern", "alpha_pattern",
+                  "layers_to_transform", "modules_to_save", "exclude_modules", "layer_replication",
+                  "target_parameters", "trainable_token_indices", "alora_invocation_tokens", "use_qalora",
+                  "use_bdlora", "kasa_config", "arrow_config", "monteclora_config")
+# The initialisations that leave the base weights as they are (PiSSA, OLoRA, CorDA, LoftQ, LoRA-GA subtract the
+# adapter's start from W, and MiCA is a variant with a forward of its own).
+_PLAIN_INITS = ("gaussian", "eva", "orthogonal")  # and true or false
+_MERGE = "merge it into its base model with peft's merge_and_unload() and load that folder instead"
+
+
+# ------------------------------------------------------------------------------------------------- writing
+
+
+def peft_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """The LoRA adapters of ``model`` under PEFT's names: contiguous float32 copies on the CPU.
+
+    Args:
+        model: a LLaMA-family :class:`~qkv.models.GPT` with LoRA layers (:func:`qkv.lora.add_lora`), separate or
+            stacked projections.
+
+    Returns:
+        ``base_model.model.model.layers.{i}.{self_attn|mlp}.{target}.lora_{A|B}.weight`` -> ``A (r, in)`` or
+        ``B (out, r)``, as ``peft.PeftModel.save_pretrained`` names them.
+
+    Raises:
+        ValueError: a model outside the LLaMA family, or one without LoRA layers.
+    """
+    _check_family(model)
+    if not lora_layers(model):
+        raise ValueError("the model has no LoRA layers to write; add them with qkv.lora.add_lora and train them first")
+    return {key: weight.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True)
+            for key, _, weight in _adapter_weights(model)}
+
+
+def save_peft_adapter(model: nn.Module, config: LoRAConfig, directory: str | os.PathLike, *, base_name: str) -> None:
+    """Write the adapters of ``model`` as a PEFT adapter folder (see the module's text), which
+    ``peft.PeftModel.from_pretrained(base, directory)`` loads onto the Hugging Face base model.
+
+    The folder is written beside ``directory`` and renamed into place; an existing ``directory`` is never
+    overwritten (an empty one is replaced).
+
+    Args:
+        model: a LLaMA-family GPT with LoRA layers made with ``config``.
+        config: the LoRA settings the adapters were made with, recorded in ``adapter_config.json``.
+        directory: the new folder.
+        base_name: the base model's name or folder, recorded as ``base_model_name_or_path``.
+
+    Raises:
+        ValueError: a model outside the LLaMA family or without LoRA layers, layers whose rank, α, rsLoRA or
+            targets differ from ``config``, or a ``directory`` that exists (and is not empty).
+    """
+    tensors = peft_tensors(model)
+    _check_made_with(model, config, tensors)
+    directory = Path(directory)
+    check_out(directory, "folder")
+    written(directory, lambda tmp: _write(tmp, tensors, _peft_config(config, base_name)))
+
+
+def _check_made_with(model: nn.Module, config: LoRAConfig, tensors: Mapping[str, Tensor]) -> None:
+    """Every layer's adapter must be what ``adapter_config.json`` will say: a file that says otherwise would load
+    with another scale, or with adapters missing, in peft."""
+    for name, layer in lora_layers(model).items():
+        if (layer.rank, layer.alpha, layer.rslora) != (config.rank, config.alpha, config.rslora):
+            raise ValueError(f"{name} has rank {layer.rank}, alpha {layer.alpha:g}, rslora {layer.rslora}, but the "
+                             f"config says rank {config.rank}, alpha {config.alpha:g}, rslora {config.rslora}; pass "
+                             "the LoRAConfig the adapters were made with")
+    expected = {_key(i, target, side) for i in range(len(model.decoder.layers)) for target in config.targets
+                for side in "AB"}
+    for what, keys in (("has no adapter", sorted(expected - tensors.keys())),
+                       ("has an adapter the config does not target", sorted(tensors.keys() - expected))):
+        if keys:
+            raise ValueError(f"the model {what} for {keys[0]} (targets {list(config.targets)}); pass the "
+                             "LoRAConfig the adapters were made with, applied to every layer (add_lora)")
+
+
+def _peft_config(config: LoRAConfig, base_name: str) -> dict[str, Any]:
+    """``adapter_config.json`` as peft writes it for plain LoRA on a causal language model. Fields that peft
+    added later (``lora_bias``, ``exclude_modules``, ...) are left to their defaults: older peft versions refuse
+    fields they do not know."""
+    return {
+        "alpha_pattern": {},
+        "base_model_name_or_path": base_name,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "layers_pattern": None,
+        "layers_to_transform": None,
+        "lora_alpha": int(config.alpha) if float(config.alpha).is_integer() else config.alpha,  # peft types it int
+        "lora_dropout": config.dropout,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": config.rank,
+        "rank_pattern": {},
+        "revision": None,
+        "target_modules": [t for t in TARGETS if t in config.targets],
+        "task_type": "CAUSAL_LM",
+        "use_dora": False,
+        "use_rslora": config.rslora,
+    }
+
+
+def _write(folder: Path, tensors: dict[str, Tensor], peft_config: dict[str, Any]) -> None:
+    from safetensors.torch import save_file
+
+    (folder / CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
+    # safetensors creates its file private (0600); give it the mode the umask gave its sibling
+    os.chmod(folder / WEIGHTS, (folder / CONFIG).stat().st_mode & 0o777)
+
+
+# ------------------------------------------------------------------------------------------------- reading
+
+
+def read_peft_adapter(directory: str | os.PathLike) -> tuple[LoRAConfig, dict[str, Tensor]]:
+    """The LoRA settings and weights of a PEFT adapter folder, checked (see the module's text).
+
+    Args:
+        directory: a folder with ``adapter_config.json`` and ``adapter_model.safetensors``.
+
+    Returns:
+        The settings as a :class:`~qkv.lora.LoRAConfig` (``target_modules`` ``"all-linear"``: every target) and
+        the weights under PEFT's names, in float32.
+
+    Raises:
+        ValueError: one line naming the file and the problem: a missing file (or pickled weights only), a config
+            that is not JSON, not LoRA, or uses a feature qkv does not read, targets that are not among
+            :data:`~qkv.lora.TARGETS`, a rank or α that is not a positive number, weights that are not finite, do
+            not have the rank, or are not the LoRA weights of the targets.
+    """
+    directory = Path(directory)
+    _check_files(directory)
+    config = _lora_config(read_json(directory / CONFIG), directory / CONFIG)
+    return config, _read_weights(directory / WEIGHTS, config)
+
+
+def _check_files(directory: Path) -> None:
+    if not directory.is_dir():
+        raise ValueError(f"cannot read the PEFT adapter {directory}: no such folder")
+    if not (directory / CONFIG).is_file():
+        raise ValueError(f"{directory} has no {CONFIG}: expected a PEFT adapter folder ({CONFIG} and {WEIGHTS}, as "
+                         "peft's save_pretrained writes it)")
+    if not (directory / WEIGHTS).is_file():
+        pickled = (directory / "adapter_model.bin").is_file()
+        raise ValueError(f"{directory} has no {WEIGHTS}" + (
+            " but pickled adapter_model.bin, which qkv does not read (it can run code); save the adapter again with "
+            "peft's save_pretrained(..., safe_serialization=True)" if pickled else
+            f": expected a PEFT adapter folder ({CONFIG} and {WEIGHTS}, as peft's save_pretrained writes it)"))
+
+
+def _lora_config(raw: dict[str, Any], path: Path) -> LoRAConfig:
+    """The plain-LoRA settings of a parsed ``adapter_config.json``, or one ValueError naming ``path``."""
+    if raw.get("peft_type") != "LORA":
+        raise ValueError(f"{path}: peft_type={raw.get('peft_type')!r}, expected 'LORA': qkv reads LoRA adapters only")
+    for field in _NOT_SUPPORTED:
+        value = raw.get(field)
+        if value not in (None, False, "none") and value != {} and value != []:
+            raise ValueError(f"{path}: {field}={value!r} is not supported (qkv reads plain LoRA adapters); {_MERGE}")
+    init = raw.get("init_lora_weights", True)
+    if not (isinstance(init, bool) or init in _PLAIN_INITS):
+        raise ValueError(f"{path}: init_lora_weights={init!r} is not supported: it changes the base model's weights "
+                         f"or how the adapter computes (qkv reads true, false, {', '.join(map(repr, _PLAIN_INITS))}); "
+                         f"{_MERGE}")
+    rank, alpha = raw.get("r"), raw.get("lora_alpha")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"{path}: r={rank!r}, expected a positive whole number (the adapters' rank)")
+    if not _is_number(alpha) or not (math.isfinite(alpha) and alpha > 0):
+        raise ValueError(f"{path}: lora_alpha={alpha!r}, expected a positive number")
+    dropout, rslora = raw.get("lora_dropout", 0.0), raw.get("use_rslora", False)
+    if not _is_number(dropout) or not 0 <= dropout < 1:
+        raise ValueError(f"{path}: lora_dropout={dropout!r}, expected a number in [0, 1)")
+    if not isinstance(rslora, bool):
+        raise ValueError(f"{path}: use_rslora={rslora!r}, expected true or false")
+    return LoRAConfig(rank=rank, alpha=float(alpha), dropout=float(dropout), rslora=rslora,
+                      targets=_targets(raw.get("target_modules"), path))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _targets(modules: Any, path: Path) -> tuple[str, ...]:
+    """qkv's targets from ``target_modules``: "all-linear", or a list of module names, each a target or a
+    module path ending in one (peft matches a list's names as suffixes; it writes "all-linear" out as the
+    full paths of the modules it matched)."""
+    if modules == "all-linear":
+        return TARGETS
+    if not isinstance(modules, list) or not modules or not all(isinstance(m, str) for m in modules):
+        raise ValueError(f"{path}: target_modules={modules!r} is not supported: expected a list of module names "
+                         f"among {', '.join(TARGETS)} (a regular expression is not read), or 'all-linear'")
+    targets = {m.rsplit(".", 1)[-1] for m in modules}
+    unknown = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in TARGETS)
+    if unknown:
+        raise ValueError(f"{path}: target_modules names {unknown}, which are not LLaMA-family projections; "
+                         f"expected names among {', '.join(TARGETS)}")
+    return tuple(t for t in TARGETS if t in targets)
+
+
+def _read_weights(path: Path, config: LoRAConfig) -> dict[str, Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError) as err:
+        raise ValueError(f"cannot read {path}: {str(err).strip().splitlines()[0]}") from None
+    if not tensors:
+        raise ValueError(f"{path} holds no weights; save the adapter again with peft's save_pretrained")
+    for key in sorted(tensors, key=_order):  # the first problem in the model's order is named
+        _check_weight(key, tensors[key], config, path)
+        pair = key[: -len("A.weight")] + ("B.weight" if key.endswith("A.weight") else "A.weight")
+        if pair not in tensors:
+            raise ValueError(f"{path} has {key} but not {pair}; the file is incomplete: save the adapter again")
+    return {key: tensor.float() for key, tensor in tensors.items()}
+
+
+def _check_weight(key: str, tensor: Tensor, config: LoRAConfig, path: Path) -> None:
+    match = _KEY.fullmatch(key)
+    module = match.group(2) if match else None
+    if module not in _MODULES.values():
+        raise ValueError(f"{path}: {key} is not a LoRA weight of a LLaMA-family projection (expected "
+                         f"{_PREFIX}{{i}}.{{self_attn|mlp}}.{{module}}.lora_{{A|B}}.weight): the adapter is for "
+                         f"another kind of model or uses a feature qkv does not read; {_MERGE}")
+    if module.rsplit(".", 1)[-1] not in config.targets:
+        raise ValueError(f"{path}: {key} adapts a module that target_modules in {CONFIG} does not list "
+                         f"({list(config.targets)}): the two files do not belong together; save the adapter again")
+    side = match.group(3)
+    expected = f"({config.rank}, in)" if side == "A" else f"(out, {config.rank})"
+    if not tensor.is_floating_point() or tensor.dim() != 2 or tensor.shape[0 if side == "A" else 1] != config.rank:
+        raise ValueError(f"{path}: {key} is {str(tensor.dtype).removeprefix('torch.')} of shape {tuple(tensor.shape)}, "
+                         f"expected floating-point weights of shape {expected} (r={config.rank} in {CONFIG})")
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{path}: {key} holds weights that are not finite (NaN or Inf); the adapter is damaged: "
+                         "use another copy, or train it again")
+
+
+# ------------------------------------------------------------------------------------------------- loading
+
+
+def load_peft_adapter(model: nn.Module, directory: str | os.PathLike) -> LoRAConfig:
+    """Add the PEFT adapter in ``directory`` to ``model`` (in place, with :func:`qkv.lora.add_lora`).
+
+    Strict: every adapter qkv adds gets its weights from the file, every weight of the file is used, and each
+    must have the shape of the model's layer. A model loaded with quantized weights holds its projections
+    stacked; each stacked part gets its projection's adapter. On failure the model is left as it was.
+
+    Args:
+        model: a LLaMA-family :class:`~qkv.models.GPT` (float or quantized), without LoRA layers or with those of
+            this very adapter (a resumed run: their weights are read back).
+        directory: the adapter folder (see :func:`read_peft_adapter`).
+
+    Returns:
+        The adapter's LoRA settings.
+
+    Raises:
+        ValueError: one line: a model outside the LLaMA family or with other LoRA layers already, anything
+            :func:`read_peft_adapter` refuses, or an adapter made for another base model (a weight whose shape
+            differs from its layer's, the first such layer named; a layer the model does not have; adapters
+            missing).
+    """
+    _check_family(model)
+    config, tensors = read_peft_adapter(directory)
+    if lora_layers(model):  # a run resumed: the same adapters, their weights read back
+        if lora_config_of(model) != config:
+            raise ValueError(f"{directory}: the adapter ({config}) is not the one the model has "
+                             f"({lora_config_of(model)}); load it onto the base model")
+        _fill(model, tensors)
+        return config
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    try:
+        add_lora(model, config)
+        _fill(model, tensors)
+    except ValueError as err:
+        _remove_lora(model, trainable)
+        raise ValueError(f"{directory}: {err}") from None
+    return config
+
+
+def _fill(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
+    slots = {key: (name, weight) for key, name, weight in _adapter_weights(model)}
+    for key, (name, weight) in slots.items():  # the model's order: the first layer that differs is named
+        if key in tensors and tensors[key].shape != weight.shape:
+            raise ValueError(f"{key} has shape {tuple(tensors[key].shape)} but qkv's {name} needs "
+                             f"{tuple(weight.shape)}: the adapter was made for another base model")
+    unused = sorted((key for key in tensors if key not in slots), key=_order)
+    if unused:
+        raise ValueError(f"{unused[0]} is for a layer this model does not have ({len(model.decoder.layers)} layers): "
+                         "the adapter was made for another base model")
+    missing = [key for key in slots if key not in tensors]
+    if missing:
+        raise ValueError(f"the adapter has no {missing[0]} ({len(missing)} weights missing); qkv adapts its targets in "
+                         "every layer: the adapter was made for another base model, or for some layers only")
+    with torch.no_grad():
+        for key, (_, weight) in slots.items():
+            weight.copy_(tensors[key])
+
+
+def _remove_lora(model: nn.Module, trainable: Mapping[str, bool]) -> None:
+    """Undo :func:`add_lora`: each adapted layer back to its base, each parameter as trainable as it was."""
+    for name, layer in lora_layers(model).items():
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer.base)
+    for name, p in model.named_parameters():
+        p.requires_grad_(trainable.get(name, p.requires_grad))
+
+
+# ------------------------------------------------------------------------------------------------- names
+
+
+def _check_family(model: nn.Module) -> None:
+    config = getattr(model, "config", None)
+    if isinstance(config, GPTConfig) and (config.norm, config.positional, config.activation) == (
+            "rms", "rope", "swiglu"):
+        return
+    what = (f"a GPT with norm={config.norm!r}, positional={config.positional!r}, activation={config.activation!r}"
+            if isinstance(config, GPTConfig) else f"a {type(model).__name__}")
+    raise ValueError(f"PEFT adapters are read and written for the LLaMA family only (a GPT with RMSNorm, RoPE and "
+                     f"SwiGLU: llama, mistral, qwen2, qwen3), got {what}")
+
+
+def _adapter_weights(model: nn.Module) -> Iterator[tuple[str, str, Tensor]]:
+    """(PEFT's key, qkv's layer name, the weight: a view of the layer's parameters) of every adapter part."""
+    for name, layer in lora_layers(model).items():
+        index = int(name.split(".")[2])  # decoder.layers.{i}.<block-relative name>
+        for target in targets_of(name, layer):
+            a, b = layer.part(target if len(layer.parts) > 1 else "")
+            yield _key(index, target, "A"), name, a
+            yield _key(index, target, "B"), name, b
+
+
+def _key(index: int, target: str, side: str) -> str:
+    return f"{_PREFIX}{index}.{_MODULES[target]}.lora_{side}.weight"
+
+
+def _order(key: str) -> tuple[int, int, str]:
+    """Sorts PEFT's keys as the model holds its layers: by block, then projection; other keys first."""
+    match = _KEY.fullmatch(key)
+    if match is None:
+        return -1, 0, key
+    target = match.group(2).rsplit(".", 1)[-1]
+    return int(match.group(1)), TARGETS.index(target) if target in TARGETS else len(TARGETS), key
+
+
+__all__ = ["load_peft_adapter", "peft_tensors", "read_peft_adapter", "save_peft_adapter"]

@@ -1,0 +1,124 @@
+"""``qkv finetune``: adapt a pretrained language model to a user's own examples.
+
+Three methods (``--method``):
+
+* **lora** (the default): the base model in float32, frozen; a LoRA adapter (:mod:`qkv.lora`) on every attention
+  and feed-forward projection learns. The run's checkpoints hold the adapters alone, in PEFT's format, and name
+  the base by its source and a fingerprint of its files.
+* **qlora**: the same adapters on the base as it is held at rest, 4 or 8 bits a weight (a GGUF file's own
+  formats, a Hugging Face folder's weights at int4): the gradient flows through the quantized products
+  (:class:`qkv.quantize.QuantizedLinear`), and the float32 model never exists.
+* **full**: every weight learns; the checkpoints hold the whole model, as ``qkv train lm``'s do.
+
+The data (:mod:`qkv.tasks.finetune`): chat JSONL, prompt/completion JSONL, or plain text; packed into rows of
+``--context`` tokens. Without ``--valid-data`` a ``--valid-fraction`` of the examples is held out.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .base import Recipe
+from .settings import TrainingSettings
+
+log = logging.getLogger("qkv")
+
+METHODS = ("lora", "qlora", "full")
+
+
+@dataclass
+class FineTuneSettings(TrainingSettings):
+    pretrained: str | None = None
+    data: list[str] | None = None
+    valid_data: list[str] | None = None
+    valid_fraction: float = 0.05
+    method: str = "lora"
+    rank: int = 8
+    alpha: float = 16.0
+    lora_dropout: float = 0.0
+    rslora: bool = False
+    target_modules: list[str] | None = None  # None: every attention and feed-forward projection
+    context: int = 512
+    batch_size: int = 4
+    packing: bool = True
+    checkpointing: bool = False
+    lr: float | None = 2e-4  # LoRA's usual rate; full fine-tuning: 2e-5
+    warmup: int = 10
+    schedule: str = "cosine"
+    weight_decay: float = 0.0
+    eval_every: int = 100
+
+
+def base_weights(method: str, source: str) -> str:
+    """How the base model's weights are held: float32 to train them or to adapt them (lora, full); for qlora as
+    they are stored, a GGUF file's formats kept, a folder's or a qkv run's quantized to int4."""
+    from pathlib import Path
+
+    if method != "qlora":
+        return "none"
+    return "int4" if Path(source).is_dir() else "auto"
+
+
+class FineTuneRecipe(Recipe):
+    name, command, summary = "finetune", "finetune", "fine-tune a pretrained language model on your own data"
+    Settings = FineTuneSettings
+    paths = ("data", "valid_data")
+    betas = (0.9, 0.999)
+
+    def prepare(self) -> None:
+        from pathlib import Path
+
+        pretrained = self.args.pretrained
+        if pretrained and pretrained != "smollm2" and Path(pretrained).exists():
+            self.args.pretrained = str(Path(pretrained).resolve())  # stored absolute: --resume from anywhere
+
+    def setup(self) -> None:
+        from ..interop.pretrained import fingerprint, load_base
+        from ..lora import LoRAConfig, add_lora
+        from ..tasks.finetune import fitting, held_out, read_examples, split_text
+
+        s = self.s
+        if not s.pretrained or not s.data:
+            raise ValueError("give the model to fine-tune and its data: --pretrained SRC --data FILE")
+        if s.method not in METHODS:
+            raise ValueError(f"--method must be one of {', '.join(METHODS)}, got {s.method!r}")
+        lora = None if s.method == "full" else LoRAConfig(
+            rank=s.rank, alpha=s.alpha, dropout=s.lora_dropout, rslora=s.rslora,
+            targets=tuple(s.target_modules) if s.target_modules else LoRAConfig.targets)
+        weights = base_weights(s.method, s.pretrained)
+        self.base_record = {"source": s.pretrained, "weights": weights, "fingerprint": fingerprint(s.pretrained)}
+        if self.args.resume and lora is None:  # full fine-tuning resumes its own weights, template included
+            previous = self.resumed()
+            self.model, self.tokenizer = previous.model, previous.tokenizers["text"]
+            template = previous.meta.get("chat_template")
+        else:
+            pre = load_base(s.pretrained, weights=weights)
+            self.model, self.tokenizer, template = pre.model, pre.tokenizer, pre.chat_template
+        self.template = template
+        context = min(s.context, self.model.config.max_seq_len)
+        train = [e for path in s.data for e in read_examples(path, self.tokenizer, template)]
+        train = fitting(split_text(train, context), context, ", ".join(s.data))
+        if s.valid_data:
+            valid = [e for path in s.valid_data for e in read_examples(path, self.tokenizer, template)]
+            valid = fitting(split_text(valid, context), context, ", ".join(s.valid_data))
+        else:
+            train, valid = held_out(train, s.valid_fraction, s.seed)
+        self.train, self.valid, self.context = train, valid, context
+        if lora is not None:
+            add_lora(self.model, lora)
+        self.model.checkpointing = s.checkpointing
+
+    def task(self):
+        from ..tasks.finetune import FineTuneTask
+
+        s, model = self.s, self.model
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        total = sum(p.numel() for p in model.parameters())
+        tokens = sum(len(e.ids) for e in self.train)
+        log.info("fine-tuning %s (%s): %s of %s parameters learn; %d examples (%s tokens) for training, %d for "
+                 "validation, context %d", s.pretrained, s.method, f"{trainable:,}", f"{total:,}", len(self.train),
+                 f"{tokens:,}", len(self.valid), self.context)
+        return FineTuneTask(model, self.tokenizer, self.train, self.valid, context=self.context,
+                            batch_size=s.batch_size, seed=s.seed, packed=s.packing,
+                            meta=self.meta(base=self.base_record, chat_template=self.template))

@@ -1,0 +1,250 @@
+"""Fine-tuning a pretrained language model on a user's own examples: what an example is, and how they are packed.
+
+Three kinds of data, each turned into token ids and, for each token, whether the model must learn to produce it
+(a *loss mask*):
+
+* **chat**, JSONL lines ``{"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}``, laid
+  out by the model's own chat template; the loss is on the assistant turns only, each turn's end-of-turn token
+  included, so the model learns to stop (:func:`qkv.interop.chat.chat_training_ids`);
+* **prompt and completion**, JSONL lines ``{"prompt": ..., "completion": ...}``: the prompt as the model reads
+  any text (after its begin-of-text token where it has one), the completion after it and then the
+  end-of-sequence token; the loss on the completion and that token;
+* **plain text** (any file not ending in ``.jsonl``): continued pretraining, every token learnt, the text cut
+  into pieces of the context's length.
+
+Token *t* is learnt from the tokens before it: the target of position *t − 1* is ``ids[t]`` where the mask is
+True, and ``IGNORE`` elsewhere (the loss skips it).
+
+**Packing.** Short examples are laid end to end into rows of the context's length, so no compute goes to
+padding. Each example keeps to itself: its tokens attend to its own earlier tokens only and its positions
+start at 0 (``segments``, see :func:`qkv.nn.segment_mask`), so a packed example's loss and gradients are those
+it has alone (tested). An example longer than the context is dropped, with a count in the log (cutting a chat
+would cut the turn's end, which the model must learn).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data import DataError, read_text
+from ..device import device_of, to_device
+from ..distributed import SINGLE, Group
+
+log = logging.getLogger(__name__)
+
+IGNORE = -100  # the target of a position that carries no loss (F.cross_entropy's ignore_index)
+
+
+@dataclass
+class Example:
+    """One example: its token ids and, for each, whether the model learns to produce it."""
+
+    ids: list[int]
+    learn: list[bool]
+
+
+def read_examples(path: str | Path, tokenizer, template: str | None) -> list[Example]:
+    """The examples of a file: JSONL (chat or prompt/completion lines) or plain text (:data:`qkv.tasks.finetune`).
+    A plain text's one example is cut into pieces by :func:`pack` later.
+
+    Raises:
+        DataError: naming the file and the line: a line that is not JSON or not an object of one of the two
+            kinds, a chat without a template, or a file with no example.
+    """
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        text = read_text(path)
+        if not text.strip():
+            raise DataError(f"{path}: no text to train on")
+        ids = tokenizer.encode_prompt(text)
+        return [Example(ids, [True] * len(ids))]
+    examples = []
+    for number, line in enumerate(read_text(path).split("\n"), 1):
+        if line.strip():
+            try:
+                examples.append(_example(json.loads(line), tokenizer, template))
+            except (json.JSONDecodeError, RecursionError):
+                raise DataError(f"{path}: line {number} is not valid JSON; each line must be one JSON object") \
+                    from None
+            except ValueError as err:
+                raise DataError(f"{path}: line {number}: {err}") from None
+    if not examples:
+        raise DataError(f"{path}: no examples (expected JSONL lines with \"messages\", or \"prompt\" and "
+                        "\"completion\")")
+    return examples
+
+
+def _example(record: Any, tokenizer, template: str | None) -> Example:
+    if isinstance(record, dict) and isinstance(record.get("messages"), list):
+        if template is None:
+            raise ValueError("a chat example, but the model has no chat template; use {\"prompt\", \"completion\"} "
+                             "lines or plain text")
+        from ..interop.chat import chat_training_ids
+
+        ids, learn = chat_training_ids(template, record["messages"], tokenizer)
+        return Example(ids, learn)
+    if isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
+        prompt = tokenizer.encode_prompt(record["prompt"])
+        completion = tokenizer.encode(record["completion"])
+        eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
+        return Example(prompt + completion + eos, [False] * len(prompt) + [True] * (len(completion) + len(eos)))
+    raise ValueError("expected an object with \"messages\" (a list of {\"role\", \"content\"}) or with string "
+                     f"\"prompt\" and \"completion\", got {str(record)[:80]}")
+
+
+@dataclass
+class PackedBatch:
+    """Rows of packed examples: ``ids``, ``segments`` (each token's example, numbered within its row) and
+    ``targets`` (the next token where it is learnt, else :data:`IGNORE`), all ``(B, T)``; ``n_tokens`` counts the
+    targets that carry loss, from the targets themselves."""
+
+    ids: Tensor
+    segments: Tensor
+    targets: Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        return int((self.targets != IGNORE).sum())
+
+
+def fitting(examples: Sequence[Example], context: int, what: str) -> list[Example]:
+    """The examples of at most ``context`` tokens with at least one token to learn after the first; the rest are
+    dropped, with a count in the log (``what`` names the data).
+
+    Raises:
+        DataError: when none is left.
+    """
+    kept = [e for e in examples if len(e.ids) <= context and any(e.learn[1:])]
+    if len(kept) < len(examples):
+        longer = sum(len(e.ids) > context for e in examples)
+        log.warning("%s: %d of %d examples dropped (%d longer than the context of %d tokens, %d with nothing to "
+                    "learn)", what, len(examples) - len(kept), len(examples), longer, context,
+                    len(examples) - len(kept) - longer)
+    if not kept:
+        raise DataError(f"{what}: every example is longer than the context of {context} tokens or has nothing to "
+                        "learn; raise --context or shorten the examples")
+    return kept
+
+
+def split_text(examples: list[Example], context: int) -> list[Example]:
+    """Plain text (one long example) cut into pieces of ``context`` tokens; other examples as they are."""
+    out = []
+    for e in examples:
+        if all(e.learn) and len(e.ids) > context:
+            out += [Example(e.ids[i : i + context], e.learn[i : i + context]) for i in range(0, len(e.ids), context)]
+        else:
+            out.append(e)
+    return [e for e in out if len(e.ids) > 1]
+
+
+def pack(examples: Sequence[Example], context: int, *, packed: bool = True) -> list[list[Example]]:
+    """Rows of at most ``context`` tokens: examples in order, each row filled until the next does not fit
+    (``packed=False``: one example a row)."""
+    rows: list[list[Example]] = []
+    used = context
+    for e in examples:
+        if not packed or used + len(e.ids) > context:
+            rows.append([])
+            used = 0
+        rows[-1].append(e)
+        used += len(e.ids)
+    return rows
+
+
+def collate(rows: Sequence[Sequence[Example]], pad_id: int) -> PackedBatch:
+    """Rows of examples as tensors, padded to the longest row (a padding token is a segment of its own that
+    learns nothing)."""
+    width = max(sum(len(e.ids) for e in row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    segments = torch.full((len(rows), width), -1, dtype=torch.long)
+    targets = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    for r, row in enumerate(rows):
+        at = 0
+        for s, e in enumerate(row):
+            n = len(e.ids)
+            ids[r, at : at + n] = torch.tensor(e.ids)
+            segments[r, at : at + n] = s
+            learnt = torch.tensor(e.ids[1:])
+            targets[r, at : at + n - 1] = torch.where(torch.tensor(e.learn[1:]), learnt, IGNORE)
+            at += n
+        segments[r, at:] = torch.arange(len(row), len(row) + width - at)  # each padding token alone
+    return PackedBatch(ids, segments, targets)
+
+
+class FineTuneTask:
+    """Next-token loss on the learnt tokens of packed examples; validated by the mean loss per learnt token.
+
+    Args:
+        model: the model trained (its adapters, or all of it).
+        tokenizer: the model's tokenizer (saved with full fine-tuning's checkpoints).
+        train, valid: the examples, already fitted to the context (:func:`fitting`).
+        context: the rows' length.
+        batch_size: rows a batch.
+        seed: the order of the rows, epoch by epoch, follows (seed, epoch).
+        packed: pack several examples a row (False: one a row).
+        meta: what the checkpoints record besides the model.
+    """
+
+    selection_metric = "val_loss"
+    higher_is_better = False
+    unit = "tokens"
+
+    def __init__(self, model: nn.Module, tokenizer, train: Sequence[Example], valid: Sequence[Example], *,
+                 context: int, batch_size: int, seed: int = 0, packed: bool = True,
+                 meta: dict[str, Any] | None = None) -> None:
+        if not valid:
+            raise DataError("no validation examples; give --valid-data or more examples")
+        self.model, self.tokenizers = model, {"text": tokenizer}
+        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # never learnt, never attended to
+        self.rows = pack(train, context, packed=packed)
+        self.valid_rows = pack(valid, context, packed=packed)
+        self.batch_size, self.seed = batch_size, seed
+        self.meta = {"task": "finetune", **(meta or {})}
+        self._epoch: tuple[int, list[PackedBatch]] | None = None
+
+    def batches(self, epoch: int) -> list[PackedBatch]:
+        if self._epoch is None or self._epoch[0] != epoch:
+            order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+            rows = [self.rows[i] for i in order.tolist()]
+            self._epoch = (epoch, [collate(rows[i : i + self.batch_size], self.pad_id)
+                                   for i in range(0, len(rows), self.batch_size)])
+        return self._epoch[1]
+
+    def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
+        device = device_of(model)
+        logits = model(to_device(batch.ids, device), segments=to_device(batch.segments, device))
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), to_device(batch.targets, device).flatten(),
+                               ignore_index=IGNORE, reduction="sum")
+        return loss, batch.n_tokens
+
+    def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
+        batches = [collate(self.valid_rows[i : i + self.batch_size], self.pad_id)
+                   for i in range(0, len(self.valid_rows), self.batch_size)]
+        total, tokens = 0.0, 0
+        for batch in group.shard(batches):
+            summed, n = self.loss(model, batch)
+            total, tokens = total + summed.item(), tokens + n
+        sums = group.sum({"loss": total, "tokens": tokens})
+        loss = sums["loss"] / max(sums["tokens"], 1)
+        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+
+
+def held_out(examples: list[Example], fraction: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(training, validation): a ``fraction`` of the examples picked by ``seed`` held out (at least one, and at
+    least one left to train on)."""
+    if len(examples) < 2:
+        raise DataError(f"only {len(examples)} example: too few to hold some out for validation; give --valid-data")
+    n = min(len(examples) - 1, max(1, round(len(examples) * fraction)))
+    order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(seed)).tolist()
+    chosen = set(order[:n])
+    return [e for i, e in enumerate(examples) if i not in chosen], [examples[i] for i in sorted(chosen)]

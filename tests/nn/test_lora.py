@@ -1,0 +1,130 @@
+"""LoRA: an adapter with B = 0 is its base, merged = unmerged, QLoRA's gradients are LoRA's over the dequantized
+weights, a stacked layer's adapters are the separate layers' ones, and the model-level placement by target name."""
+
+import pytest
+import torch
+from torch import nn
+
+from qkv import GPT, GPTConfig
+from qkv.lora import LoRAConfig, add_lora, lora_config_of, lora_layers, merge_lora
+from qkv.nn import LoRALinear
+from qkv.quantize import quantize, quantize_linear
+
+
+def _randomized(layer: LoRALinear, seed: int = 1) -> LoRALinear:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=g) * 0.1)
+    return layer
+
+
+def _llama(**overrides) -> GPT:
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_preset("llama", vocab_size=64, n_layers=2, d_model=64, n_heads=4, n_kv_heads=2, d_ff=128,
+                                max_seq_len=32, **overrides)
+    return GPT(cfg).eval()
+
+
+@pytest.mark.parametrize("base", ["float", "int8", "int4"])
+def test_an_adapter_with_b_zero_is_its_base(base):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96)
+    layer = linear if base == "float" else quantize_linear(linear, base)
+    x = torch.randn(3, 5, 64)
+    expected = layer(x)
+    adapted = LoRALinear(layer, rank=4, alpha=8)
+    torch.testing.assert_close(adapted(x), expected, rtol=0, atol=0)
+    assert {n for n, p in adapted.named_parameters() if p.requires_grad} == {"lora_A", "lora_B"}
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_merged_equals_unmerged_on_a_float_base(rslora):
+    torch.manual_seed(0)
+    adapted = _randomized(LoRALinear(nn.Linear(48, 80), rank=6, alpha=12, rslora=rslora))
+    x = torch.randn(7, 48)
+    delta = adapted.scale * (adapted.lora_B @ adapted.lora_A)
+    assert adapted.scale == pytest.approx(12 / (6**0.5 if rslora else 6))
+    torch.testing.assert_close(adapted(x), x @ (adapted.base.weight + delta).T + adapted.base.bias)
+    torch.testing.assert_close(adapted.merged()(x), adapted(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_qlora_gradients_equal_lora_over_the_dequantized_weights(mode):
+    torch.manual_seed(0)
+    quantized = quantize_linear(nn.Linear(64, 96), mode)
+    float_twin = nn.Linear(64, 96)
+    with torch.no_grad():
+        float_twin.weight.copy_(quantized.dequantized())
+        float_twin.bias.copy_(quantized.bias)
+    q_lora = _randomized(LoRALinear(quantized, rank=4, alpha=8))
+    f_lora = LoRALinear(float_twin, rank=4, alpha=8)
+    f_lora.load_state_dict({k: v for k, v in q_lora.state_dict().items() if k.startswith("lora_")}, strict=False)
+    x = torch.randn(6, 64)
+    weights = torch.randn(6, 96)
+    grads = []
+    for layer in (q_lora, f_lora):
+        xi = x.clone().requires_grad_()
+        (layer(xi) * weights).sum().backward()
+        grads.append((layer.lora_A.grad, layer.lora_B.grad, xi.grad))
+    # the adapters' gradients see the same input and output gradient: exact; the input's goes through the
+    # quantized product's backward, in bf16 as its forward (2⁻⁸ relative to each of its inputs)
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=0, atol=0)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=0, atol=0)
+    error = (grads[0][2] - grads[1][2]).norm() / grads[1][2].norm()
+    assert 0 < error < 2**-7, error  # not zero: the quantized path was taken
+    assert quantized.bias.grad is None and not quantized.bias.requires_grad
+
+
+def test_a_stacked_layer_has_the_separate_layers_adapters():
+    model = _llama()
+    separate = add_lora(_llama(), LoRAConfig(rank=4, targets=("q_proj", "v_proj", "gate_proj", "up_proj")))
+    for layer in lora_layers(separate).values():
+        _randomized(layer, seed=layer.out_features)
+    stacked = add_lora(quantize(model, "int8"), LoRAConfig(rank=4, targets=("q_proj", "v_proj", "gate_proj",
+                                                                              "up_proj")))
+    block, twin = stacked.decoder.layers[0], separate.decoder.layers[0]
+    assert block.self_attn.qkv_proj.targets == ("q_proj", "v_proj")  # k_proj is in the stack, not adapted
+    with torch.no_grad():
+        for name, parts in (("self_attn.qkv_proj", {"q_proj": "self_attn.q_proj", "v_proj": "self_attn.v_proj"}),
+                            ("feed_forward.gate_up", {"gate_proj": "feed_forward.gate", "up_proj": "feed_forward.up"})):
+            for target, separate_name in parts.items():
+                a, b = block.get_submodule(name).part(target)
+                a.copy_(twin.get_submodule(separate_name).lora_A)
+                b.copy_(twin.get_submodule(separate_name).lora_B)
+    x = torch.randn(2, 5, 64)
+    for name, parts in (("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+                        ("feed_forward.gate_up", ("feed_forward.gate", "feed_forward.up"))):
+        ours = block.get_submodule(name)
+        deltas = torch.cat([(twin.get_submodule(p).delta() if isinstance(twin.get_submodule(p), LoRALinear)
+                             else torch.zeros_like(twin.get_submodule(p).weight)) for p in parts])
+        torch.testing.assert_close(ours.delta(), deltas)
+        torch.testing.assert_close(ours(x) - ours.base(x), x @ deltas.T, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_is_frozen_but_its_adapters_and_merges_back():
+    model = _llama()
+    ids = torch.randint(0, 64, (2, 9))
+    add_lora(model, LoRAConfig(rank=4, alpha=8))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all(n.endswith(("lora_A", "lora_B")) for n in trainable)
+    assert len(lora_layers(model)) == 2 * 7
+    assert lora_config_of(model) == LoRAConfig(rank=4, alpha=8)
+    for layer in lora_layers(model).values():
+        _randomized(layer)
+    with torch.no_grad():
+        adapted = model(ids)
+        merged = merge_lora(model)(ids)
+    assert not lora_layers(model)
+    torch.testing.assert_close(merged, adapted, rtol=1e-5, atol=1e-5)
+
+
+def test_targets_that_match_nothing_and_ranks_too_large_are_one_line_errors():
+    gpt2_style = GPT(GPTConfig(vocab_size=64, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq_len=16))
+    with pytest.raises(ValueError, match=r"match no layer of this model") as err:
+        add_lora(gpt2_style, LoRAConfig(targets=("gate_proj",)))  # GPT-2's feed-forward has no gate
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match=r"decoder.layers.0.self_attn.q_proj: the LoRA rank must be between 1 and "
+                                         r"the layer's smaller side \(32\), got 40"):
+        add_lora(gpt2_style, LoRAConfig(rank=40))
+    with pytest.raises(ValueError, match="unknown LoRA target modules"):
+        LoRAConfig(targets=("c_attn",))

@@ -1,0 +1,126 @@
+"""``qkv finetune`` end to end on a tiny LLaMA chat model: LoRA, QLoRA and full runs, the adapter a run writes
+running on its base (`--adapter`), an exact `--resume`, and bad input as one line with nothing saved lost."""
+
+import csv
+import json
+
+import pytest
+from clitools import last_line_error, ok, qkv
+from finetune_model import chat_data, chat_folder
+
+pytest.importorskip("transformers")
+
+SMALL = ["--context", "64", "--batch-size", "4", "--lr", "1e-2", "--no-progress", "--device", "cpu",
+         "--precision", "fp32"]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    chat_folder(root / "base")
+    chat_data(root / "train.jsonl", 24)
+    return root
+
+
+@pytest.fixture(scope="module")
+def lora_run(work):
+    ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "lora", "--max-steps", "4",
+           "--eval-every", "2", "--rank", "4", *SMALL, cwd=work))
+    return work / "lora"
+
+
+def _train_losses(run):
+    with open(run / "log.csv", encoding="utf-8") as f:
+        return [(row["step"], row["train_loss"]) for row in csv.DictReader(f) if row["train_loss"]]
+
+
+def test_a_lora_run_keeps_its_adapters_alone_and_they_run_on_the_base(work, lora_run):
+    adapter = lora_run / "best" / "adapter"
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert not (lora_run / "best" / "model.safetensors").exists()
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["base_model_name_or_path"]) == ("LORA", 4, str(work / "base"))
+    meta = json.loads((lora_run / "best" / "config.json").read_text())
+    assert meta["base"]["weights"] == "none" and len(meta["base"]["fingerprint"]) == 64
+    prompt = ["--prompt", "Translate to French: the sun", "--max-new-tokens", "6", "--no-stream"]
+    from_run = ok(qkv("generate", "--model", "lora", *prompt, cwd=work)).stdout
+    on_base = ok(qkv("generate", "--pretrained", "base", "--adapter", "lora/best/adapter", *prompt, cwd=work)).stdout
+    assert from_run == on_base
+
+
+def test_the_run_loads_as_its_base_with_the_adapters_learnt(work, lora_run):
+    import torch
+
+    from qkv.checkpoint import load_checkpoint
+    from qkv.interop import load_pretrained
+
+    adapted, base = load_checkpoint(lora_run).model, load_pretrained(work / "base").model
+    ids = torch.tensor([[1, 5, 9, 30, 31, 200]])
+    with torch.no_grad():
+        change = (adapted(ids) - base(ids)).abs().max()
+    assert 1e-3 < change < 10  # learnt, and from where the base was
+
+
+def test_resume_continues_as_if_never_stopped(work):
+    common = ["--pretrained", "base", "--data", "train.jsonl", "--schedule", "constant", "--warmup", "0",
+              "--eval-every", "3", *SMALL]
+    ok(qkv("finetune", *common, "--out", "whole", "--max-steps", "6", cwd=work))
+    ok(qkv("finetune", *common, "--out", "halves", "--max-steps", "3", cwd=work))
+    ok(qkv("finetune", "--out", "halves", "--resume", "--max-steps", "6", "--no-progress", "--device", "cpu",
+           "--precision", "fp32", cwd=work))
+    whole, halves = _train_losses(work / "whole"), _train_losses(work / "halves")
+    assert len(whole) == 6 and halves == whole
+
+
+def test_qlora_trains_adapters_on_the_quantized_base(work):
+    ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "qlora", "--method", "qlora",
+           "--max-steps", "2", "--eval-every", "2", "--rank", "4", "--target-modules", "q_proj", "v_proj", *SMALL,
+           cwd=work))
+    meta = json.loads((work / "qlora" / "best" / "config.json").read_text())
+    assert meta["base"]["weights"] == "int4"
+    config = json.loads((work / "qlora" / "best" / "adapter" / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+    losses = [float(loss) for _, loss in _train_losses(work / "qlora")]
+    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)
+
+
+def test_full_fine_tuning_saves_the_whole_model(work):
+    ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "full", "--method", "full",
+           "--max-steps", "2", "--eval-every", "2", *SMALL, cwd=work))
+    assert (work / "full" / "best" / "model.safetensors").is_file()
+    assert not (work / "full" / "best" / "adapter").exists()
+    reply = ok(qkv("chat", "--model", "full", "--max-new-tokens", "3", cwd=work, input="Translate to French: a tree\n"))
+    assert reply.returncode == 0
+
+
+@pytest.mark.parametrize(("line", "phrases"), [
+    ('{"messages": [{"role": "user", "content": "hi"}]}', ["line 25", "no assistant turn"]),
+    ('{"messages": [{"role": "narrator", "content": "hi"}, {"role": "assistant", "content": "x"}]}',
+     ["line 25", "'narrator'"]),
+    ("not json", ["line 25 is not valid JSON"]),
+])
+def test_bad_data_is_one_line_naming_the_line(work, tmp_path, here, line, phrases):
+    data = tmp_path / "data.jsonl"
+    data.write_text((work / "train.jsonl").read_text() + line + "\n", encoding="utf-8")
+    proc = here("finetune", "--pretrained", work / "base", "--data", data, "--out", tmp_path / "run", "--max-steps",
+                "1", *SMALL, cwd=tmp_path)
+    last_line_error(proc, *phrases)
+    assert not (tmp_path / "run" / "best").exists()
+
+
+@pytest.mark.parametrize(("options", "phrases"), [
+    (["--target-modules", "c_attn"], ["unknown LoRA target modules ['c_attn']"]),
+    (["--rank", "100"], ["the LoRA rank must be between 1 and the layer's smaller side (64), got 100"]),
+    (["--context", "8"], ["every example is longer than the context of 8 tokens"]),
+])
+def test_impossible_settings_are_one_line(work, tmp_path, here, options, phrases):
+    proc = here("finetune", "--pretrained", work / "base", "--data", work / "train.jsonl", "--out", tmp_path / "run",
+                "--max-steps", "1", *SMALL, *options, cwd=tmp_path)
+    last_line_error(proc, *phrases)
+
+
+def test_an_adapter_made_for_another_base_is_one_line(work, lora_run, tmp_path, here):
+    chat_folder(tmp_path / "other", hidden=32)
+    proc = here("generate", "--pretrained", tmp_path / "other", "--adapter", lora_run / "best" / "adapter",
+                "--prompt", "hi", "--max-new-tokens", "2", cwd=tmp_path)
+    last_line_error(proc, "another base model")
