@@ -5,6 +5,7 @@ the stacked layers of a quantized model); every file qkv cannot use exactly is r
 Tiny random models of each LLaMA-family member, written by transformers' save_pretrained; nothing is downloaded.
 """
 
+from __future__ import annotations
 
 import dataclasses
 import json
