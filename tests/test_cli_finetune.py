@@ -124,3 +124,21 @@ def test_an_adapter_made_for_another_base_is_one_line(work, lora_run, tmp_path, 
     proc = here("generate", "--pretrained", tmp_path / "other", "--adapter", lora_run / "best" / "adapter",
                 "--prompt", "hi", "--max-new-tokens", "2", cwd=tmp_path)
     last_line_error(proc, "another base model")
+
+
+def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, here):
+    import torch
+    import transformers
+
+    from qkv.checkpoint import load_checkpoint
+
+    ok(here("export", "--model", lora_run, "--format", "peft", "--out", work / "peft-out", cwd=work))
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        assert (work / "peft-out" / name).read_bytes() == (lora_run / "best" / "adapter" / name).read_bytes()
+    ok(here("export", "--model", lora_run, "--merge", "--out", work / "merged", cwd=work))
+    merged = transformers.AutoModelForCausalLM.from_pretrained(work / "merged").eval()
+    ids = torch.tensor([[1, 5, 9, 30, 31, 200]])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(ids).logits, load_checkpoint(lora_run).model(ids), rtol=1e-4, atol=1e-4)
+    last_line_error(here("export", "--model", lora_run, "--out", work / "whole", cwd=work),
+                    "holds LoRA adapters: --format peft or gguf-lora writes them, --merge")

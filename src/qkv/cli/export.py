@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from .common import command
@@ -12,7 +13,7 @@ from .common import command
 def export_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..files import read_text
-    from ..interop.export import check_out
+    from ..interop.export import check_out, written
     from ..interop.gguf_export import TYPES
 
     if args.type is not None and args.format != "gguf":
@@ -21,8 +22,20 @@ def export_cmd(args: argparse.Namespace) -> None:
         raise ValueError(f"--type must be one of {', '.join(TYPES)}, got {args.type!r}")
     template = read_text(args.chat_template) if args.chat_template else None
     out = Path(args.out)
-    check_out(out, "folder" if args.format == "hf" else "file")  # before the weights are read
-    ckpt = load_checkpoint(args.model)
+    check_out(out, "folder" if args.format in ("hf", "peft") else "file")  # before the weights are read
+    adapters = _adapters(args)
+    if args.format == "peft":
+        written(out, lambda folder: shutil.copytree(adapters, folder, dirs_exist_ok=True))
+        print(out)
+        return
+    ckpt = _merged(adapters) if args.merge else load_checkpoint(args.model)
+    if not args.merge and args.format == "gguf-lora":
+        from ..interop.gguf_lora import export_gguf_lora
+
+        export_gguf_lora(ckpt.model, out)
+        print(out)
+        return
+    template = template or ckpt.meta.get("chat_template")
     translation = {"src", "tgt"} <= set(ckpt.tokenizers)
     if "text" not in ckpt.tokenizers and not (translation and args.format == "hf"):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint; qkv exports language models (both formats), "
@@ -39,12 +52,47 @@ def export_cmd(args: argparse.Namespace) -> None:
     print(out)
 
 
+def _adapters(args: argparse.Namespace) -> Path | None:
+    """The adapter folder of a LoRA run (None for a whole model), checked against the format and --merge asked."""
+    from ..checkpoint import ADAPTER, resolve
+
+    folder = resolve(args.model) / ADAPTER
+    adapters = folder if folder.is_dir() else None
+    if args.format in ("peft", "gguf-lora") and adapters is None:
+        raise ValueError(f"{args.model} holds a whole model, not LoRA adapters (qkv finetune --method lora|qlora "
+                         f"makes them); export it with --format hf or gguf")
+    if args.merge and (adapters is None or args.format not in ("hf", "gguf")):
+        raise ValueError("--merge writes a LoRA run's base model with its adapters merged in, as --format hf or gguf")
+    if adapters is not None and args.format in ("hf", "gguf") and not args.merge:
+        raise ValueError(f"{args.model} holds LoRA adapters: --format peft or gguf-lora writes them, --merge writes "
+                         "the base model with them merged in")
+    return adapters
+
+
+def _merged(adapters: Path):
+    """A LoRA run's base model in float32 (a quantized base read as float), its adapters merged in: the model
+    the exports write (a GGUF file quantized again as --type says)."""
+    from ..checkpoint import Checkpoint, read_meta
+    from ..interop.peft import load_peft_adapter
+    from ..interop.pretrained import load_base
+    from ..lora import merge_lora
+
+    meta = read_meta(adapters.parent)
+    base = load_base(meta["base"]["source"], weights="none", expected=meta["base"].get("fingerprint"))
+    load_peft_adapter(base.model, adapters)
+    return Checkpoint(merge_lora(base.model).eval(), "gpt", meta, {"text": base.tokenizer}, adapters.parent)
+
+
 def add_commands(sub) -> None:
     p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
                                "a GGUF file (llama.cpp runs it); a BERT or its classifier, or a Post-Norm translation "
                                "model as a Marian folder")
     p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
-    p.add_argument("--format", choices=("hf", "gguf"), default="hf", help="hf: a folder; gguf: one file (default hf)")
+    p.add_argument("--format", choices=("hf", "gguf", "peft", "gguf-lora"), default="hf",
+                   help="hf: a folder; gguf: one file (default hf); a LoRA run's adapters alone: peft (a folder "
+                        "peft.PeftModel reads) or gguf-lora (a file llama.cpp reads with --lora)")
+    p.add_argument("--merge", action="store_true", help="a LoRA run as the whole model: its base in float32 with the "
+                                                        "adapters merged in (then --format hf or gguf)")
     p.add_argument("--out", required=True, help="the folder or file to write; it must not exist (or be an empty "
                                                 "folder)")
     p.add_argument("--type", help="gguf: how the matrices are stored: f32, f16 (the default), q8_0 or q4_0 "

@@ -103,7 +103,8 @@ def _gpt_files(model: GPT, tokenizer, chat_template: str | None) -> dict[str, An
     tensors = gpt_state_dict_to_hf(model.state_dict(), cfg)
     _check_read_back(model, gpt_state_dict_from_hf(tensors, gpt_config_from_hf(config), config["model_type"]))
     tokenizer_json, specials = hf_tokenizer(tokenizer)
-    check_size(tokenizer_json.get_vocab_size(with_added_tokens=True), cfg.vocab_size)
+    check_size(tokenizer_json.get_vocab_size(with_added_tokens=True), cfg.vocab_size,
+               spare_rows=isinstance(tokenizer, PretrainedTokenizer))
     ids = {f"{role}_token_id": tokenizer_json.token_to_id(token) for role, token in specials.items() if role != "unk"}
     tokenizer_config = _fast_tokenizer_config(specials, cfg.max_seq_len)
     if chat_template is not None:
@@ -237,9 +238,10 @@ def _dtype(tensors: dict[str, torch.Tensor]) -> str:
     return str(max(tensors.values(), key=torch.Tensor.numel).dtype).removeprefix("torch.")
 
 
-def check_size(tokens: int, rows: int) -> None:
-    """A tokenizer of ``tokens`` tokens for a model of ``rows`` embeddings: they must be the same size."""
-    if tokens != rows:
+def check_size(tokens: int, rows: int, *, spare_rows: bool = False) -> None:
+    """A tokenizer of ``tokens`` tokens for a model of ``rows`` embeddings: they must be the same size, or (a
+    pretrained model's, ``spare_rows``) the table may have rows no token uses, as published models' often do."""
+    if tokens > rows or (tokens != rows and not spare_rows):
         raise ValueError(f"the tokenizer has {tokens} tokens and the model {rows}: they were not trained together")
 
 
