@@ -143,3 +143,14 @@ def test_a_held_out_split_is_fixed_by_the_seed_and_leaves_both_sides_some():
     assert all(e not in train for e in valid)
     with pytest.raises(DataError, match="too few"):
         held_out(examples[:1], 0.1, seed=0)
+
+
+def test_the_logits_of_the_learnt_positions_are_those_of_the_whole_rows():
+    model = _model().eval()
+    batch = collate(pack(_examples(5), 32), pad_id=0)
+    learnt = (batch.targets.flatten() != IGNORE).nonzero().squeeze(1)
+    with torch.no_grad():
+        whole = model(batch.ids, segments=batch.segments).flatten(0, 1)
+        some = model(batch.ids, segments=batch.segments, logits_at=learnt)
+    assert some.shape == (batch.n_tokens, 64)
+    torch.testing.assert_close(some, whole[learnt], rtol=0, atol=0)

@@ -47,13 +47,14 @@ def export_gguf_lora(model: nn.Module, out: str | Path, *, architecture: str | N
     Args:
         model: a LLaMA-family :class:`~qkv.models.GPT` with LoRA layers (float or quantized base).
         out: the new file.
-        architecture: the base GGUF file's ``general.architecture``; default: what
-            :func:`~qkv.interop.gguf_export.export_gguf` writes for the model. Give it for a base converted by
-            another tool (llama.cpp's converter writes Mistral as ``llama``); Q and K are reordered as it implies.
+        architecture: the base GGUF file's ``general.architecture``: what
+            :func:`~qkv.interop.gguf_export.export_gguf` writes for the model (the default), or ``llama`` for a
+            sliding-window model, which llama.cpp's converter writes as ``llama`` and export_gguf refuses.
 
     Raises:
         ValueError: a model outside the LLaMA family or without adapters, adapters of different ranks or scales,
-            a sliding-window model without ``architecture``, an unknown ``architecture``, or an ``out`` that exists.
+            a sliding-window model without ``architecture``, an ``architecture`` other than the model's, or an
+            ``out`` that exists.
     """
     gguf = _import_gguf()
     out = Path(out)
@@ -84,18 +85,19 @@ def export_gguf_lora(model: nn.Module, out: str | Path, *, architecture: str | N
 
 
 def _architecture(model: GPT, architecture: str | None) -> str:
-    """The base file's architecture: the one given, or the one :func:`export_gguf` writes for ``model``."""
-    if architecture is not None:
-        if architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {list(ARCHITECTURES)}, got {architecture!r}")
-        return architecture
+    """The base file's architecture: the one :func:`export_gguf` writes for ``model``; a sliding-window model
+    (which it refuses) only as ``llama``, as llama.cpp's converter writes Mistral."""
     from .hf_gpt import gpt_config_to_hf
 
     model_type = gpt_config_to_hf(model.config)["model_type"]
-    if model_type not in ARCHITECTURES:  # mistral: export_gguf refuses it too
+    expected = model_type if model_type in ARCHITECTURES else None  # mistral: export_gguf has no file for it
+    if architecture is None and expected is None:
         raise ValueError(f"llama.cpp's GGUF files have no sliding window (window={model.config.window}); pass "
-                         "architecture= the base file's (llama for one converted by llama.cpp)")
-    return model_type
+                         "architecture='llama' for a base converted by llama.cpp's own converter")
+    if architecture is not None and architecture != (expected or "llama"):
+        raise ValueError(f"architecture must be {expected or 'llama'!r} (the base's, for this {model_type} model), "
+                         f"got {architecture!r}")
+    return architecture or expected
 
 
 def _gguf_lora_tensors(tensors: dict[str, Tensor], cfg, arch: str) -> dict[str, Tensor]:

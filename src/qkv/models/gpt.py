@@ -51,11 +51,11 @@ class GPT(common.Model):
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                return_attention: Literal[False] = False) -> Tensor: ...
+                logits_at: Tensor | None = None, return_attention: Literal[False] = False) -> Tensor: ...
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                return_attention: Literal[True]) -> WithAttention: ...
+                logits_at: Tensor | None = None, return_attention: Literal[True]) -> WithAttention: ...
 
     def forward(
         self,
@@ -66,6 +66,7 @@ class GPT(common.Model):
         segments: Tensor | None = None,
         cache: DecoderCache | None = None,
         last_only: bool = False,
+        logits_at: Tensor | None = None,
         return_attention: bool = False,
     ) -> Tensor | WithAttention:
         """Next-token logits for every position.
@@ -81,6 +82,9 @@ class GPT(common.Model):
             cache: from :meth:`new_cache`; extended in place.
             last_only: logits for the last position only, ``(B, 1, vocab_size)``: all that decoding needs, and
                 the output layer is the largest product of a step (49k × 576 in SmolLM2).
+            logits_at: the logits of these positions only, flat indices into the ``B · T`` positions ``(N,)``:
+                training that learns a few tokens of each row (a chat's answers) needs no others, and the
+                ``(B, T, vocab_size)`` logits are most of such a step's memory. The result is ``(N, vocab_size)``.
             return_attention: also return the attention weights.
 
         Returns:
@@ -117,5 +121,7 @@ class GPT(common.Model):
             cache=cache, need_weights=return_attention, checkpointing=self.checkpointing and self.training,
         )
         x = x[:, -1:] if last_only else x
+        if logits_at is not None:
+            x = x.flatten(0, 1).index_select(0, logits_at)  # (N, D)
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
         return WithAttention(logits, weights) if return_attention else logits

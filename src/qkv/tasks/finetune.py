@@ -222,9 +222,10 @@ class FineTuneTask:
 
     def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
         device = device_of(model)
-        logits = model(to_device(batch.ids, device), segments=to_device(batch.segments, device))
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), to_device(batch.targets, device).flatten(),
-                               ignore_index=IGNORE, reduction="sum")
+        learnt = (batch.targets.flatten() != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
+        logits = model(to_device(batch.ids, device), segments=to_device(batch.segments, device),
+                       logits_at=to_device(learnt, device))  # (N, vocab): the learnt positions' logits only
+        loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
         return loss, batch.n_tokens
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
