@@ -140,5 +140,11 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     ids = torch.tensor([[1, 5, 9, 30, 31, 200]])
     with torch.no_grad():
         torch.testing.assert_close(merged(ids).logits, load_checkpoint(lora_run).model(ids), rtol=1e-4, atol=1e-4)
+    ok(here("export", "--model", lora_run, "--format", "gguf-lora", "--out", work / "adapter.gguf", cwd=work))
+    import gguf
+
+    reader = gguf.GGUFReader(work / "adapter.gguf")
+    assert reader.get_field("general.type").contents() == "adapter"
+    assert len(reader.tensors) == 2 * 7 * 2  # two layers, seven projections, A and B
     last_line_error(here("export", "--model", lora_run, "--out", work / "whole", cwd=work),
                     "holds LoRA adapters: --format peft or gguf-lora writes them, --merge")
