@@ -146,5 +146,5 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     reader = gguf.GGUFReader(work / "adapter.gguf")
     assert reader.get_field("general.type").contents() == "adapter"
     assert len(reader.tensors) == 2 * 7 * 2  # two layers, seven projections, A and B
-    last_line_error(here("export", "--model", lora_run, "--out", work / "whole", cwd=work),
+    last_line_error(here("export", "--model", lora_run, "--out", work / "unmerged", cwd=work),
                     "holds LoRA adapters: --format peft or gguf-lora writes them, --merge")
