@@ -33,7 +33,7 @@ from ..models import GPT
 from .export import check_out
 from .gguf import LAYER_NAMES, PERMUTED_ARCHITECTURES, _import_gguf
 from .gguf_export import permute_rope_rows
-from .peft import _KEY, _order, peft_tensors
+from .peft import KEY, key_order, peft_tensors
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +106,8 @@ def _gguf_lora_tensors(tensors: dict[str, Tensor], cfg, arch: str) -> dict[str, 
     heads = {} if arch not in PERMUTED_ARCHITECTURES else {"attn_q": cfg.n_heads,
                                                             "attn_k": cfg.n_kv_heads or cfg.n_heads}
     out = {}
-    for key in sorted(tensors, key=_order):
-        layer, module, side = _KEY.fullmatch(key).groups()
+    for key in sorted(tensors, key=key_order):
+        layer, module, side = KEY.fullmatch(key).groups()
         kind = _GGUF_NAMES[module]
         tensor = tensors[key]
         if side == "B" and kind in heads:

@@ -42,7 +42,8 @@ _PREFIX = "base_model.model.model.layers."
 _MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
             "down_proj": "mlp.down_proj"}
-_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight")
+# A PEFT LoRA weight's name: (block, "self_attn.q_proj"-like module, A or B); gguf_lora reads the same names.
+KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight")
 # Fields that change what an adapter computes or where it applies: each must hold plain LoRA's value (absent,
 # null, false, "none" or empty) to be read.
 _NOT_SUPPORTED = ("use_dora", "fan_in_fan_out", "bias", "lora_bias", "rank_pattern", "alpha_pattern",
@@ -253,7 +254,7 @@ def _read_weights(path: Path, config: LoRAConfig) -> dict[str, Tensor]:
         raise ValueError(f"cannot read {path}: {str(err).strip().splitlines()[0]}") from None
     if not tensors:
         raise ValueError(f"{path} holds no weights; save the adapter again with peft's save_pretrained")
-    for key in sorted(tensors, key=_order):  # the first problem in the model's order is named
+    for key in sorted(tensors, key=key_order):  # the first problem in the model's order is named
         _check_weight(key, tensors[key], config, path)
         pair = key[: -len("A.weight")] + ("B.weight" if key.endswith("A.weight") else "A.weight")
         if pair not in tensors:
@@ -262,7 +263,7 @@ def _read_weights(path: Path, config: LoRAConfig) -> dict[str, Tensor]:
 
 
 def _check_weight(key: str, tensor: Tensor, config: LoRAConfig, path: Path) -> None:
-    match = _KEY.fullmatch(key)
+    match = KEY.fullmatch(key)
     module = match.group(2) if match else None
     if module not in _MODULES.values():
         raise ValueError(f"{path}: {key} is not a LoRA weight of a LLaMA-family projection (expected "
@@ -329,7 +330,7 @@ def _fill(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
         if key in tensors and tensors[key].shape != weight.shape:
             raise ValueError(f"{key} has shape {tuple(tensors[key].shape)} but qkv's {name} needs "
                              f"{tuple(weight.shape)}: the adapter was made for another base model")
-    unused = sorted((key for key in tensors if key not in slots), key=_order)
+    unused = sorted((key for key in tensors if key not in slots), key=key_order)
     if unused:
         raise ValueError(f"{unused[0]} is for a layer this model does not have ({len(model.decoder.layers)} layers): "
                          "the adapter was made for another base model")
@@ -379,9 +380,9 @@ def _key(index: int, target: str, side: str) -> str:
     return f"{_PREFIX}{index}.{_MODULES[target]}.lora_{side}.weight"
 
 
-def _order(key: str) -> tuple[int, int, str]:
+def key_order(key: str) -> tuple[int, int, str]:
     """Sorts PEFT's keys as the model holds its layers: by block, then projection; other keys first."""
-    match = _KEY.fullmatch(key)
+    match = KEY.fullmatch(key)
     if match is None:
         return -1, 0, key
     target = match.group(2).rsplit(".", 1)[-1]
