@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, ok
+from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, last_line_error, ok, qkv
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # each run starts two interpreters
@@ -90,3 +90,65 @@ def test_a_rank_whose_rank_0_never_comes_says_so_within_the_rendezvous_timeout(c
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"no rank 0 answered at 127.0.0.1:{port} within 2 s: start all 2 processes with torchrun" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- fine-tuning: adapters replicated (DDP), a whole model sharded (FSDP2) ------------------------------------------
+
+FINETUNE = ["finetune", "--pretrained", "base", "--data", "train.jsonl", "--context", "64", "--batch-size", "2",
+            "--lr", "1e-3", "--warmup", "0", "--schedule", "constant", "--eval-every", "2", "--no-progress",
+            *CPU_FP32]  # 48 examples: 4 steps of 2 × 2 rows stay inside the first epoch
+
+
+@pytest.fixture(scope="module")
+def finetune_work(tmp_path_factory):
+    from finetune_model import chat_data, chat_folder
+
+    root = tmp_path_factory.mktemp("finetune")
+    chat_folder(root / "base")
+    chat_data(root / "train.jsonl", 48)
+    return root
+
+
+def test_adapters_in_two_processes_follow_one(finetune_work):
+    work = finetune_work
+    ok(qkv(*FINETUNE, "--out", "one", "--max-steps", "4", "--accum", "2", cwd=work))
+    torchrun(*FINETUNE, "--out", "two", "--max-steps", "4", cwd=work)
+    for column in ("train_loss", "val_loss"):
+        assert [v for _, v in _log(work / "two", column)] == pytest.approx([v for _, v in _log(work / "one", column)],
+                                                                           rel=1e-4)
+    one, two = (load_file(work / run / "last" / "adapter" / "adapter_model.safetensors") for run in ("one", "two"))
+    assert one.keys() == two.keys() and len(one) > 0
+    for name in one:
+        torch.testing.assert_close(two[name], one[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+FULL = [*FINETUNE, "--method", "full"]  # --fsdp: the default of --method full
+
+
+@pytest.fixture(scope="module")
+def sharded_run(finetune_work):
+    torchrun(*FULL, "--out", "fsdp", "--max-steps", "4", cwd=finetune_work)
+    return finetune_work / "fsdp"
+
+
+def test_a_sharded_full_fine_tuning_writes_the_replicated_runs_checkpoint(finetune_work, sharded_run):
+    torchrun(*FULL, "--out", "ddp", "--max-steps", "4", "--no-fsdp", cwd=finetune_work)
+    assert _log(sharded_run, "train_loss") == pytest.approx(_log(finetune_work / "ddp", "train_loss"), rel=1e-4)
+    ddp, fsdp = (load_file(run / "last" / "model.safetensors") for run in (finetune_work / "ddp", sharded_run))
+    assert ddp.keys() == fsdp.keys()  # the same file: tied tables stored once, under the same name
+    for name in ddp:
+        torch.testing.assert_close(fsdp[name], ddp[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_sharded_run_resumes_exactly(finetune_work, sharded_run):
+    """The whole weights and AdamW moments it wrote, cut back into shards, continue the run as if unbroken."""
+    torchrun(*FULL, "--out", "halves", "--max-steps", "2", cwd=finetune_work)
+    torchrun("finetune", "--out", "halves", "--resume", "--max-steps", "4", "--no-progress", *CPU_FP32,
+             cwd=finetune_work)
+    assert _log(finetune_work / "halves", "train_loss") == pytest.approx(_log(sharded_run, "train_loss"), rel=1e-5)
+
+
+def test_fsdp_with_adapters_is_one_line(finetune_work):
+    proc = qkv(*FINETUNE, "--out", "no", "--max-steps", "1", "--fsdp", cwd=finetune_work)
+    last_line_error(proc, "--fsdp shards full fine-tuning only; --method lora trains adapters")
+    assert not (finetune_work / "no").exists()

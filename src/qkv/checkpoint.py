@@ -113,8 +113,10 @@ class Checkpoint:
 
 
 def architecture_of(model: nn.Module) -> str:
+    from .sharding import unsharded_class
+
     for name, (cls, _) in ARCHITECTURES.items():
-        if type(model) is cls:
+        if unsharded_class(model) is cls:
             return name
     raise TypeError(f"cannot save a {type(model).__name__}; known architectures: {sorted(ARCHITECTURES)}")
 
@@ -126,8 +128,11 @@ def save_checkpoint(
     tokenizers: dict[str, Tokenizer],
     meta: dict[str, Any] | None = None,
     trainer_state: dict[str, Any] | None = None,
+    weights: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically: into a temporary sibling directory, then renamed into place.
+    """Write a checkpoint atomically: into a temporary sibling directory, then renamed into place. ``weights``:
+    the model's tensors when the module does not hold them whole (a sharded model's, gathered by
+    :func:`qkv.sharding.gathered_weights`).
 
     Raises:
         OSError: if the files cannot be written (a full disk, say); the temporary directory is removed and the
@@ -139,7 +144,7 @@ def save_checkpoint(
     old = directory.parent / f".{directory.name}.old"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write(tmp, model, tokenizers, meta, trainer_state)
+        _write(tmp, model, tokenizers, meta, trainer_state, weights)
     except Exception as err:  # safetensors and torch.save report a full disk as their own error types
         shutil.rmtree(tmp, ignore_errors=True)
         kept = "; the previous checkpoint is kept" if directory.exists() else ""
@@ -153,8 +158,8 @@ def save_checkpoint(
 
 
 def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: dict[str, Any] | None,
-           trainer_state: dict[str, Any] | None) -> None:
-    from safetensors.torch import save_model
+           trainer_state: dict[str, Any] | None, whole: dict[str, torch.Tensor] | None) -> None:
+    from safetensors.torch import save_file, save_model
 
     tmp.mkdir()
     if lora_layers(model):  # a LoRA run: the adapters alone, in PEFT's format; the base is named in the meta
@@ -163,8 +168,11 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
         save_peft_adapter(model, lora_config_of(model), tmp / ADAPTER, base_name=str((meta or {})["base"]["source"]))
         weights = tmp / ADAPTER / ADAPTER_WEIGHTS
     else:
-        save_model(model, str(tmp / WEIGHTS))  # shared (tied) tensors are stored once
         weights = tmp / WEIGHTS
+        if whole is not None:
+            save_file(whole, str(weights))
+        else:
+            save_model(model, str(weights))  # shared (tied) tensors are stored once
     config = {"arch": architecture_of(model), "model": model.config.to_dict(), **(meta or {}),
               CHECKSUM: file_sha256(weights),
               TOKENIZERS: {side: {"kind": t.kind, "vocab_size": t.vocab_size} for side, t in tokenizers.items()}}

@@ -49,6 +49,7 @@ from .optimizers import OPTIMIZERS, build_optimizer
 from .progress import Progress, RunLog
 from .rundir import claim, holds
 from .runtime import Runtime
+from .sharding import gathered, gathered_weights, local, scattered, shard
 from .tokenizers import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class TrainOptions:
     device: str = "cpu"  # see qkv.device: auto, cpu, cuda, cuda:N (unless the Trainer is given a Runtime)
     precision: str = "fp32"  # auto, fp32, bf16, fp16 (fp16 on CUDA only, with a gradient scaler; idem)
     compile: bool = False  # torch.compile the model's forward (and backward) before training
+    fsdp: bool = False  # in several processes, shard the model (qkv.sharding) instead of replicating it (DDP)
     eval_every: int = 500
     eval_at_minutes: tuple[float, ...] = ()  # also evaluate when the run's wall-clock passes these marks
     stop_at: float | None = None  # stop once the task's selection metric reaches this value
@@ -294,10 +296,13 @@ class Trainer:
             self.model.compile()  # in place: the module, its type and its state dict stay as they are
         # What the training forward passes run: in several processes the DDP wrapper, which averages the
         # gradients in the backward pass (see _synchronising); evaluation and checkpoints use the model itself.
-        self.ddp = None
-        if self.group.world > 1:
+        # Sharded (FSDP), the model is its own training model, changed in place.
+        self.ddp, self.sharded = None, opts.fsdp and self.group.world > 1
+        if self.sharded:
+            shard(self.model, self.device.type)
+        elif self.group.world > 1:  # qkv's buffers are constants (position tables, quantized codes): not resent
             self.ddp = DistributedDataParallel(self.model, device_ids=[self.device.index] if
-                                               self.device.type == "cuda" else None)
+                                               self.device.type == "cuda" else None, broadcast_buffers=False)
         self.training_model = self.model if self.ddp is None else self.ddp
         self.unit = getattr(task, "unit", "tokens")
         self.budget = Budget.of(opts, task)
@@ -359,12 +364,14 @@ class Trainer:
         """The batches of each step (``accum`` per process), epoch after epoch, from the position a resumed run
         stopped at. The position moves past a step's batches when they are handed out, so a checkpoint after
         the step resumes after them. In a distributed run an epoch's last few batches, too few to give every
-        process one, are left out."""
-        size, state = self.opts.accum * self.group.world, self.state
+        process one, are left out, and a shorter last step's batches are as many for each (a sharded model's
+        processes run their forward passes together)."""
+        size, state, world = self.opts.accum * self.group.world, self.state, self.group.world
         while True:
             batches = self.task.batches(state.epoch)
-            while len(batches) - state.batch_index >= self.group.world:
+            while len(batches) - state.batch_index >= world:
                 chunk = batches[state.batch_index : state.batch_index + size]
+                chunk = chunk[: len(chunk) - len(chunk) % world]
                 state.batch_index += len(chunk)
                 yield chunk
             state.epoch, state.batch_index = state.epoch + 1, 0
@@ -390,6 +397,7 @@ class Trainer:
             total_loss += loss_sum.detach().float()
         self.scaler.unscale_(self.optimizer)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip > 0 else math.inf)
+        norm = gathered(norm) if self.sharded else norm
         loss = self.group.sum({"loss": total_loss.item()})["loss"] / max(n_items, 1)  # the step's one wait
         # With fp16 an infinite gradient is routine: the scaler skips that step and lowers its scale.
         if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
@@ -406,7 +414,7 @@ class Trainer:
 
     def _synchronising(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP averages the gradients in the backward pass of a step's last batch only (``last``): the others'
-        accumulate locally."""
+        accumulate locally. A sharded model reduces each batch's into its shards (no whole gradient is kept)."""
         return self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
 
     def _after_step(self, total: int | None, previous_s: float, interrupted_by: int | None,
@@ -440,7 +448,8 @@ class Trainer:
         start = time.monotonic()
         self.model.eval()
         with torch.no_grad(), self.runtime.autocast():
-            metrics = self.task.evaluate(self.model, self.group)
+            # a sharded model's processes run every forward pass together: each evaluates all the batches
+            metrics = self.task.evaluate(self.model, SINGLE if self.sharded else self.group)
         self.model.train()
         self._check_finite(metrics)
         rng = self.group.gather([torch.get_rng_state()])  # every process's, for an exact resume
@@ -468,8 +477,10 @@ class Trainer:
     def _check_finite(self, metrics: dict[str, float]) -> None:
         """A model gone to NaN or Inf must never become a checkpoint: stop, keeping the last good one."""
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
-        finite = torch.stack([torch.isfinite(p).all() for p in self.model.parameters()]).all()
-        if not bad and bool(finite):
+        finite = bool(torch.stack([torch.isfinite(local(p)).all() for p in self.model.parameters()]).all())
+        if self.sharded:  # each process sees its own shards
+            finite = self.group.sum({"finite": float(finite)})["finite"] == self.group.world
+        if not bad and finite:
             return
         what = ", ".join(f"{k} {v}" for k, v in bad.items()) or "weights that are not finite"
         raise FloatingPointError(f"training diverged at step {self.state.step} ({what}); {self._kept()}. Lower --lr "
@@ -479,11 +490,14 @@ class Trainer:
         return f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
 
     def _save(self, name: str, *, with_state: bool, rng: list | None = None) -> None:
-        if not self.group.main:  # rank 0 writes; every rank holds the same weights
+        """Rank 0 writes: every rank holds the same weights, or (sharded) gathers them whole first."""
+        weights = gathered_weights(self.model) if self.sharded else None
+        trainer_state = self._trainer_state(rng) if with_state else None
+        if not self.group.main:
             return
         meta = {**self.task.meta, "step": self.state.step, "best": self.state.best}
         save_checkpoint(self.out / name, self.model, tokenizers=self.task.tokenizers, meta=meta,
-                        trainer_state=self._trainer_state(rng) if with_state else None)
+                        trainer_state=trainer_state, weights=weights)
 
     # --- the state a resumed run continues from -----------------------------------------------------------
     def _run_s(self) -> float:
@@ -503,7 +517,7 @@ class Trainer:
     def _trainer_state(self, rng: list | None = None) -> dict[str, Any]:
         return {
             **asdict(replace(self.state, elapsed_s=self._run_s())),
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": gathered(self.optimizer.state_dict()) if self.sharded else self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "rank_rngs": rng or [],  # a distributed run's processes, in rank order
@@ -516,11 +530,15 @@ class Trainer:
         try:
             if lora_layers(self.model):  # a LoRA run saved its adapters alone: its base is the one loaded now
                 state = resume_adapters(self.model, path)
+                self.optimizer.load_state_dict(state["optimizer"])
             else:
                 ckpt = load_checkpoint(path, with_trainer_state=True)
                 state = ckpt.trainer_state
-                self.model.load_state_dict(ckpt.model.state_dict())  # copied onto this run's device
-            self.optimizer.load_state_dict(state["optimizer"])
+                if self.sharded:  # each process keeps its shards of the whole tensors read
+                    scattered(self.model, self.optimizer, ckpt.model.state_dict(), state["optimizer"])
+                else:
+                    self.model.load_state_dict(ckpt.model.state_dict())  # copied onto this run's device
+                    self.optimizer.load_state_dict(state["optimizer"])
         except (RuntimeError, ValueError, KeyError) as err:
             if isinstance(err, CheckpointError):
                 raise

@@ -41,6 +41,9 @@ def add_commands(sub) -> None:
     method.add_argument("--checkpointing", action=argparse.BooleanOptionalAction,
                         help="activation checkpointing: recompute each layer in the backward pass (less memory, "
                              "about a third more compute)")
+    method.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
+                        help="under torchrun, shard the weights, gradients and optimizer state across the processes "
+                             "(FSDP2) instead of copying them into each (DDP); default: with --method full")
     add_training_arguments(p, batch=("--batch-size", "rows of packed examples per batch"))
     show_defaults(p, FineTuneSettings)
     p.set_defaults(run=FineTuneRecipe.main, command=FineTuneRecipe.command)

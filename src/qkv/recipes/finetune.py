@@ -109,6 +109,17 @@ class FineTuneRecipe(Recipe):
             add_lora(self.model, lora)
         self.model.checkpointing = s.checkpointing
 
+    def options(self):
+        """The Trainer's options: full fine-tuning shards the model across processes (FSDP) unless told not to;
+        adapters (their base frozen, perhaps quantized) are copied into each (DDP)."""
+        import dataclasses
+
+        fsdp = self.args.fsdp if self.args.fsdp is not None else self.s.method == "full"
+        if fsdp and self.s.method != "full":
+            raise ValueError(f"--fsdp shards full fine-tuning only; --method {self.s.method} trains adapters, which "
+                             "every process holds whole: drop --fsdp")
+        return dataclasses.replace(super().options(), fsdp=fsdp)
+
     def task(self):
         from ..tasks.finetune import FineTuneTask
 
