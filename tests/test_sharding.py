@@ -69,7 +69,7 @@ def _run(rank: int, port: int) -> None:
         for i, moments in saved_moments["state"].items():
             for key, value in moments.items():
                 assert torch.equal(again[i][key], value), (i, key)
-        with pytest.raises(KeyError, match="do not fit the sharded model: lm_head.weight differ"):
+        with pytest.raises(KeyError, match=r"do not fit the sharded model: lm_head\.weight differ"):
             renamed = {("tok_emb.weight" if k == "lm_head.weight" else k): v for k, v in saved_weights.items()}
             scattered(fresh, fresh_optimizer, renamed, saved_moments)
     finally:
