@@ -148,3 +148,11 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     assert len(reader.tensors) == 2 * 7 * 2  # two layers, seven projections, A and B
     last_line_error(here("export", "--model", lora_run, "--out", work / "unmerged", cwd=work),
                     "holds LoRA adapters: --format peft or gguf-lora writes them, --merge")
+
+
+def test_a_batch_too_large_for_the_memory_is_refused_before_training(work):
+    proc = qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "huge", "--max-steps", "1",
+               *SMALL, "--batch-size", "100000000", cwd=work)
+    last_line_error(proc, "base with --method lora (16,384 parameters learn) needs",
+                    "for gradients, AdamW's moments and one batch of 100,000,000 × 64 tokens", "choose smaller sizes")
+    assert not (work / "huge" / "last").exists()

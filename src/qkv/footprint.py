@@ -22,10 +22,16 @@ memory available. They are estimates of the largest allocations (fp32, 4 bytes a
 
       numbers = B·T·(L·(8·d + 2·d_ff) + 2·V) + B·H·T·K        (training: every layer's are kept for backward)
       numbers = B·T·(8·d + 2·d_ff + V) + B·H·T·K              (inference: one layer's at a time)
+      numbers = B·T·(L·d + 8·d + 2·d_ff + 2·V) + B·H·T·K      (training, activation checkpointing: each layer's
+                                                              input kept, one layer's recomputed at a time)
 
   ``8·d`` counts the queries, keys, values, attention output, two norms and two residual sums; ``2·d_ff`` the
   feed-forward hidden layer before and after its activation; ``2·V`` the logits and their gradient; ``B·H·T·K``
   one layer's attention scores.
+
+* **Fine-tuning** a model already loaded (:func:`check_training`): ``4 × 3 × P / N`` bytes for the gradients and
+  AdamW's two moments of the ``P`` parameters that learn (``N`` processes sharing them under FSDP), and one
+  batch's activations.
 
 * **Images** padded by ``p`` pixels a side for augmentation: ``B·C·(S + 2p)²`` numbers for ``B`` images of
   ``C`` channels and side ``S``, counted with the batch.
@@ -167,14 +173,17 @@ def _check_config(config: Any, what: str) -> None:
                    f"the position table of {what} (max_seq_len {s.sinusoid_rows:,} × d_model {s.d:,})")
 
 
-def activation_bytes(config: Any, batch: int, length: int | None = None, *, training: bool) -> int:
+def activation_bytes(config: Any, batch: int, length: int | None = None, *, training: bool,
+                     checkpointing: bool = False) -> int:
     """Bytes of one batch's activations (the module text gives the formula): ``batch`` sequences of ``length``
-    tokens (the config's longest by default)."""
+    tokens (the config's longest by default). With activation ``checkpointing`` a training step keeps each
+    layer's input and one layer's activations at a time."""
     total = 0
     for s in stacks(config):
         t = s.tokens if length is None else min(length, s.tokens or length)
-        per_token = s.layers * (8 * s.d + 2 * s.d_ff) + 2 * s.outputs if training else \
-            8 * s.d + 2 * s.d_ff + s.outputs
+        layer = 8 * s.d + 2 * s.d_ff
+        kept = s.layers * s.d + layer if checkpointing else s.layers * layer
+        per_token = kept + 2 * s.outputs if training else layer + s.outputs
         total += batch * t * per_token + batch * s.heads * t * min(t, s.keys or t)
     return FLOAT * total
 
@@ -231,6 +240,21 @@ def check_model(model_cls: type[nn.Module], config: Any, *, training: bool = Fal
         need += activation_bytes(config, *batch, training=training) + FLOAT * inputs
         use += f" and one batch of {batch[0]:,}" + (f" × {batch[1]:,} tokens" if batch[1] else "")
     check_fits(need, f"{what} has {n:,} parameters and", use)
+
+
+def check_training(model: nn.Module, *, batch: int, length: int, checkpointing: bool, shards: int = 1,
+                   what: str = "training") -> None:
+    """Refuse to train ``model`` (already in memory) when its gradients, AdamW's two moments (of the parameters
+    that learn, ``shards`` processes sharing them) and one batch's activations would not fit beside it.
+
+    Raises:
+        ValueError: naming the sizes, the figure and the memory available.
+    """
+    learn = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    need = FLOAT * learn * (TRAINING_COPIES - 1) // shards
+    need += activation_bytes(model.config, batch, length, training=True, checkpointing=checkpointing)
+    check_fits(need, f"{what} ({learn:,} parameters learn)",
+               f" for gradients, AdamW's moments and one batch of {batch:,} × {length:,} tokens")
 
 
 def build_model(model_cls: type[nn.Module], config: Any, *, initialise: bool = True, **check: Any) -> nn.Module:

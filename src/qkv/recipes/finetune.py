@@ -74,6 +74,7 @@ class FineTuneRecipe(Recipe):
             self.args.pretrained = str(Path(pretrained).resolve())  # stored absolute: --resume from anywhere
 
     def setup(self) -> None:
+        from ..footprint import check_training
         from ..interop.pretrained import fingerprint, load_base
         from ..lora import LoRAConfig, add_lora
         from ..tasks.finetune import fitting, held_out, read_examples, split_text
@@ -108,6 +109,9 @@ class FineTuneRecipe(Recipe):
         if lora is not None:
             add_lora(self.model, lora)
         self.model.checkpointing = s.checkpointing
+        check_training(self.model, batch=s.batch_size, length=context, checkpointing=s.checkpointing,
+                       shards=self.runtime.group.world if self.options().fsdp else 1,
+                       what=f"fine-tuning {s.pretrained} with --method {s.method}")
 
     def options(self):
         """The Trainer's options: full fine-tuning shards the model across processes (FSDP) unless told not to;
