@@ -182,7 +182,9 @@ def _llama_perplexity() -> Path | None:
 
 def _perplexity(binary: Path, model: Path, text: Path, *extra) -> float:
     for _ in range(5):  # llama.cpp's logger (a thread) now and then loses its last lines at exit: run it again
-        run = subprocess.run([binary, "-m", model, "-f", text, "-c", "32", "-b", "32", "-t", "2", *extra],
+        # one thread: this process's PyTorch threads keep spinning after their work, and llama.cpp's second
+        # thread waits on them (seconds a pass instead of milliseconds)
+        run = subprocess.run([binary, "-m", model, "-f", text, "-c", "32", "-b", "32", "-t", "1", *extra],
                              capture_output=True, text=True, check=True)
         found = re.search(r"Final estimate: PPL = ([\d.]+)", run.stdout + run.stderr)
         if found:
