@@ -102,15 +102,21 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         a, b = (self.lora_A, self.lora_B) if x.dtype == self.lora_A.dtype else (
             self.lora_A.to(x.dtype), self.lora_B.to(x.dtype))  # a bf16 base: the adapter computes in bf16 too
-        down = F.linear(self.dropout(x) if self.training else x, a)  # (..., n_targets · r)
-        pieces, ups, start = [], iter(down.split(self.rank, dim=-1)), 0
+        # (..., n_targets · r), scaled on this thin side; then every part's B in one product
+        down = F.linear(self.dropout(x) if self.training else x, a) * self.scale
+        return y + F.linear(down, self._up(b)).to(y.dtype)
+
+    def _up(self, b: Tensor) -> Tensor:
+        """``B`` for all the parts at once, ``(out_features, n_targets · r)``: each adapted part's rows read its
+        own ``r`` columns of ``A x``, and a part not adapted is zero rows."""
+        if len(self.parts) == 1:
+            return b
+        blocks, start = [], 0
         for name, width in self.parts:
-            if name in self.targets:
-                pieces.append(F.linear(next(ups), b[start : start + width]))  # (..., width)
-                start += width
-            else:
-                pieces.append(down.new_zeros(*down.shape[:-1], width))
-        return y + self.scale * (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=-1)).to(y.dtype)
+            taken = width if name in self.targets else 0
+            blocks.append(b[start : start + taken] if taken else b.new_zeros(width, 0))
+            start += taken
+        return torch.block_diag(*blocks)
 
     def base_weight(self) -> Tensor:
         """The base's weight in float32 ``(out_features, in_features)``: a quantized layer's dequantized."""
