@@ -11,10 +11,11 @@ the ones that model was scored on: ``zh.test.{src,ref}.txt``; the training and v
 examples, "Translate to Chinese: …" answered by the Chinese (``zh.train.jsonl``, ``zh.valid.jsonl``). Tiny
 Shakespeare is cut at 90%: ``shakespeare.train.txt`` and ``shakespeare.valid.txt``.
 
-``chrf`` asks each model (``--model``: ``smollm2`` and other sources ``--pretrained`` reads, kept in float32, or a
-``qkv finetune`` run, its adapters on its base) for the test sentences through its chat template, greedy, and
-scores the answers (sacreBLEU's chrF, and BLEU with ``tok:zh``). ``perplexity`` is the validation loss a
-``qkv finetune`` run reports, of each model, on ``shakespeare.valid.txt`` in rows of ``--context`` tokens.
+``chrf`` asks each model (``--model``: ``smollm2`` and other sources ``--pretrained`` reads, in float32 or with
+``--weights auto`` as stored, or a ``qkv finetune`` run, its adapters on its base) for the test sentences
+through its chat template, greedy, and scores the answers (sacreBLEU's chrF, and BLEU with ``tok:zh``).
+``perplexity`` is the validation loss a ``qkv finetune`` run reports, of each model, on ``shakespeare.valid.txt``
+in rows of ``--context`` tokens.
 """
 
 from __future__ import annotations
@@ -51,26 +52,27 @@ def prepare(out: Path) -> None:
           f"{cut:,} + {len(text) - cut:,} characters")
 
 
-def load(source: str):
-    """(model, tokenizer, chat template) of a qkv run or of a pretrained source, in float32."""
+def load(source: str, weights: str = "none"):
+    """(model, tokenizer, chat template) of a qkv run, or of a pretrained source held as ``weights`` says (float32,
+    or ``auto``: a GGUF file's own formats)."""
     from qkv.checkpoint import load_checkpoint
     from qkv.interop import load_pretrained
 
     if Path(source, "best").is_dir() or (Path(source, "config.json").is_file() and Path(source, "adapter").is_dir()):
         ckpt = load_checkpoint(source)
         return ckpt.model.eval(), ckpt.tokenizers["text"], ckpt.meta.get("chat_template")
-    pre = load_pretrained(source, weights="none")
+    pre = load_pretrained(source, weights=weights)
     return pre.model.eval(), pre.tokenizer, pre.chat_template
 
 
-def translations(source: str, sentences: list[str], batch: int, max_new_tokens: int) -> list[str]:
+def translations(source: str, sentences: list[str], batch: int, max_new_tokens: int, weights: str) -> list[str]:
     import torch
     from tqdm import tqdm
 
     from qkv.interop import render_chat
     from qkv.tasks.language_model import complete
 
-    model, tokenizer, template = load(source)
+    model, tokenizer, template = load(source, weights)
     names = {n: "" if i is None else tokenizer.hf.id_to_token(i)
              for n, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
     prompts = [render_chat(template, [{"role": "user", "content": PROMPT.format(s)}], **names) for s in sentences]
@@ -92,7 +94,7 @@ def chrf(args: argparse.Namespace) -> dict:
     ref = (data / "zh.test.ref.txt").read_text(encoding="utf-8").splitlines()[: args.limit]
     results = {}
     for source in args.model:
-        hyp = translations(source, src, args.batch, args.max_new_tokens)
+        hyp = translations(source, src, args.batch, args.max_new_tokens, args.weights)
         results[source] = {"chrF": round(chrf_score(hyp, ref).score, 2),
                            "BLEU": round(bleu(hyp, ref, language="zh").score, 2),
                            "examples": [[s, h, r] for s, h, r in list(zip(src, hyp, ref, strict=True))[:5]]}
@@ -108,7 +110,7 @@ def perplexity(args: argparse.Namespace) -> dict:
 
     results = {}
     for source in args.model:
-        model, tokenizer, _ = load(source)
+        model, tokenizer, _ = load(source, args.weights)
         valid = split_text(read_examples(Path(args.data) / "shakespeare.valid.txt", tokenizer, None), args.context)
         task = FineTuneTask(model, tokenizer, valid[:1], valid, context=args.context, batch_size=4)
         with torch.inference_mode():
@@ -131,6 +133,8 @@ def main() -> None:
         p.add_argument("--batch", type=int, default=50)
         p.add_argument("--max-new-tokens", type=int, default=64)
         p.add_argument("--context", type=int, default=512)
+        p.add_argument("--weights", default="none", help="a pretrained source's weights: none (float32) or auto "
+                       "(a GGUF file's own formats, as qkv generate holds them)")
     args = parser.parse_args()
     if args.what == "prepare":
         prepare(Path(args.out))

@@ -88,6 +88,11 @@ def test_the_activation_formula():
                                                                  + 2 * 2 * 32 * 8)
     assert activation_bytes(cfg, 2, 10, training=False) == 4 * (2 * 10 * (8 * 16 + 2 * 64 + 50) + 2 * 2 * 10 * 8)
     assert decoding_bytes(cfg, 5, 20) == 4 * 5 * (6 * 3 * 20 * 16 + 3 * 50)
+    # checkpointed: each layer's input, and one layer's activations at a time
+    assert activation_bytes(cfg, 2, None, training=True, checkpointing=True) == \
+        4 * (2 * 32 * (3 * 16 + 8 * 16 + 2 * 64 + 2 * 50) + 2 * 2 * 32 * 8)
+    gated = _tiny_gpt(n_layers=3, window=8, activation="swiglu")  # gate, up, their activation and product
+    assert activation_bytes(gated, 2, 10, training=False) == 4 * (2 * 10 * (8 * 16 + 4 * 64 + 50) + 2 * 2 * 10 * 8)
 
 
 def test_padded_images_are_counted(memory_of):

@@ -26,7 +26,8 @@ memory available. They are estimates of the largest allocations (fp32, 4 bytes a
                                                               input kept, one layer's recomputed at a time)
 
   ``8·d`` counts the queries, keys, values, attention output, two norms and two residual sums; ``2·d_ff`` the
-  feed-forward hidden layer before and after its activation; ``2·V`` the logits and their gradient; ``B·H·T·K``
+  feed-forward hidden layer before and after its activation (``4·d_ff`` for a gated one, SwiGLU: the gate, the
+  hidden layer, the gate's activation and the product); ``2·V`` the logits and their gradient; ``B·H·T·K``
   one layer's attention scores.
 
 * **Fine-tuning** a model already loaded (:func:`check_training`): ``4 × 3 × P / N`` bytes for the gradients and
@@ -134,6 +135,7 @@ class Stack:
     tokens: int  # longest sequence: max_seq_len, or patches (+1) for images
     keys: int  # keys each query attends to
     sinusoid_rows: int  # rows of a sinusoidal position table (0: none)
+    gated: bool = False  # a gated feed-forward network (SwiGLU): gate, up, their activation and product kept
 
 
 def _layer_count(c: Any) -> int:
@@ -160,7 +162,8 @@ def stacks(config: Any) -> list[Stack]:
     heads = max(getattr(config, "stage_heads", None) or (getattr(config, "n_heads", 1),))
     return [Stack(d=d, d_ff=getattr(config, "d_ff", None) or 4 * d, layers=_layer_count(config), heads=heads,
                   outputs=outputs, tokens=tokens, keys=min(tokens, window or tokens),
-                  sinusoid_rows=tokens if getattr(config, "positional", None) == "sinusoidal" else 0)]
+                  sinusoid_rows=tokens if getattr(config, "positional", None) == "sinusoidal" else 0,
+                  gated=getattr(config, "activation", None) == "swiglu")]
 
 
 def _check_config(config: Any, what: str) -> None:
@@ -181,7 +184,7 @@ def activation_bytes(config: Any, batch: int, length: int | None = None, *, trai
     total = 0
     for s in stacks(config):
         t = s.tokens if length is None else min(length, s.tokens or length)
-        layer = 8 * s.d + 2 * s.d_ff
+        layer = 8 * s.d + (4 if s.gated else 2) * s.d_ff
         kept = s.layers * s.d + layer if checkpointing else s.layers * layer
         per_token = kept + 2 * s.outputs if training else layer + s.outputs
         total += batch * t * per_token + batch * s.heads * t * min(t, s.keys or t)
