@@ -30,8 +30,8 @@ must agree: the table prints the difference, a check of the benchmark itself.
    rest, 4 and 8 bits), LoRA added, ``--qlora-steps`` steps of 1 × ``--qlora-length`` tokens, once with gradient
    checkpointing and once without. Peak resident memory (``VmHWM``) less the process's after importing torch
    and qkv. Bound (the issue's): peak ≤ 1.3 × the file + ``qkv.footprint.activation_bytes(config, 1, length,
-   training=True)`` + 150 MB. peft would need the float32 model (parameters × 4 bytes, printed); ``--peft-1.7b``
-   measures it the same way (about 7 GB).
+   training=True, checkpointing=...)`` (the run's own activations) + 150 MB. peft would need the float32 model
+   (parameters × 4 bytes, printed); ``--peft-1.7b`` measures it the same way (about 7 GB).
 
 Also printed: each contender's peak memory at 135M, the machine (CPU, cores), the date and the versions.
 """
@@ -299,7 +299,8 @@ def child_qlora(spec: dict) -> dict:
         step(batch)
         seconds.append(time.perf_counter() - start)
     return {"peak_bytes": high_water_mark() - imported, "step_s": statistics.median(seconds),
-            "activation_bytes": activation_bytes(model.config, 1, length, training=True)}
+            "activation_bytes": activation_bytes(model.config, 1, length, training=True,
+                                                 checkpointing=spec["checkpointing"])}
 
 
 def child_peft_memory(spec: dict) -> dict:
