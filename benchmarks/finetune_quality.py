@@ -69,12 +69,11 @@ def translations(source: str, sentences: list[str], batch: int, max_new_tokens: 
     import torch
     from tqdm import tqdm
 
-    from qkv.interop import render_chat
+    from qkv.interop.chat import render_chat, template_tokens
     from qkv.tasks.language_model import complete
 
     model, tokenizer, template = load(source, weights)
-    names = {n: "" if i is None else tokenizer.hf.id_to_token(i)
-             for n, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+    names = template_tokens(tokenizer)
     prompts = [render_chat(template, [{"role": "user", "content": PROMPT.format(s)}], **names) for s in sentences]
     out: list[str] = []
     with torch.inference_mode(), tqdm(total=len(prompts), unit=" sentences", desc=source) as bar:  # rate, ETA

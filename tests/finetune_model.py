@@ -49,3 +49,10 @@ def chat_data(path: Path, n: int = len(PAIRS)) -> Path:
              for en, fr in (PAIRS * (1 + n // len(PAIRS)))[:n]]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def workspace(root: Path, examples: int) -> Path:
+    """``root`` with the chat model in ``base/`` and ``examples`` chats in ``train.jsonl``."""
+    chat_folder(root / "base")
+    chat_data(root / "train.jsonl", examples)
+    return root

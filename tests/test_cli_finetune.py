@@ -6,7 +6,7 @@ import json
 
 import pytest
 from clitools import last_line_error, ok, qkv
-from finetune_model import chat_data, chat_folder
+from finetune_model import chat_folder, workspace
 
 pytest.importorskip("transformers")
 
@@ -16,10 +16,7 @@ SMALL = ["--context", "64", "--batch-size", "4", "--lr", "1e-2", "--no-progress"
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    root = tmp_path_factory.mktemp("finetune")
-    chat_folder(root / "base")
-    chat_data(root / "train.jsonl", 24)
-    return root
+    return workspace(tmp_path_factory.mktemp("finetune"), 24)
 
 
 @pytest.fixture(scope="module")

@@ -101,12 +101,9 @@ FINETUNE = ["finetune", "--pretrained", "base", "--data", "train.jsonl", "--cont
 
 @pytest.fixture(scope="module")
 def finetune_work(tmp_path_factory):
-    from finetune_model import chat_data, chat_folder
+    from finetune_model import workspace
 
-    root = tmp_path_factory.mktemp("finetune")
-    chat_folder(root / "base")
-    chat_data(root / "train.jsonl", 48)
-    return root
+    return workspace(tmp_path_factory.mktemp("finetune"), 48)
 
 
 def test_adapters_in_two_processes_follow_one(finetune_work):

@@ -204,10 +204,9 @@ def generate_cmd(args: argparse.Namespace) -> None:
 def _chat_layout(template: str, tokenizer):
     """messages -> the prompt, laid out by the model's own chat template (checked now on a first message, so
     that a template qkv cannot run fails before anything is typed)."""
-    from ..interop import render_chat
+    from ..interop.chat import render_chat, template_tokens
 
-    token = {name: "" if i is None else tokenizer.hf.id_to_token(i)
-             for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+    token = template_tokens(tokenizer)
 
     def layout(messages):
         return render_chat(template, messages, **token)

@@ -115,6 +115,14 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
         raise ValueError(f"the model's chat template cannot be rendered{line}: {err}") from None
 
 
+def template_tokens(tokenizer) -> dict[str, str]:
+    """The ``bos_token`` and ``eos_token`` texts a chat template may write, from the model's
+    :class:`~qkv.tokenizers.PretrainedTokenizer` ("" for one it has not): ``render_chat(template, messages,
+    **template_tokens(tokenizer))``."""
+    return {name: "" if i is None else tokenizer.hf.id_to_token(i)
+            for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+
+
 def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], tokenizer) -> tuple[list[int], list[bool]]:
     """A conversation as supervised fine-tuning data: its token ids, and which of them the loss is taken on.
 
@@ -154,8 +162,7 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
             ones follow, or that writes an assistant turn with no end-of-turn token after it (each in one line).
     """
     turns = _assistant_turns(messages)
-    specials = {name: "" if i is None else tokenizer.hf.id_to_token(i)
-                for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
+    specials = template_tokens(tokenizer)
     text = render_chat(template, messages, add_generation_prompt=False, **specials)
     encoding = tokenizer.hf.encode(text, add_special_tokens=False)
     ids, offsets = encoding.ids, encoding.offsets
@@ -250,4 +257,4 @@ def _environment():
 
 
 __all__ = ["SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "chat_prompt", "chat_training_ids", "check_messages",
-           "render_chat"]
+           "render_chat", "template_tokens"]
