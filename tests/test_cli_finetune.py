@@ -107,6 +107,8 @@ def test_bad_data_is_one_line_naming_the_line(work, tmp_path, here, line, phrase
 
 @pytest.mark.parametrize(("options", "phrases"), [
     (["--target-modules", "c_attn"], ["unknown LoRA target modules ['c_attn']"]),
+    (["--target-modules", "q_proj", "fc1"], ["the LoRA target modules ['fc1'] are not projections of a LLaMA-family "
+                                             "model; choose among q_proj"]),
     (["--rank", "100"], ["the LoRA rank must be between 1 and the layer's smaller side (64), got 100"]),
     (["--context", "8"], ["every example is longer than the context of 8 tokens"]),
 ])
@@ -114,6 +116,17 @@ def test_impossible_settings_are_one_line(work, tmp_path, here, options, phrases
     proc = here("finetune", "--pretrained", work / "base", "--data", work / "train.jsonl", "--out", tmp_path / "run",
                 "--max-steps", "1", *SMALL, *options, cwd=tmp_path)
     last_line_error(proc, *phrases)
+
+
+def test_a_qkv_run_without_hugging_face_names_fine_tunes_whole_and_lora_says_so(lm_run, tmp_path, here):
+    (tmp_path / "more.txt").write_text("To be, or not to be, that is the question.\n" * 40, encoding="utf-8")
+    proc = here("finetune", "--pretrained", lm_run, "--data", "more.txt", "--out", "run", "--max-steps", "1",
+                *SMALL, cwd=tmp_path)
+    last_line_error(proc, "got a GPT with norm='layer'", "with --method full")
+    assert not (tmp_path / "run" / "best").exists()
+    ok(here("finetune", "--pretrained", lm_run, "--data", "more.txt", "--out", "run", "--max-steps", "1",
+            "--method", "full", *SMALL, cwd=tmp_path))
+    assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
 
 
 def test_an_adapter_made_for_another_base_is_one_line(work, lora_run, tmp_path, here):

@@ -1,10 +1,12 @@
-"""LoRA adapters on a language model's projections: which layers get one, and the model with them merged.
+"""LoRA adapters on a model's projections: which layers get one, and the model with them merged.
 
-The adapter itself is :class:`qkv.nn.LoRALinear`. This module places them in a :class:`~qkv.models.GPT` by the
-names everyone uses for a decoder layer's projections, Hugging Face's and PEFT's (:data:`TARGETS`):
+The adapter itself is :class:`qkv.nn.LoRALinear`. This module places them in a model by the names everyone uses
+for its projections, Hugging Face's and PEFT's. A :class:`Layout` says where those are in qkv's model of a
+family; two families have one:
 
 =============  ==============================  =====================================
-target         qkv's layer (in each block)     stacked form (quantized models)
+LLaMA family   qkv's layer (in each block)     stacked form (quantized models)
+(:data:`LLAMA`, a :class:`~qkv.models.GPT`)
 =============  ==============================  =====================================
 q_proj         ``self_attn.q_proj``            ``self_attn.qkv_proj``, rows [W^Q; W^K; W^V]
 k_proj         ``self_attn.k_proj``
@@ -15,41 +17,112 @@ up_proj        ``feed_forward.up``
 down_proj      ``feed_forward.down``
 =============  ==============================  =====================================
 
-A stacked layer gets one :class:`~qkv.nn.LoRALinear` with an adapter per targeted part, so the adapters are the
-same whether the model was loaded with separate or stacked projections (:mod:`qkv.interop.peft` writes them
-under PEFT's names). Everything else of the model is frozen: the embeddings, norms, biases, the output layer
-and the base weights; the optimizer sees only the adapters.
+=============  ==============================================  ======================================
+Marian         qkv's layer (encoder and decoder blocks)        Hugging Face's module (``MarianMTModel``)
+(:data:`MARIAN`, a :class:`~qkv.models.Transformer`)
+=============  ==============================================  ======================================
+q_proj ...     ``self_attn.{q,k,v,out}_proj``                   ``self_attn.{q,k,v,out}_proj``
+               ``cross_attn.{q,k,v,out}_proj`` (decoder)        ``encoder_attn.{q,k,v,out}_proj``
+fc1, fc2       ``feed_forward.up``, ``feed_forward.down``       ``fc1``, ``fc2``
+=============  ==============================================  ======================================
+
+A target names every module of that name, as PEFT matches its ``target_modules``: Marian's ``q_proj`` is the
+queries of the self-attention of both stacks and of the decoder's cross-attention. A stacked layer gets one
+:class:`~qkv.nn.LoRALinear` with an adapter per targeted part, so the adapters are the same whether the model
+was loaded with separate or stacked projections (:mod:`qkv.interop.peft` writes them under PEFT's names).
+Everything else of the model is frozen: the embeddings, norms, biases, the output layer and the base weights;
+the optimizer sees only the adapters.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from torch import nn
 
 from .nn import LoRALinear
+from .nn.feedforward import GATED
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-# A block's projection layers as qkv names them, and the targets each holds (several when stacked).
-LAYER_TARGETS = {
-    "self_attn.q_proj": ("q_proj",),
-    "self_attn.k_proj": ("k_proj",),
-    "self_attn.v_proj": ("v_proj",),
-    "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "self_attn.out_proj": ("o_proj",),
-    "feed_forward.gate": ("gate_proj",),
-    "feed_forward.up": ("up_proj",),
-    "feed_forward.gate_up": ("gate_proj", "up_proj"),
-    "feed_forward.down": ("down_proj",),
-}
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """Where a family's projections are, by Hugging Face's (and PEFT's) names.
+
+    Attributes:
+        family: the family's name in messages.
+        stacks: qkv's stacks of blocks -> Hugging Face's (``"decoder.layers"`` -> ``"model.layers"``).
+        layers: a block's projection layers, by qkv's block-relative name -> the Hugging Face modules each holds
+            (several for a stacked layer, in the order of its rows). A module's target is its last name.
+        task: PEFT's ``task_type`` for the family's model.
+    """
+
+    family: str
+    stacks: Mapping[str, str]
+    layers: Mapping[str, tuple[str, ...]]
+    task: str
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The family's targets, in the order of a block's layers."""
+        return tuple(dict.fromkeys(target_of(m) for modules in self.layers.values() for m in modules))
+
+
+def target_of(module: str) -> str:
+    """The target a Hugging Face module path is: its last name (``"encoder_attn.q_proj"`` -> ``"q_proj"``)."""
+    return module.rsplit(".", 1)[-1]
+
+
+_ATTENTION = {f"self_attn.{p}_proj": (f"self_attn.{p}_proj",) for p in "qkv"}
+LLAMA = Layout(
+    family="LLaMA-family", task="CAUSAL_LM", stacks={"decoder.layers": "model.layers"},
+    layers={**_ATTENTION, "self_attn.qkv_proj": tuple(m for (m,) in _ATTENTION.values()),
+            "self_attn.out_proj": ("self_attn.o_proj",), "feed_forward.gate": ("mlp.gate_proj",),
+            "feed_forward.up": ("mlp.up_proj",), "feed_forward.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+            "feed_forward.down": ("mlp.down_proj",)})
+MARIAN = Layout(
+    family="Marian", task="SEQ_2_SEQ_LM",
+    stacks={"encoder.layers": "model.encoder.layers", "decoder.layers": "model.decoder.layers"},
+    layers={**_ATTENTION, "self_attn.qkv_proj": tuple(m for (m,) in _ATTENTION.values()),
+            "self_attn.out_proj": ("self_attn.out_proj",),
+            **{f"cross_attn.{p}_proj": (f"encoder_attn.{p}_proj",) for p in ("q", "k", "v", "out")},
+            "feed_forward.up": ("fc1",), "feed_forward.down": ("fc2",)})
+TARGETS = LLAMA.targets
+KNOWN_TARGETS = tuple(dict.fromkeys(LLAMA.targets + MARIAN.targets))
+
+
+def layout_of(model: nn.Module) -> Layout:
+    """The :class:`Layout` of ``model``: :data:`LLAMA` for a GPT with RMSNorm, RoPE and SwiGLU, :data:`MARIAN` for
+    a Post-Norm encoder-decoder Transformer with an ungated feed-forward.
+
+    Raises:
+        ValueError: any other model, described.
+    """
+    from .models import GPT, Transformer
+
+    config = getattr(model, "config", None)
+    if isinstance(model, GPT) and (config.norm, config.positional, config.activation) == ("rms", "rope", "swiglu"):
+        return LLAMA
+    if isinstance(model, Transformer) and not config.norm_first and config.activation not in GATED:
+        return MARIAN
+    if isinstance(model, GPT):
+        what = (f"a GPT with norm={config.norm!r}, positional={config.positional!r}, "
+                f"activation={config.activation!r}")
+    elif isinstance(model, Transformer):
+        what = f"a Transformer with norm_first={config.norm_first}, activation={config.activation!r}"
+    else:
+        what = f"a {type(model).__name__}"
+    raise ValueError("LoRA adapters are placed by Hugging Face's names in the LLaMA family (a GPT with RMSNorm, RoPE "
+                     "and SwiGLU: llama, mistral, qwen2, qwen3) and in Marian translation models (a Post-Norm "
+                     f"Transformer), got {what}")
 
 
 @dataclass(frozen=True)
 class LoRAConfig:
     """How a model is adapted: rank r, scale α (α / r, or α / √r with ``rslora``), dropout on the adapters'
-    input, and the targets (:data:`TARGETS`; default: every attention and feed-forward projection).
+    input, and the targets (default :data:`TARGETS`: every attention and feed-forward projection of the LLaMA
+    family; a Marian model's are ``MARIAN.targets``).
 
     Raises:
         ValueError: a rank below 1, α not positive, dropout outside [0, 1), or an unknown target.
@@ -68,19 +141,19 @@ class LoRAConfig:
             raise ValueError(f"the LoRA alpha must be a positive number, got {self.alpha}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"the LoRA dropout must be in [0, 1), got {self.dropout}")
-        unknown = [t for t in self.targets if t not in TARGETS]
+        unknown = [t for t in self.targets if t not in KNOWN_TARGETS]
         if unknown or not self.targets:
             raise ValueError(f"unknown LoRA target modules {unknown or '(none given)'}; choose among "
-                             f"{', '.join(TARGETS)}")
+                             f"{', '.join(TARGETS)} (the LLaMA family) or {', '.join(MARIAN.targets)} (Marian)")
         object.__setattr__(self, "targets", tuple(self.targets))
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "targets": list(self.targets)}
 
 
-def _parts(name: str, layer: nn.Module, attention: nn.Module | None) -> list[tuple[str, int]]:
+def _parts(name: str, layer: nn.Module, attention: nn.Module, layout: Layout) -> list[tuple[str, int]]:
     """The targets a projection layer holds, with their widths in its output rows."""
-    targets = LAYER_TARGETS[name]
+    targets = [target_of(m) for m in layout.layers[name]]
     if len(targets) == 1:
         return [(targets[0], layer.out_features)]
     if targets[0] == "q_proj":  # [W^Q; W^K; W^V]: the queries' heads, then the key and value heads
@@ -90,15 +163,15 @@ def _parts(name: str, layer: nn.Module, attention: nn.Module | None) -> list[tup
     return [("gate_proj", half), ("up_proj", half)]
 
 
-def _projections(model: nn.Module) -> Iterator[tuple[str, str, nn.Module, nn.Module]]:
-    """(full name, block-relative name, layer, its attention module) of each projection of every block."""
-    for i, block in enumerate(model.decoder.layers):
-        for name in LAYER_TARGETS:
-            owner, _, attr = name.partition(".")
-            parent = getattr(block, owner, None)
-            layer = getattr(parent, attr, None)
-            if layer is not None:
-                yield f"decoder.layers.{i}.{name}", name, layer, block.self_attn
+def _projections(model: nn.Module, layout: Layout) -> Iterator[tuple[str, str, nn.Module, nn.Module]]:
+    """(full name, block-relative name, layer, its block's self-attention) of each projection of every block."""
+    for stack in layout.stacks:
+        for i, block in enumerate(model.get_submodule(stack)):
+            for name in layout.layers:
+                owner, _, attr = name.partition(".")
+                layer = getattr(getattr(block, owner, None), attr, None)
+                if layer is not None:
+                    yield f"{stack}.{i}.{name}", name, layer, block.self_attn
 
 
 def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
@@ -106,12 +179,17 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
     place); returns the model. Layers already adapted are left as they are.
 
     Raises:
-        ValueError: targets that match no layer of the model, or a rank larger than a targeted layer's side.
+        ValueError: a model without a :class:`Layout` (:func:`layout_of`), targets that are not the family's, or a
+            rank larger than a targeted layer's side.
     """
+    layout = layout_of(model)
+    foreign = [t for t in config.targets if t not in layout.targets]
+    if foreign:
+        raise ValueError(f"the LoRA target modules {foreign} are not projections of a {layout.family} model; choose "
+                         f"among {', '.join(layout.targets)}")
     model.requires_grad_(False)
-    found = False
-    for full, name, layer, attention in list(_projections(model)):
-        parts = _parts(name, layer, attention)
+    for full, name, layer, attention in list(_projections(model, layout)):
+        parts = _parts(name, layer, attention, layout)
         if isinstance(layer, LoRALinear) or not any(p in config.targets for p, _ in parts):
             continue
         try:
@@ -121,10 +199,6 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         except ValueError as err:
             raise ValueError(f"{full}: {err}") from None
         _set(model, full, adapted.train(layer.training))  # new modules train by default: dropout in an eval model
-        found = True
-    if not found:
-        raise ValueError(f"the LoRA target modules {list(config.targets)} match no layer of this model; choose among "
-                         f"{', '.join(TARGETS)}")
     return model
 
 
@@ -133,12 +207,34 @@ def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
-def targets_of(name: str, layer: LoRALinear) -> Sequence[str]:
-    """The targets (PEFT's module names) adapted in the layer named ``name`` of the model, in its parts' order."""
-    block_name = name.split(".", 3)[3]  # decoder.layers.{i}.<block-relative name>
+def _prefix(name: str, layout: Layout) -> tuple[str, str]:
+    """(Hugging Face's path of the block, qkv's block-relative name) of the layer ``name``
+    (``encoder.layers.0.self_attn.qkv_proj`` -> ``model.encoder.layers.0``, ``self_attn.qkv_proj``)."""
+    owner, stack, index, block_name = name.split(".", 3)
+    return f"{layout.stacks[f'{owner}.{stack}']}.{index}", block_name
+
+
+def modules_of(name: str, layer: LoRALinear, layout: Layout) -> list[tuple[str, str]]:
+    """(Hugging Face's module path in the model, qkv's part name) of each adapter of the adapted layer ``name``,
+    in its parts' order; a layer of one part has the part name ``""``."""
+    prefix, block_name = _prefix(name, layout)
+    modules = layout.layers[block_name]
     if len(layer.parts) == 1:
-        return LAYER_TARGETS[block_name]
-    return layer.targets
+        return [(f"{prefix}.{modules[0]}", "")]
+    return [(f"{prefix}.{m}", target_of(m)) for m in modules if target_of(m) in layer.targets]
+
+
+def hf_modules(model: nn.Module, layout: Layout) -> Iterator[str]:
+    """Hugging Face's path of every projection of ``model`` (adapted or not), in the model's order: a stacked
+    layer's several (``model.layers.0.self_attn.q_proj``, ``...k_proj``, ...)."""
+    for full, name, _, _ in _projections(model, layout):
+        prefix, _ = _prefix(full, layout)
+        yield from (f"{prefix}.{module}" for module in layout.layers[name])
+
+
+def targets_of(name: str, layer: LoRALinear, layout: Layout) -> list[str]:
+    """The targets adapted in the layer named ``name`` of the model, in its parts' order."""
+    return [target_of(module) for module, _ in modules_of(name, layer, layout)]
 
 
 def lora_config_of(model: nn.Module) -> LoRAConfig:
@@ -155,9 +251,10 @@ def lora_config_of(model: nn.Module) -> LoRAConfig:
         raise ValueError(f"the model's adapters differ in rank, alpha or dropout ({sorted(kinds)[:2]}); one "
                          "configuration is expected")
     rank, alpha, rslora, dropout = kinds.pop()
-    found = {t for name, m in layers.items() for t in targets_of(name, m)}
+    layout = layout_of(model)
+    found = {t for name, m in layers.items() for t in targets_of(name, m, layout)}
     return LoRAConfig(rank=rank, alpha=alpha, dropout=dropout, rslora=rslora,
-                      targets=tuple(t for t in TARGETS if t in found))
+                      targets=tuple(t for t in layout.targets if t in found))
 
 
 def merge_lora(model: nn.Module) -> nn.Module:
@@ -173,4 +270,20 @@ def _set(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent), child, module)
 
 
-__all__ = ["TARGETS", "LoRAConfig", "add_lora", "lora_config_of", "lora_layers", "merge_lora", "targets_of"]
+__all__ = [
+    "KNOWN_TARGETS",
+    "LLAMA",
+    "MARIAN",
+    "TARGETS",
+    "Layout",
+    "LoRAConfig",
+    "add_lora",
+    "hf_modules",
+    "layout_of",
+    "lora_config_of",
+    "lora_layers",
+    "merge_lora",
+    "modules_of",
+    "target_of",
+    "targets_of",
+]

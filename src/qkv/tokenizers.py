@@ -407,6 +407,14 @@ def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
     return [tokenizer.encode(t) for t in texts]
 
 
+def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
+    """Token ids of a text a model continues: a pretrained model's tokenizer puts its bos first where the model
+    wants one (:meth:`PretrainedTokenizer.encode_prompt`); qkv's own encode the text alone."""
+    if isinstance(tokenizer, PretrainedTokenizer):
+        return tokenizer.encode_prompt(text)
+    return tokenizer.encode(text)
+
+
 def token_label(tokenizer: Tokenizer, token_id: int) -> str:
     """A token's text as attention pictures and the explorer label it (a word piece, a BPE piece, a byte-level
     piece decoded), with line breaks, tabs and a lone space or word boundary made visible."""

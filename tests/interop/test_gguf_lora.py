@@ -23,7 +23,7 @@ from qkv.interop.gguf import unpermute_rope_rows
 from qkv.interop.gguf_export import export_gguf
 from qkv.interop.gguf_lora import export_gguf_lora
 from qkv.interop.peft import peft_tensors
-from qkv.lora import LoRAConfig, add_lora, lora_layers, merge_lora, targets_of
+from qkv.lora import LLAMA, LoRAConfig, add_lora, lora_layers, merge_lora, targets_of
 from qkv.quantize import quantize
 from qkv.tokenizers import BPETokenizer
 
@@ -124,7 +124,7 @@ def test_a_quantized_models_stacked_layers_write_the_same_file(tmp_path):
     with torch.no_grad():
         for name, layer in lora_layers(stacked).items():
             i = int(name.split(".")[2])
-            for target in targets_of(name, layer):
+            for target in targets_of(name, layer, LLAMA):
                 a, b = layer.part(target if len(layer.parts) > 1 else "")
                 a.copy_(theirs[PEFT_KEY.format(i, MODULES[target], target, "A")])
                 b.copy_(theirs[PEFT_KEY.format(i, MODULES[target], target, "B")])

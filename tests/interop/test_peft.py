@@ -221,7 +221,8 @@ BROKEN = {
     "bias": (_config_change(bias="all"), "bias='all' is not supported"),
     "pissa": (_config_change(init_lora_weights="pissa"), "init_lora_weights='pissa' is not supported"),
     "regex": (_config_change(target_modules=".*q_proj"), "target_modules='.*q_proj' is not supported"),
-    "gpt-2 names": (_config_change(target_modules=["c_attn"]), "names ['c_attn'], which are not LLaMA-family"),
+    "gpt-2 names": (_config_change(target_modules=["c_attn"]), "names ['c_attn'], which are not projections of the LLaMA "
+                                                                        "family or of Marian"),
     "rank zero": (_config_change(r=0), "r=0, expected a positive whole number"),
     "rank text": (_config_change(r="4"), "r='4', expected a positive whole number"),
     "alpha negative": (_config_change(lora_alpha=-8), "lora_alpha=-8, expected a positive number"),
@@ -229,7 +230,8 @@ BROKEN = {
     "not finite": (_tensors_change(_set_nan), "model.layers.1.mlp.down_proj.lora_B.weight holds weights that are "
                                               "not finite"),
     "not lora weight": (_tensors_change(lambda t: t.update({"base_model.model.lm_head.weight": torch.ones(2, 2)})),
-                        "base_model.model.lm_head.weight is not a LoRA weight of a LLaMA-family projection"),
+                        "base_model.model.lm_head.weight is not a LoRA weight of a LLaMA-family or Marian "
+                        "projection"),
     "untargeted": (_config_change(target_modules=["q_proj", "v_proj"]),
                    "layers.0.self_attn.k_proj.lora_A.weight adapts a module that target_modules"),
     "half a pair": (_tensors_change(lambda t: t.pop(KEY.format(0, "mlp.up_proj", "B"))), "but not base_model"),
@@ -264,7 +266,7 @@ def test_an_adapter_qkv_cannot_use_exactly_is_refused_in_one_line(how, good_adap
     ({"hidden_size": 96}, "model.layers.0.self_attn.q_proj.lora_A.weight has shape (4, 96) but qkv's decoder.layers.0."
                           "self_attn.q_proj needs (4, 64): the adapter was made for another base model"),
     ({"num_hidden_layers": 3}, "model.layers.2.self_attn.q_proj.lora_A.weight is for a layer this model does not "
-                               "have (2 layers): the adapter was made for another base model"),
+                               "have (2 decoder layers): the adapter was made for another base model"),
     ({"intermediate_size": 96}, "model.layers.0.mlp.gate_proj.lora_B.weight has shape (96, 4) but qkv's "
                                 "decoder.layers.0.feed_forward.gate_up needs (128, 4)"),
 ], ids=["width", "layers", "feed-forward"])
@@ -285,7 +287,8 @@ def test_all_linear_reads_as_every_target(good_adapter, tmp_path):
 def test_models_outside_the_llama_family_and_adapted_models_are_refused(good_adapter, folders, tmp_path):
     gpt2 = GPT(GPTConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=1, max_seq_len=16))
     for call in (lambda: load_peft_adapter(gpt2, good_adapter), lambda: peft_tensors(gpt2)):
-        with pytest.raises(ValueError, match=r"^PEFT adapters are read and written for the LLaMA family only \(.*\), "
+        with pytest.raises(ValueError, match=r"^LoRA adapters are placed by Hugging Face's names in the LLaMA family "
+                                             r"\(.*\) and in Marian translation models \(.*\), "
                                              r"got a GPT with norm='layer', positional='learned'"):
             call()
     model = load_pretrained(folders("llama"), weights="none").model

@@ -118,13 +118,16 @@ def test_a_model_is_frozen_but_its_adapters_and_merges_back():
     torch.testing.assert_close(merged, adapted, rtol=1e-5, atol=1e-5)
 
 
-def test_targets_that_match_nothing_and_ranks_too_large_are_one_line_errors():
+def test_targets_of_another_family_other_models_and_ranks_too_large_are_one_line_errors():
+    with pytest.raises(ValueError, match=r"^the LoRA target modules \['fc1'\] are not projections of a LLaMA-family "
+                                         r"model; choose among q_proj, .*, down_proj$"):
+        add_lora(_llama(), LoRAConfig(targets=("q_proj", "fc1")))  # Marian's first feed-forward layer
     gpt2_style = GPT(GPTConfig(vocab_size=64, d_model=32, n_heads=2, n_layers=1, d_ff=64, max_seq_len=16))
-    with pytest.raises(ValueError, match=r"match no layer of this model") as err:
-        add_lora(gpt2_style, LoRAConfig(targets=("gate_proj",)))  # GPT-2's feed-forward has no gate
+    with pytest.raises(ValueError, match=r"^LoRA adapters are placed by .*, got a GPT with norm='layer'") as err:
+        add_lora(gpt2_style, LoRAConfig())  # no Hugging Face names to place them by
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match=r"decoder.layers.0.self_attn.q_proj: the LoRA rank must be between 1 and "
-                                         r"the layer's smaller side \(32\), got 40"):
-        add_lora(gpt2_style, LoRAConfig(rank=40))
+                                         r"the layer's smaller side \(64\), got 80"):
+        add_lora(_llama(), LoRAConfig(rank=80))
     with pytest.raises(ValueError, match="unknown LoRA target modules"):
         LoRAConfig(targets=("c_attn",))

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from ..files import write_atomically
-from ..lora import lora_config_of
+from ..lora import LLAMA, layout_of, lora_config_of
 from ..models import GPT
 from .export import check_out
 from .gguf import LAYER_NAMES, PERMUTED_ARCHITECTURES, _import_gguf
@@ -59,7 +59,10 @@ def export_gguf_lora(model: nn.Module, out: str | Path, *, architecture: str | N
     gguf = _import_gguf()
     out = Path(out)
     check_out(out, "file")
-    tensors = peft_tensors(model)  # refuses other families and models without adapters
+    if layout_of(model) is not LLAMA:
+        raise ValueError("GGUF LoRA adapters are written for the LLaMA family only (llama.cpp runs no Marian "
+                         "model); write the adapter with --format peft")
+    tensors = peft_tensors(model)  # refuses models without adapters
     config = lora_config_of(model)
     arch = _architecture(model, architecture)
     # llama.cpp always scales by alpha / r (llama_adapter_lora_weight::get_scale); rsLoRA's alpha / sqrt(r) is
@@ -107,7 +110,7 @@ def _gguf_lora_tensors(tensors: dict[str, Tensor], cfg, arch: str) -> dict[str, 
                                                             "attn_k": cfg.n_kv_heads or cfg.n_heads}
     out = {}
     for key in sorted(tensors, key=key_order):
-        layer, module, side = KEY.fullmatch(key).groups()
+        _, layer, module, side = KEY.fullmatch(key).groups()
         kind = _GGUF_NAMES[module]
         tensor = tensors[key]
         if side == "B" and kind in heads:

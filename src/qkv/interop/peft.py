@@ -1,13 +1,17 @@
-"""LoRA adapters in PEFT's format, both ways, for the LLaMA family (llama, mistral, qwen2, qwen3).
+"""LoRA adapters in PEFT's format, both ways, for the LLaMA family (llama, mistral, qwen2, qwen3) and Marian
+translation models.
 
     DIR/adapter_config.json          peft_type "LORA", r, lora_alpha, lora_dropout, target_modules, use_rslora, ...
-    DIR/adapter_model.safetensors    base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_A.weight (r, in)
-                                     base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_B.weight (out, r)
-                                     base_model.model.model.layers.{i}.mlp.{gate,up,down}_proj.lora_{A,B}.weight
+    DIR/adapter_model.safetensors    base_model.model.{module}.lora_A.weight (r, in), ...lora_B.weight (out, r)
+
+    {module}, LLaMA family:   model.layers.{i}.self_attn.{q,k,v,o}_proj, model.layers.{i}.mlp.{gate,up,down}_proj
+    {module}, Marian:         model.{encoder,decoder}.layers.{i}.self_attn.{q,k,v,out}_proj, ....{i}.fc1, ....{i}.fc2,
+                              model.decoder.layers.{i}.encoder_attn.{q,k,v,out}_proj
 
 PEFT's LoRA computes what :class:`qkv.nn.LoRALinear` computes, ``y = W x + s · B A x`` with ``s = α / r``
 (``use_rslora``: ``α / √r``), and its ``A`` and ``B`` are qkv's part for part, so the format is a renaming: PEFT's
-module names are Hugging Face's (:data:`qkv.lora.TARGETS`), and qkv's stacked layers of a quantized model
+module names are Hugging Face's (a :class:`qkv.lora.Layout` says where each is in qkv's model), and qkv's stacked
+layers of a quantized model
 (``self_attn.qkv_proj``, ``feed_forward.gate_up``) hold one adapter per stacked projection
 (:meth:`~qkv.nn.LoRALinear.part`), so they read and write the same files as separate layers.
 
@@ -20,6 +24,7 @@ reads. Weights are read from safetensors only, never unpickled.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,19 +36,31 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..config import GPTConfig
 from ..files import read_json
-from ..lora import TARGETS, LoRAConfig, add_lora, lora_config_of, lora_layers, targets_of
+from ..lora import (
+    KNOWN_TARGETS,
+    LLAMA,
+    MARIAN,
+    LoRAConfig,
+    add_lora,
+    hf_modules,
+    layout_of,
+    lora_config_of,
+    lora_layers,
+    modules_of,
+    target_of,
+)
 from .export import check_out, written
 
 CONFIG, WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
-# PeftModelForCausalLM -> LoraModel -> LlamaForCausalLM -> LlamaModel: the prefix of every weight it saves
-_PREFIX = "base_model.model.model.layers."
-_MODULES = {"q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
-            "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
-            "down_proj": "mlp.down_proj"}
-# A PEFT LoRA weight's name: (block, "self_attn.q_proj"-like module, A or B); gguf_lora reads the same names.
-KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight")
+# PeftModel -> LoraModel -> LlamaForCausalLM (MarianMTModel) -> its model: the prefix of every weight it saves.
+_PREFIX = "base_model.model."
+# A PEFT LoRA weight's name: (stack, block, "self_attn.q_proj"-like module in the block, A or B); gguf_lora reads
+# the same names.
+KEY = re.compile(r"base_model\.model\.(model(?:\.encoder|\.decoder)?\.layers)\.(\d+)\.(\w+(?:\.\w+)?)"
+                 r"\.lora_([AB])\.weight")
+# Every block's modules in the families read, in a block's order.
+_MODULES = tuple(dict.fromkeys(m for layout in (LLAMA, MARIAN) for ms in layout.layers.values() for m in ms))
 # Fields that change what an adapter computes or where it applies: each must hold plain LoRA's value (absent,
 # null, false, "none" or empty) to be read.
 _NOT_SUPPORTED = ("use_dora", "fan_in_fan_out", "bias", "lora_bias", "rank_pattern", "alpha_pattern",
@@ -63,17 +80,17 @@ def peft_tensors(model: nn.Module) -> dict[str, Tensor]:
     """The LoRA adapters of ``model`` under PEFT's names: contiguous float32 copies on the CPU.
 
     Args:
-        model: a LLaMA-family :class:`~qkv.models.GPT` with LoRA layers (:func:`qkv.lora.add_lora`), separate or
-            stacked projections.
+        model: a LLaMA-family :class:`~qkv.models.GPT` or a Marian :class:`~qkv.models.Transformer` with LoRA
+            layers (:func:`qkv.lora.add_lora`), separate or stacked projections.
 
     Returns:
-        ``base_model.model.model.layers.{i}.{self_attn|mlp}.{target}.lora_{A|B}.weight`` -> ``A (r, in)`` or
-        ``B (out, r)``, as ``peft.PeftModel.save_pretrained`` names them.
+        ``base_model.model.{module}.lora_{A|B}.weight`` -> ``A (r, in)`` or ``B (out, r)``, as
+        ``peft.PeftModel.save_pretrained`` names them (see the module's text).
 
     Raises:
-        ValueError: a model outside the LLaMA family, or one without LoRA layers.
+        ValueError: a model of another family (:func:`qkv.lora.layout_of`), or one without LoRA layers.
     """
-    _check_family(model)
+    layout_of(model)
     if not lora_layers(model):
         raise ValueError("the model has no LoRA layers to write; add them with qkv.lora.add_lora and train them first")
     return {key: weight.detach().to("cpu", torch.float32, memory_format=torch.contiguous_format, copy=True)
@@ -88,20 +105,20 @@ def save_peft_adapter(model: nn.Module, config: LoRAConfig, directory: str | os.
     overwritten (an empty one is replaced).
 
     Args:
-        model: a LLaMA-family GPT with LoRA layers made with ``config``.
+        model: a LLaMA-family GPT or a Marian Transformer with LoRA layers made with ``config``.
         config: the LoRA settings the adapters were made with, recorded in ``adapter_config.json``.
         directory: the new folder.
         base_name: the base model's name or folder, recorded as ``base_model_name_or_path``.
 
     Raises:
-        ValueError: a model outside the LLaMA family or without LoRA layers, layers whose rank, α, rsLoRA or
+        ValueError: a model of another family or without LoRA layers, layers whose rank, α, rsLoRA or
             targets differ from ``config``, or a ``directory`` that exists (and is not empty).
     """
     tensors = peft_tensors(model)
     _check_made_with(model, config, tensors)
     directory = Path(directory)
     check_out(directory, "folder")
-    written(directory, lambda tmp: _write(tmp, tensors, _peft_config(config, base_name)))
+    written(directory, lambda tmp: _write(tmp, tensors, _peft_config(config, base_name, layout_of(model).task)))
 
 
 def _check_made_with(model: nn.Module, config: LoRAConfig, tensors: Mapping[str, Tensor]) -> None:
@@ -112,8 +129,8 @@ def _check_made_with(model: nn.Module, config: LoRAConfig, tensors: Mapping[str,
             raise ValueError(f"{name} has rank {layer.rank}, alpha {layer.alpha:g}, rslora {layer.rslora}, but the "
                              f"config says rank {config.rank}, alpha {config.alpha:g}, rslora {config.rslora}; pass "
                              "the LoRAConfig the adapters were made with")
-    expected = {_key(i, target, side) for i in range(len(model.decoder.layers)) for target in config.targets
-                for side in "AB"}
+    expected = {_key(module, side) for module in hf_modules(model, layout_of(model))
+                if target_of(module) in config.targets for side in "AB"}
     for what, keys in (("has no adapter", sorted(expected - tensors.keys())),
                        ("has an adapter the config does not target", sorted(tensors.keys() - expected))):
         if keys:
@@ -121,8 +138,8 @@ def _check_made_with(model: nn.Module, config: LoRAConfig, tensors: Mapping[str,
                              "LoRAConfig the adapters were made with, applied to every layer (add_lora)")
 
 
-def _peft_config(config: LoRAConfig, base_name: str) -> dict[str, Any]:
-    """``adapter_config.json`` as peft writes it for plain LoRA on a causal language model. Fields that peft
+def _peft_config(config: LoRAConfig, base_name: str, task: str) -> dict[str, Any]:
+    """``adapter_config.json`` as peft writes it for plain LoRA on a model of PEFT's ``task``. Fields that peft
     added later (``lora_bias``, ``exclude_modules``, ...) are left to their defaults: older peft versions refuse
     fields they do not know."""
     return {
@@ -141,8 +158,8 @@ def _peft_config(config: LoRAConfig, base_name: str) -> dict[str, Any]:
         "r": config.rank,
         "rank_pattern": {},
         "revision": None,
-        "target_modules": [t for t in TARGETS if t in config.targets],
-        "task_type": "CAUSAL_LM",
+        "target_modules": list(config.targets),
+        "task_type": task,
         "use_dora": False,
         "use_rslora": config.rslora,
     }
@@ -167,19 +184,21 @@ def read_peft_adapter(directory: str | os.PathLike) -> tuple[LoRAConfig, dict[st
         directory: a folder with ``adapter_config.json`` and ``adapter_model.safetensors``.
 
     Returns:
-        The settings as a :class:`~qkv.lora.LoRAConfig` (``target_modules`` ``"all-linear"``: every target) and
-        the weights under PEFT's names, in float32.
+        The settings as a :class:`~qkv.lora.LoRAConfig` (its targets: those of ``target_modules`` that the
+        weights adapt; ``"all-linear"``: all they adapt) and the weights under PEFT's names, in float32.
 
     Raises:
         ValueError: one line naming the file and the problem: a missing file (or pickled weights only), a config
             that is not JSON, not LoRA, or uses a feature qkv does not read, targets that are not among
-            :data:`~qkv.lora.TARGETS`, a rank or α that is not a positive number, weights that are not finite, do
+            :data:`~qkv.lora.KNOWN_TARGETS`, a rank or α that is not a positive number, weights that are not finite, do
             not have the rank, or are not the LoRA weights of the targets.
     """
     directory = Path(directory)
     _check_files(directory)
     config = _lora_config(read_json(directory / CONFIG), directory / CONFIG)
-    return config, _read_weights(directory / WEIGHTS, config)
+    tensors = _read_weights(directory / WEIGHTS, config)
+    found = {target_of(KEY.fullmatch(key).group(3)) for key in tensors}
+    return dataclasses.replace(config, targets=tuple(t for t in config.targets if t in found)), tensors
 
 
 def _check_files(directory: Path) -> None:
@@ -228,20 +247,20 @@ def _is_number(value: Any) -> bool:
 
 
 def _targets(modules: Any, path: Path) -> tuple[str, ...]:
-    """qkv's targets from ``target_modules``: "all-linear", or a list of module names, each a target or a
-    module path ending in one (peft matches a list's names as suffixes; it writes "all-linear" out as the
-    full paths of the modules it matched)."""
+    """qkv's targets from ``target_modules``: "all-linear" (every target), or a list of module names, each a
+    target or a module path ending in one (peft matches a list's names as suffixes; it writes "all-linear" out
+    as the full paths of the modules it matched)."""
     if modules == "all-linear":
-        return TARGETS
+        return KNOWN_TARGETS
     if not isinstance(modules, list) or not modules or not all(isinstance(m, str) for m in modules):
         raise ValueError(f"{path}: target_modules={modules!r} is not supported: expected a list of module names "
-                         f"among {', '.join(TARGETS)} (a regular expression is not read), or 'all-linear'")
-    targets = {m.rsplit(".", 1)[-1] for m in modules}
-    unknown = sorted(m for m in modules if m.rsplit(".", 1)[-1] not in TARGETS)
+                         f"among {', '.join(KNOWN_TARGETS)} (a regular expression is not read), or 'all-linear'")
+    targets = {target_of(m) for m in modules}
+    unknown = sorted(m for m in modules if target_of(m) not in KNOWN_TARGETS)
     if unknown:
-        raise ValueError(f"{path}: target_modules names {unknown}, which are not LLaMA-family projections; "
-                         f"expected names among {', '.join(TARGETS)}")
-    return tuple(t for t in TARGETS if t in targets)
+        raise ValueError(f"{path}: target_modules names {unknown}, which are not projections of the LLaMA family or "
+                         f"of Marian; expected names among {', '.join(KNOWN_TARGETS)}")
+    return tuple(t for t in KNOWN_TARGETS if t in targets)
 
 
 def _read_weights(path: Path, config: LoRAConfig) -> dict[str, Tensor]:
@@ -264,15 +283,15 @@ def _read_weights(path: Path, config: LoRAConfig) -> dict[str, Tensor]:
 
 def _check_weight(key: str, tensor: Tensor, config: LoRAConfig, path: Path) -> None:
     match = KEY.fullmatch(key)
-    module = match.group(2) if match else None
-    if module not in _MODULES.values():
-        raise ValueError(f"{path}: {key} is not a LoRA weight of a LLaMA-family projection (expected "
-                         f"{_PREFIX}{{i}}.{{self_attn|mlp}}.{{module}}.lora_{{A|B}}.weight): the adapter is for "
-                         f"another kind of model or uses a feature qkv does not read; {_MERGE}")
-    if module.rsplit(".", 1)[-1] not in config.targets:
+    module = match.group(3) if match else None
+    if module not in _MODULES:
+        raise ValueError(f"{path}: {key} is not a LoRA weight of a LLaMA-family or Marian projection (expected "
+                         f"{_PREFIX}{{stack}}.{{i}}.{{module}}.lora_{{A|B}}.weight, see qkv.interop.peft): the "
+                         f"adapter is for another kind of model or uses a feature qkv does not read; {_MERGE}")
+    if target_of(module) not in config.targets:
         raise ValueError(f"{path}: {key} adapts a module that target_modules in {CONFIG} does not list "
                          f"({list(config.targets)}): the two files do not belong together; save the adapter again")
-    side = match.group(3)
+    side = match.group(4)
     expected = f"({config.rank}, in)" if side == "A" else f"(out, {config.rank})"
     if not tensor.is_floating_point() or tensor.dim() != 2 or tensor.shape[0 if side == "A" else 1] != config.rank:
         raise ValueError(f"{path}: {key} is {str(tensor.dtype).removeprefix('torch.')} of shape {tuple(tensor.shape)}, "
@@ -293,20 +312,21 @@ def load_peft_adapter(model: nn.Module, directory: str | os.PathLike) -> LoRACon
     stacked; each stacked part gets its projection's adapter. On failure the model is left as it was.
 
     Args:
-        model: a LLaMA-family :class:`~qkv.models.GPT` (float or quantized), without LoRA layers or with those of
-            this very adapter (a resumed run: their weights are read back).
+        model: a LLaMA-family :class:`~qkv.models.GPT` or a Marian :class:`~qkv.models.Transformer` (float or
+            quantized), without LoRA layers or with those of this very adapter (a resumed run: their weights are
+            read back).
         directory: the adapter folder (see :func:`read_peft_adapter`).
 
     Returns:
         The adapter's LoRA settings.
 
     Raises:
-        ValueError: one line: a model outside the LLaMA family or with other LoRA layers already, anything
+        ValueError: one line: a model of another family or with other LoRA layers already, anything
             :func:`read_peft_adapter` refuses, or an adapter made for another base model (a weight whose shape
             differs from its layer's, the first such layer named; a layer the model does not have; adapters
             missing).
     """
-    _check_family(model)
+    layout_of(model)
     config, tensors = read_peft_adapter(directory)
     if lora_layers(model):  # a run resumed: the same adapters, their weights read back
         if lora_config_of(model) != config:
@@ -332,8 +352,10 @@ def _fill(model: nn.Module, tensors: Mapping[str, Tensor]) -> None:
                              f"{tuple(weight.shape)}: the adapter was made for another base model")
     unused = sorted((key for key in tensors if key not in slots), key=key_order)
     if unused:
-        raise ValueError(f"{unused[0]} is for a layer this model does not have ({len(model.decoder.layers)} layers): "
-                         "the adapter was made for another base model")
+        layers = ", ".join(f"{len(model.get_submodule(stack))} {stack.split('.')[0]} layers"
+                           for stack in layout_of(model).stacks)
+        raise ValueError(f"{unused[0]} is for a layer this model does not have ({layers}): the adapter was made for "
+                         "another base model")
     missing = [key for key in slots if key not in tensors]
     if missing:
         raise ValueError(f"the adapter has no {missing[0]} ({len(missing)} weights missing); qkv adapts its targets in "
@@ -355,38 +377,29 @@ def _remove_lora(model: nn.Module, trainable: Mapping[str, bool]) -> None:
 # ------------------------------------------------------------------------------------------------- names
 
 
-def _check_family(model: nn.Module) -> None:
-    config = getattr(model, "config", None)
-    if isinstance(config, GPTConfig) and (config.norm, config.positional, config.activation) == (
-            "rms", "rope", "swiglu"):
-        return
-    what = (f"a GPT with norm={config.norm!r}, positional={config.positional!r}, activation={config.activation!r}"
-            if isinstance(config, GPTConfig) else f"a {type(model).__name__}")
-    raise ValueError(f"PEFT adapters are read and written for the LLaMA family only (a GPT with RMSNorm, RoPE and "
-                     f"SwiGLU: llama, mistral, qwen2, qwen3), got {what}")
-
-
 def _adapter_weights(model: nn.Module) -> Iterator[tuple[str, str, Tensor]]:
     """(PEFT's key, qkv's layer name, the weight: a view of the layer's parameters) of every adapter part."""
+    layout = layout_of(model)
     for name, layer in lora_layers(model).items():
-        index = int(name.split(".")[2])  # decoder.layers.{i}.<block-relative name>
-        for target in targets_of(name, layer):
-            a, b = layer.part(target if len(layer.parts) > 1 else "")
-            yield _key(index, target, "A"), name, a
-            yield _key(index, target, "B"), name, b
+        for module, part in modules_of(name, layer, layout):
+            a, b = layer.part(part)
+            yield _key(module, "A"), name, a
+            yield _key(module, "B"), name, b
 
 
-def _key(index: int, target: str, side: str) -> str:
-    return f"{_PREFIX}{index}.{_MODULES[target]}.lora_{side}.weight"
+def _key(module: str, side: str) -> str:
+    return f"{_PREFIX}{module}.lora_{side}.weight"
 
 
-def key_order(key: str) -> tuple[int, int, str]:
-    """Sorts PEFT's keys as the model holds its layers: by block, then projection; other keys first."""
+def key_order(key: str) -> tuple[int, int, int, str]:
+    """Sorts PEFT's keys as the model holds its layers: the encoder's before the decoder's, by block, then by
+    projection; other keys first."""
     match = KEY.fullmatch(key)
     if match is None:
-        return -1, 0, key
-    target = match.group(2).rsplit(".", 1)[-1]
-    return int(match.group(1)), TARGETS.index(target) if target in TARGETS else len(TARGETS), key
+        return -1, 0, 0, key
+    stack, block, module, _ = match.groups()
+    position = _MODULES.index(module) if module in _MODULES else len(_MODULES)
+    return int(stack.endswith("decoder.layers")), int(block), position, key
 
 
 __all__ = ["load_peft_adapter", "peft_tensors", "read_peft_adapter", "save_peft_adapter"]

@@ -76,7 +76,7 @@ class FineTuneRecipe(Recipe):
     def setup(self) -> None:
         from ..footprint import check_training
         from ..interop.pretrained import fingerprint, load_base
-        from ..lora import LoRAConfig, add_lora
+        from ..lora import LoRAConfig, add_lora, layout_of
         from ..tasks.finetune import fitting, held_out, read_examples, split_text
 
         s = self.s
@@ -107,6 +107,10 @@ class FineTuneRecipe(Recipe):
             train, valid = held_out(train, s.valid_fraction, s.seed)
         self.train, self.valid, self.context = train, valid, context
         if lora is not None:
+            try:
+                layout_of(self.model)  # adapters are placed (and saved) by Hugging Face's names
+            except ValueError as err:
+                raise ValueError(f"{err}; fine-tune {s.pretrained} with --method full") from None
             add_lora(self.model, lora)
         self.model.checkpointing = s.checkpointing
         check_training(self.model, batch=s.batch_size, length=context, checkpointing=s.checkpointing,

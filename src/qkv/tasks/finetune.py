@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
+from ..tokenizers import encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ def read_examples(path: str | Path, tokenizer, template: str | None) -> list[Exa
         text = read_text(path)
         if not text.strip():
             raise DataError(f"{path}: no text to train on")
-        ids = tokenizer.encode_prompt(text)
+        ids = encode_prompt(tokenizer, text)
         return [Example(ids, [True] * len(ids))]
     examples = []
     for number, line in enumerate(read_text(path).split("\n"), 1):
@@ -94,7 +95,7 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
         ids, learn = chat_training_ids(template, record["messages"], tokenizer)
         return Example(ids, learn)
     if isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
-        prompt = tokenizer.encode_prompt(record["prompt"])
+        prompt = encode_prompt(tokenizer, record["prompt"])
         completion = tokenizer.encode(record["completion"])
         eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
         return Example(prompt + completion + eos, [False] * len(prompt) + [True] * (len(completion) + len(eos)))
@@ -205,7 +206,8 @@ class FineTuneTask:
         if not valid:
             raise DataError("no validation examples; give --valid-data or more examples")
         self.model, self.tokenizers = model, {"text": tokenizer}
-        self.pad_id = tokenizer.pad_id if tokenizer.pad_id is not None else 0  # never learnt, never attended to
+        pad = getattr(tokenizer, "pad_id", None)  # qkv's own tokenizers have none
+        self.pad_id = 0 if pad is None else pad  # never learnt, never attended to
         self.rows = pack(train, context, packed=packed)
         self.valid_rows = pack(valid, context, packed=packed)
         self.batch_size, self.seed = batch_size, seed

@@ -24,7 +24,7 @@ from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..footprint import check_decoding
 from ..generation import LMDecoder, Sampling, generate
-from ..tokenizers import Tokenizer, encode_all
+from ..tokenizers import Tokenizer, encode_all, encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -173,8 +173,7 @@ def complete(
     from ..generation import GREEDY, beam_search
 
     model.eval()
-    encode = getattr(tokenizer, "encode_prompt", tokenizer.encode)  # a pretrained model's may start with bos
-    ids = [encode(p) for p in prompts]
+    ids = [encode_prompt(tokenizer, p) for p in prompts]
     if any(not i for i in ids):
         raise ValueError("a prompt is empty (or has no known tokens); give some text to continue")
     check_decoding(model.config, sequences=len(ids), beams=beam_size, device=device_of(model),
