@@ -256,3 +256,110 @@ def test_qkv_explore_exports_a_page_of_a_marian_folder(folder, tmp_path, here):
     assert proc.returncode == 0, proc.stderr
     page = (tmp_path / "page.html").read_text(encoding="utf-8")
     assert "Cross-attention" in page and folder.name in page
+
+
+# ------------------------------------------------------------------------------------------ LoRA adapters
+
+MARIAN_TARGETS = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2")
+
+
+def _peft_on_marian(folder, path, targets=MARIAN_TARGETS):
+    """transformers' MarianMTModel adapted by peft (rank 4, on the self-attention of both stacks, the decoder's
+    cross-attention and the feed-forwards), its adapters random, saved by peft into ``path``."""
+    peft = pytest.importorskip("peft")
+    base = transformers.MarianMTModel.from_pretrained(folder, attn_implementation="eager")
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, target_modules=list(targets),
+                                                        task_type="SEQ_2_SEQ_LM"))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in adapted.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+    adapted.save_pretrained(path)
+    return adapted.eval()
+
+
+def _logits_both(ours, theirs, tokenizer):
+    batch = tokenizer(ENGLISH[:3], return_tensors="pt", padding=True)
+    tgt_in = torch.tensor([[ours.model.config.pad_id, *ours.tokenizers["tgt"].encode(g)[:6]] for g in GERMAN[:3]])
+    with torch.no_grad():
+        return ours.model(batch.input_ids, tgt_in), theirs(**batch, decoder_input_ids=tgt_in).logits
+
+
+def test_a_peft_adapter_on_a_marian_model_runs_in_qkv_as_in_peft(folder, tmp_path):
+    """Marian's PEFT names (model.{encoder,decoder}.layers.N.{self_attn,encoder_attn}.*_proj, fc1, fc2) land on
+    qkv's layers: the logits and greedy translations are peft's; without the adapter they are not."""
+    from qkv.interop.peft import load_peft_adapter
+    from qkv.lora import LoRAConfig, lora_layers
+    from qkv.quantize import quantize
+
+    theirs = _peft_on_marian(folder, tmp_path / "adapter")
+    tokenizer = transformers.MarianTokenizer.from_pretrained(folder)
+    ours = load_marian_folder(folder)
+    config = load_peft_adapter(ours.model, tmp_path / "adapter")
+    assert config == LoRAConfig(rank=4, alpha=8.0, targets=MARIAN_TARGETS)
+    assert len(lora_layers(ours.model)) == 2 * 6 + 2 * 10  # encoder: 4 + 2 a layer; decoder: 4 + 4 + 2
+    mine, expected = _logits_both(ours, theirs, tokenizer)
+    torch.testing.assert_close(mine, expected, atol=1e-4, rtol=1e-4)
+    with theirs.disable_adapter():
+        assert (_logits_both(ours, theirs, tokenizer)[1] - expected).abs().max() > 0.1
+    sources = [ours.tokenizers["src"].encode(s) for s in ENGLISH]
+    with torch.no_grad():
+        hypotheses = translate_ids(ours.model, sources, ids=translation_ids(ours.tokenizers))
+        for source, ids, hypothesis in zip(ENGLISH, sources, hypotheses, strict=True):
+            out = theirs.generate(**tokenizer([source], return_tensors="pt"), num_beams=1, do_sample=False,
+                                  max_new_tokens=max_new_tokens(ours.model, len(ids)))
+            assert out[0, 1:].tolist() == [*hypothesis, 0], source
+    quantize(ours.model, "int8")  # as --quantize int8 does: the base's layers quantized, the adapters kept float
+    assert len(lora_layers(ours.model)) == 2 * 6 + 2 * 10
+    quantized, _ = _logits_both(ours, theirs, tokenizer)
+    error = (quantized - expected).norm() / expected.norm()  # 1.6% here
+    assert error < 0.05, f"int8 logits differ from float32 ones by {error:.1%} (relative RMS)"
+
+
+def test_a_qkv_adapter_on_a_marian_model_runs_in_peft(folder, tmp_path):
+    peft = pytest.importorskip("peft")
+    from qkv.interop.peft import save_peft_adapter
+    from qkv.lora import LoRAConfig, add_lora
+
+    ours, config = load_marian_folder(folder), LoRAConfig(rank=4, alpha=6.0, targets=("q_proj", "v_proj", "fc2"))
+    add_lora(ours.model, config).eval()
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in ours.model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+    save_peft_adapter(ours.model, config, tmp_path / "adapter", base_name=str(folder))
+    base = transformers.MarianMTModel.from_pretrained(folder, attn_implementation="eager")
+    theirs = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    assert theirs.peft_config["default"].task_type == "SEQ_2_SEQ_LM"
+    mine, expected = _logits_both(ours, theirs, transformers.MarianTokenizer.from_pretrained(folder))
+    torch.testing.assert_close(mine, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_qkv_translate_runs_a_peft_adapter_on_a_marian_folder(folder, tmp_path, here):
+    """``--adapter``: with ``--quantize none`` the library's translations with the adapter (which are peft's,
+    above), every other --quantize runs; an adapter of another family is one line."""
+    from qkv.interop.peft import load_peft_adapter
+
+    _peft_on_marian(folder, tmp_path / "adapter")
+    ours = load_marian_folder(folder)
+    load_peft_adapter(ours.model, tmp_path / "adapter")
+    expected = translate(ours.model, ours.tokenizers, ENGLISH[:2], beam_size=1)
+    common = ("translate", "--pretrained", folder, "--adapter", "adapter", *ENGLISH[:2], "--beam", "1")
+    proc = here(*common, "--quantize", "none", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected
+    for quantize in ("int8", "int4"):
+        proc = here(*common, "--quantize", quantize, cwd=tmp_path)
+        assert proc.returncode == 0 and len(proc.stdout.splitlines()) == 2, proc.stderr
+    from safetensors.torch import save_file
+
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config | {"target_modules": ["o_proj"]}))
+    llama = {f"base_model.model.model.layers.0.self_attn.o_proj.lora_{side}.weight": torch.zeros(4, 4)
+             for side in "AB"}  # a LLaMA-family adapter
+    save_file(llama, tmp_path / "adapter" / "adapter_model.safetensors")
+    proc = here(*common, cwd=tmp_path)
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "the LoRA target modules ['o_proj'] are not projections of a Marian model" in proc.stderr

@@ -89,8 +89,8 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
 # --- qkv translate / evaluate ---------------------------------------------------------------------------------
 
 def _load_translator(args: argparse.Namespace, device):
-    """The model of --model (a qkv checkpoint) or --pretrained (a Marian folder), on ``device``, with its
-    tokenizers; --beam and --alpha filled in from the model's own defaults where not given (qkv's: greedy, α
+    """The model of --model (a qkv checkpoint) or --pretrained (a Marian folder), with the LoRA adapter of
+    --adapter, on ``device``, with its tokenizers; --beam and --alpha filled in from the model's own defaults where not given (qkv's: greedy, α
     0.6; a Marian folder's: its generation_config.json)."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained DIR (a Marian folder)")
@@ -107,6 +107,10 @@ def _load_translator(args: argparse.Namespace, device):
             raise ValueError(f"{loaded.path} is a {loaded.arch} checkpoint, not a translation model")
     args.beam = defaults[0] if args.beam is None else args.beam
     args.alpha = defaults[1] if args.alpha is None else args.alpha
+    if args.adapter:  # before --quantize: the adapters stay float32 on the quantized layers
+        from ..interop.peft import load_peft_adapter
+
+        load_peft_adapter(loaded.model, args.adapter)
     place(loaded.model, device, args)
     return loaded
 
@@ -195,6 +199,8 @@ def evaluate(args: argparse.Namespace) -> None:
 def _add_decoding_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pretrained", metavar="DIR", help="a Hugging Face Marian folder (opus-mt: config.json, weights, "
                                                         "source.spm, target.spm, vocab.json) instead of --model")
+    p.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format (adapter_config.json, "
+                                                    "adapter_model.safetensors) to run on the model")
     p.add_argument("--beam", type=COUNT, help="beam size (1 = greedy; default 1, a Marian folder's own num_beams)")
     p.add_argument("--alpha", type=NON_NEGATIVE,
                    help="beam length penalty α (default 0.6, GNMT's; a Marian folder's own length_penalty, "
