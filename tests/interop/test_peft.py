@@ -221,8 +221,8 @@ BROKEN = {
     "bias": (_config_change(bias="all"), "bias='all' is not supported"),
     "pissa": (_config_change(init_lora_weights="pissa"), "init_lora_weights='pissa' is not supported"),
     "regex": (_config_change(target_modules=".*q_proj"), "target_modules='.*q_proj' is not supported"),
-    "gpt-2 names": (_config_change(target_modules=["c_attn"]), "names ['c_attn'], which are not projections of the LLaMA "
-                                                                        "family or of Marian"),
+    "gpt-2 names": (_config_change(target_modules=["c_attn"]),
+                    "names ['c_attn'], which are not projections of the LLaMA family or of Marian"),
     "rank zero": (_config_change(r=0), "r=0, expected a positive whole number"),
     "rank text": (_config_change(r="4"), "r='4', expected a positive whole number"),
     "alpha negative": (_config_change(lora_alpha=-8), "lora_alpha=-8, expected a positive number"),

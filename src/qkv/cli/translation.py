@@ -90,8 +90,8 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
 
 def _load_translator(args: argparse.Namespace, device):
     """The model of --model (a qkv checkpoint) or --pretrained (a Marian folder), with the LoRA adapter of
-    --adapter, on ``device``, with its tokenizers; --beam and --alpha filled in from the model's own defaults where not given (qkv's: greedy, α
-    0.6; a Marian folder's: its generation_config.json)."""
+    --adapter, on ``device``, with its tokenizers; --beam and --alpha filled in from the model's own defaults
+    where not given (qkv's: greedy, α 0.6; a Marian folder's: its generation_config.json)."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained DIR (a Marian folder)")
     if args.pretrained:
