@@ -2,7 +2,8 @@
 llama.cpp checks, every tensor's name, shape and values, Q and K's rows in the base file's rotary order (checked
 with the reader's un-permutation, and against the GGUF files of the base and merged models), the same file from a
 quantized model's stacked layers, rsLoRA's α, the refusals; and, where a llama.cpp build is found, llama.cpp's
-perplexity with the adapter equal to the merged model's. Tiny random models; nothing downloaded.
+perplexity with the adapter equal to the merged model's, and its greedy continuation of a prompt qkv's. Tiny random
+models; nothing downloaded.
 """
 
 from __future__ import annotations
@@ -174,9 +175,10 @@ def test_refusals_leave_no_file(tmp_path):
 # ------------------------------------------------------------------------------------------- llama.cpp
 
 
-def _llama_perplexity() -> Path | None:
+def _llama_cpp(tool: str) -> Path | None:
+    """The llama.cpp program ``tool`` in the build that QKV_LLAMA_CPP names, if there is one."""
     folder = os.environ.get("QKV_LLAMA_CPP")
-    found = Path(folder) / "llama-perplexity" if folder else None
+    found = Path(folder) / tool if folder else None
     return found if found is not None and found.is_file() else None
 
 
@@ -192,7 +194,8 @@ def _perplexity(binary: Path, model: Path, text: Path, *extra) -> float:
     raise AssertionError(f"llama-perplexity printed no estimate:\n{run.stderr[-2000:]}")
 
 
-@pytest.mark.skipif(_llama_perplexity() is None, reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
+@pytest.mark.skipif(_llama_cpp("llama-perplexity") is None,
+                    reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
 @pytest.mark.parametrize("rslora", [False, True])
 def test_llama_cpp_with_the_adapter_is_the_merged_model(rslora, tmp_path):
     """llama-perplexity of the base file with ``--lora`` is that of the merged model's file (within 0.1%), and
@@ -207,7 +210,38 @@ def test_llama_cpp_with_the_adapter_is_the_merged_model(rslora, tmp_path):
     export_gguf(merge_lora(copy.deepcopy(model)), tokenizer, tmp_path / "merged.gguf", storage="f32")
     export_gguf_lora(model, tmp_path / "a.gguf")
     (tmp_path / "text.txt").write_text(" ".join(CORPUS), encoding="utf-8")
-    binary, text = _llama_perplexity(), tmp_path / "text.txt"
+    binary, text = _llama_cpp("llama-perplexity"), tmp_path / "text.txt"
     with_lora = _perplexity(binary, tmp_path / "base.gguf", text, "--lora", tmp_path / "a.gguf")
     assert with_lora == pytest.approx(_perplexity(binary, tmp_path / "merged.gguf", text), rel=1e-3)
     assert with_lora != pytest.approx(_perplexity(binary, tmp_path / "base.gguf", text), rel=1e-2)
+
+
+def _llama_completion(model: Path, prompt: str, *extra) -> str:
+    """llama.cpp's greedy continuation of ``prompt`` (16 tokens), as text with the prompt, bytes that are not
+    UTF-8 replaced as Python replaces them."""
+    run = subprocess.run([_llama_cpp("llama-completion"), "-m", model, "-p", prompt, "-n", "16",
+                          "--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io", "--no-warmup", "-c", "32", "-t",
+                          "1", *extra], capture_output=True, check=True)
+    return run.stdout.decode("utf-8", "replace")
+
+
+@pytest.mark.skipif(_llama_cpp("llama-completion") is None,
+                    reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
+def test_llama_cpp_with_the_adapter_continues_a_prompt_as_qkv_does(tmp_path):
+    """``llama-completion --lora`` on the base file writes qkv's greedy continuation with the adapter (16 tokens,
+    the smallest gap between the two best logits on the way 0.004 here), and the base alone writes another."""
+    from qkv.tasks.language_model import complete
+
+    tokenizer = BPETokenizer.train(CORPUS, vocab_size=300, byte_level=True)
+    model = _model(tokenizer.vocab_size)
+    export_gguf(model, tokenizer, tmp_path / "base.gguf", storage="f32")
+    _adapted(model)
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.mul_(5)
+    export_gguf_lora(model, tmp_path / "a.gguf")
+    prompt = "The robot picked up"
+    ours = prompt + complete(model, tokenizer, [prompt], max_new_tokens=16)[0]
+    theirs = _llama_completion(tmp_path / "base.gguf", prompt, "--lora", tmp_path / "a.gguf")
+    assert theirs.startswith(ours) and not theirs[len(ours):].strip(), (ours, theirs)
+    assert not _llama_completion(tmp_path / "base.gguf", prompt).startswith(ours)
