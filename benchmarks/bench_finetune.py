@@ -281,11 +281,13 @@ def child_qlora(spec: dict) -> dict:
     """qkv's QLoRA on the 1.7B file: peak memory above the import footprint, against the bound."""
     import torch
 
+    from qkv.device import map_large_blocks
     from qkv.footprint import activation_bytes
     from qkv.interop.pretrained import load_base
 
     torch.set_num_threads(spec["threads"])
     imported = high_water_mark()
+    map_large_blocks()  # as qkv finetune --method qlora does on a CPU
     pre = load_base(spec["path"], weights="auto")
     model = qkv_lora(pre.model, spec["rank"], spec["alpha"])
     model.checkpointing = spec["checkpointing"]

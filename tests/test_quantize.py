@@ -180,6 +180,17 @@ def test_int4_codes_written_two_to_a_byte_equal_them_written_one_by_one(span, ei
     assert torch.equal(paired.scales_and_zeros, one_by_one.scales_and_zeros)
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_rows_widened_in_place_are_the_dequantized_rows(mode, either_int4_layout):
+    """The backward pass widens tiles of rows into one buffer (_decoded_rows): whole int4 blocks from their bytes,
+    other rows gathered; every tile is exactly those rows of the dequantized weight."""
+    layer = quantize_linear(_linear(torch.randn(112, 64)), mode)  # int4: whole blocks, then a shorter one
+    full = layer._decoded()
+    buffer = torch.empty(112, 64)
+    for start, end in [(0, 112), (0, 64), (64, 112), (32, 96), (3, 111), (96, 97)]:
+        assert torch.equal(layer._decoded_rows(start, end, buffer[: end - start]), full[start:end]), (start, end)
+
+
 def test_int4_rows_written_in_pieces_equal_the_whole_and_padding_rows_are_zero():
     w = torch.randn(40, 64)
     whole = Int4Linear.from_linear(_linear(w))

@@ -145,6 +145,31 @@ def prepare(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
+LARGE_BLOCK = 256 << 10  # bytes
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK) -> bool:
+    """Have the C library's malloc map every block of ``threshold`` bytes or more on its own, and give it back to
+    the system when it is freed; True where that took (glibc), False elsewhere (nothing changes).
+
+    glibc keeps freed blocks in its heap for reuse, except those of at least its mapping threshold, which it
+    raises (up to 32 MB) to the size of each mapped block freed. A training step frees activations of megabytes
+    between the tensors it keeps (each layer's checkpointed input, the gradients), so its heap grows with holes
+    that later steps cannot fill: QLoRA on a 1.7B model peaks some 500 MB higher than the memory it uses. A fixed
+    threshold (which also stops it rising) keeps the peak near the memory used, for a few percent of a step's
+    time spent mapping fresh pages.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, threshold) == 1
+
+
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on ``device``: through pinned memory and without waiting, when it goes to a GPU."""
     if tensor.device == device:

@@ -210,6 +210,16 @@ class QuantizedLinear(nn.Module):
         the codes in its own layout."""
         raise NotImplementedError
 
+    def _tile_rows(self) -> int:
+        """How many output rows the backward pass widens at a time (about :data:`BACKWARD_TILE_WEIGHTS` weights)."""
+        return max(1, BACKWARD_TILE_WEIGHTS // self.in_features)
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        """Rows ``start`` to ``end`` of :meth:`_decoded`, written into ``out`` ``(end - start, in_features)``
+        fp32 (the same numbers); returns ``out``. A format reads its rows where they lie; this default gathers
+        them."""
+        return out.copy_(self._decoded(torch.arange(start, end)))
+
     def dequantized(self, outputs: Tensor | None = None) -> Tensor:
         """The fp32 weight the codes stand for, ``(out_features, in_features)``, outlier columns included: the
         reference the kernel is tested against. Only the rows of ``outputs`` if given."""
@@ -269,14 +279,14 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, {self._format()}{outliers}"
 
 
-BACKWARD_TILE_WEIGHTS = 1 << 20  # the backward pass dequantizes this many weights at a time (4 MB of float32)
+BACKWARD_TILE_WEIGHTS = 1 << 18  # the backward pass dequantizes this many weights at a time (1 MB of float32)
 
 
 class _QuantizedProduct(torch.autograd.Function):
     """``y = x Ŵᵀ`` by the format's CPU kernel, which has no backward pass of its own; the backward pass is
     ``∂L/∂x = ∂L/∂y · Ŵ``, with Ŵ (:meth:`QuantizedLinear._decoded`) widened to float32 a tile of output rows
-    at a time, so that training through a quantized layer (QLoRA) never holds its float32 weights whole. The
-    weights themselves get no gradient: they are frozen codes."""
+    at a time into one buffer, so that training through a quantized layer (QLoRA) never holds its float32 weights
+    whole, nor makes new memory for every tile. The weights themselves get no gradient: they are frozen codes."""
 
     @staticmethod
     def forward(ctx, rows: Tensor, layer: QuantizedLinear) -> Tensor:
@@ -286,12 +296,13 @@ class _QuantizedProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
         layer = ctx.layer
-        tile = max(1, BACKWARD_TILE_WEIGHTS // layer.in_features)
+        tile = layer._tile_rows()
         grad = grad.float()
         out = grad.new_zeros(grad.size(0), layer.in_features)
+        weights = grad.new_empty(min(tile, layer.out_features), layer.in_features)
         for start in range(0, layer.out_features, tile):
             end = min(start + tile, layer.out_features)
-            out.addmm_(grad[:, start:end], layer._decoded(torch.arange(start, end)).to(grad.device))  # (rows, in)
+            out.addmm_(grad[:, start:end], layer._decoded_rows(start, end, weights[: end - start]))  # (rows, in)
         return out.to(torch.bfloat16), None
 
 
@@ -325,6 +336,9 @@ class Int8Linear(QuantizedLinear):
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         codes, scales = (self.codes, self.scales) if outputs is None else (self.codes[outputs], self.scales[outputs])
         return codes.float() * scales.float()[:, None]
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        return out.copy_(self.codes[start:end]).mul_(self.scales[start:end].float()[:, None])
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
         codes, scales, kernel = self.codes, self.scales, torch.ops.aten._weight_int8pack_mm
@@ -454,6 +468,28 @@ class Int4Linear(QuantizedLinear):
         levels = codes.float().view(len(rows), -1, self.group_size)  # (rows, n_groups, group)
         weights = (levels - 8) * scales.float()[..., None] + zeros.float()[..., None]
         return weights.view(len(rows), self.in_features)
+
+    def _tile_rows(self) -> int:
+        block = int4_block()  # whole blocks of rows: each is a reshape of its bytes (see _decoded_rows)
+        return max(1, super()._tile_rows() // block) * block
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        """Whole blocks of rows (:func:`int4_block`) straight from their bytes, input by input: the low nibbles
+        are the block's first half of rows, the high ones its second half; other rows through :meth:`_decoded`."""
+        block = int4_block()
+        whole = (end - start) // block * block if start % block == 0 else 0
+        if whole:
+            half = block // 2
+            bytes_ = self.codes[start : start + whole].view(-1, self.in_features, half)  # (blocks, input, i)
+            rows = out[:whole].view(-1, 2, half, self.in_features)  # (blocks, first / second half, i, input)
+            rows[:, 0].copy_((bytes_ & 15).transpose(1, 2))
+            rows[:, 1].copy_((bytes_ >> 4).transpose(1, 2))
+            levels = out[:whole].view(whole, -1, self.group_size)  # as _decoded computes them: the same numbers
+            levels.sub_(8).mul_(self.scales[start : start + whole].float()[..., None])
+            levels.add_(self.zeros[start : start + whole].float()[..., None])
+        if whole < end - start:
+            out[whole:].copy_(self._decoded(torch.arange(start + whole, end)))
+        return out
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
         int4_block()

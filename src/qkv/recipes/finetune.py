@@ -74,6 +74,7 @@ class FineTuneRecipe(Recipe):
             self.args.pretrained = str(Path(pretrained).resolve())  # stored absolute: --resume from anywhere
 
     def setup(self) -> None:
+        from ..device import map_large_blocks
         from ..footprint import check_training
         from ..interop.pretrained import fingerprint, load_base
         from ..lora import LoRAConfig, add_lora, layout_of
@@ -88,6 +89,8 @@ class FineTuneRecipe(Recipe):
             rank=s.rank, alpha=s.alpha, dropout=s.lora_dropout, rslora=s.rslora,
             targets=tuple(s.target_modules) if s.target_modules else LoRAConfig.targets)
         weights = base_weights(s.method, s.pretrained)
+        if s.method == "qlora" and self.runtime.device.type == "cpu":
+            map_large_blocks()  # QLoRA is chosen for its memory: peaks near what a step uses (qkv.device)
         self.base_record = {"source": s.pretrained, "weights": weights, "fingerprint": fingerprint(s.pretrained)}
         if self.args.resume and lora is None:  # full fine-tuning resumes its own weights, template included
             previous = self.resumed()
