@@ -166,3 +166,4 @@ def test_a_batch_too_large_for_the_memory_is_refused_before_training(work):
     last_line_error(proc, "base with --method lora (16,384 parameters learn) needs",
                     "for gradients, AdamW's moments and one batch of 100,000,000 × 64 tokens", "choose smaller sizes")
     assert not (work / "huge" / "last").exists()
+

@@ -78,6 +78,7 @@ class FineTuneRecipe(Recipe):
         from ..footprint import check_training
         from ..interop.pretrained import fingerprint, load_base
         from ..lora import LoRAConfig, add_lora, layout_of
+        from ..models.common import compile_blocks
         from ..tasks.finetune import fitting, held_out, read_examples, split_text
 
         s = self.s
@@ -116,20 +117,24 @@ class FineTuneRecipe(Recipe):
                 raise ValueError(f"{err}; fine-tune {s.pretrained} with --method full") from None
             add_lora(self.model, lora)
         self.model.checkpointing = s.checkpointing
+        if self.args.compile:
+            compile_blocks(self.model, dynamic=True)  # one graph for every block and every length
         check_training(self.model, batch=s.batch_size, length=context, checkpointing=s.checkpointing,
                        shards=self.runtime.group.world if self.options().fsdp else 1,
                        what=f"fine-tuning {s.pretrained} with --method {s.method}")
 
     def options(self):
         """The Trainer's options: full fine-tuning shards the model across processes (FSDP) unless told not to;
-        adapters (their base frozen, perhaps quantized) are copied into each (DDP)."""
+        adapters (their base frozen, perhaps quantized) are copied into each (DDP). --compile is done in
+        :meth:`setup`."""
         import dataclasses
 
         fsdp = self.args.fsdp if self.args.fsdp is not None else self.s.method == "full"
         if fsdp and self.s.method != "full":
             raise ValueError(f"--fsdp shards full fine-tuning only; --method {self.s.method} trains adapters, which "
                              "every process holds whole: drop --fsdp")
-        return dataclasses.replace(super().options(), fsdp=fsdp)
+        # --compile compiles block by block (setup): the Trainer leaves the model as it is
+        return dataclasses.replace(super().options(), fsdp=fsdp, compile=False)
 
     def task(self):
         from ..tasks.finetune import FineTuneTask
