@@ -221,13 +221,16 @@ def child_batches(spec: dict) -> dict:
 
 
 def _timed(step: Callable, batches: list, warmup: int) -> dict:
-    losses, seconds, tokens = [], 0.0, 0
+    losses, seconds, tokens, untimed = [], 0.0, 0, 0.0
     for i, batch in enumerate(batches):
         start = time.perf_counter()
         losses.append(step(batch))
         if i >= warmup:
             seconds, tokens = seconds + time.perf_counter() - start, tokens + real_tokens(batch)
-    return {"losses": losses, "tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / (len(batches) - warmup)}
+        else:
+            untimed += time.perf_counter() - start
+    return {"losses": losses, "tokens_per_s": tokens / seconds, "ms_per_step": 1e3 * seconds / (len(batches) - warmup),
+            "untimed_s": untimed}
 
 
 def child_qkv(spec: dict) -> dict:
@@ -240,6 +243,10 @@ def child_qkv(spec: dict) -> dict:
     work = Path(spec["work"])
     pre = load_base("smollm2", weights="none")
     qkv_lora(pre.model, spec["rank"], spec["alpha"])
+    if spec.get("compiled"):
+        from qkv.models.common import compile_blocks
+
+        compile_blocks(pre.model, dynamic=True)  # as qkv finetune --compile does; compiled in the first step
     task = read_task(pre, work, spec["batch"], spec["context"])
     saved = torch.load(work / "batches.pt", weights_only=True)
     batches = task.batches(0)[: spec["steps"]]
@@ -359,16 +366,16 @@ def float_bytes(shape: tuple) -> int:
     return 4 * (49152 * d + layers * (2 * d * d + 2 * d * kv + 3 * d * ffn + 2 * d) + d)
 
 
-def speed_and_loss(spec: dict, repeats: int) -> dict:
+def speed_and_loss(spec: dict, repeats: int, compiled: bool) -> dict:
     data = run("batches", spec)
-    runs: dict[str, list[dict]] = {"qkv": [], "peft": []}
+    runs: dict[str, list[dict]] = {"qkv": [], **({"qkv compiled": []} if compiled else {}), "peft": []}
     for _ in range(repeats):
         for who in runs:
-            runs[who].append(run(who, spec))
+            runs[who].append(run(who.split()[0], {**spec, "compiled": who == "qkv compiled"}))
     out = {"data": data}
     for who, rs in runs.items():
         out[who] = {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ms_per_step", "valid_loss",
-                                                                       "peak_bytes")}
+                                                                       "peak_bytes", "untimed_s")}
         out[who]["step0_loss"] = rs[0]["losses"][0]
         out[who]["runs"] = rs
     q, p = out["qkv"], out["peft"]
@@ -415,13 +422,13 @@ def _report_lora(args, r: dict) -> None:
     print(f"\nLoRA, SmolLM2-135M-Instruct fp32, rank {args.rank}, alpha {args.alpha:g}, q/k/v/o/gate/up/down, lr "
           f"{args.lr:g}, batch {args.batch} padded rows (mean width {d['mean_width']:.0f}, {d['tokens_per_step']:.0f} "
           f"real tokens), {d['steps']} steps ({args.warmup} untimed), {args.repeats} round(s), medians")
-    print(f"  {'contender':10s} {'tokens/s':>9s} {'ms/step':>8s} {'ratio':>6s} {'peak MB':>8s} {'step-0 loss':>12s} "
+    print(f"  {'contender':12s} {'tokens/s':>9s} {'ms/step':>8s} {'ratio':>6s} {'peak MB':>8s} {'step-0 loss':>12s} "
           f"{'held-out loss':>14s}")
-    for who in ("qkv", "peft"):
+    for who in [w for w in r if w not in ("data",) and isinstance(r[w], dict) and "tokens_per_s" in r[w]]:
         c = r[who]
-        print(f"  {who:10s} {c['tokens_per_s']:9,.0f} {c['ms_per_step']:8,.0f} "
+        print(f"  {who:12s} {c['tokens_per_s']:9,.0f} {c['ms_per_step']:8,.0f} "
               f"{c['tokens_per_s'] / r['peft']['tokens_per_s']:5.2f}x {c['peak_bytes'] / MB:8,.0f} "
-              f"{c['step0_loss']:12.6f} {c['valid_loss']:14.4f}")
+              f"{c['step0_loss']:12.6f} {c['valid_loss']:14.4f}   untimed steps {c['untimed_s']:.0f} s")
     print(f"  speed qkv/peft {r['speed_ratio']:.2f}x (target >= 1.5x); held-out loss difference "
           f"{100 * r['valid_loss_difference']:+.2f}% (target within 2%); step-0 losses differ by "
           f"{r['step0_loss_difference']:.1e} (same base, same batch: should be ~1e-4 or less)")
@@ -453,6 +460,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--skip-1.7b", dest="skip_large", action="store_true")
+    parser.add_argument("--compile", action="store_true", help="also qkv compiled block by block (qkv finetune "
+                                                              "--compile), compiled in its untimed first steps")
     parser.add_argument("--skip-135m", dest="skip_small", action="store_true", help="the 1.7B part only")
     parser.add_argument("--peft-1.7b", dest="peft_large", action="store_true")
     parser.add_argument("--qlora-steps", type=int, default=2)
@@ -471,7 +480,7 @@ def main() -> None:
         spec = {**{k: v for k, v in vars(args).items() if isinstance(v, int | float)}, "work": work}
         write_chats(args.data, Path(work), args.steps * args.batch, args.valid)
         if not args.skip_small:
-            results["lora"] = speed_and_loss(spec, args.repeats)
+            results["lora"] = speed_and_loss(spec, args.repeats, args.compile)
         if not args.skip_large:
             results["qlora"] = qlora(spec, args.cache, args.peft_large)
     report(args, results)
