@@ -408,11 +408,10 @@ def encode_all(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
 
 
 def encode_prompt(tokenizer: Tokenizer, text: str) -> list[int]:
-    """Token ids of a text a model continues: a pretrained model's tokenizer puts its bos first where the model
-    wants one (:meth:`PretrainedTokenizer.encode_prompt`); qkv's own encode the text alone."""
-    if isinstance(tokenizer, PretrainedTokenizer):
-        return tokenizer.encode_prompt(text)
-    return tokenizer.encode(text)
+    """Token ids of a text a model continues: a tokenizer with an ``encode_prompt`` of its own puts what the model
+    wants first (:meth:`PretrainedTokenizer.encode_prompt`: its bos); qkv's own encode the text alone."""
+    own = getattr(tokenizer, "encode_prompt", None)
+    return own(text) if own is not None else tokenizer.encode(text)
 
 
 def token_label(tokenizer: Tokenizer, token_id: int) -> str:

@@ -141,9 +141,9 @@ def test_an_adapted_model_compiled_block_by_block_trains_as_eager():
     seconds to trace, and a model's first block, whose input needs no gradient, has a graph of its own.)"""
     import copy
 
-    from qkv.models.common import compile_blocks
-
     from torch._dynamo.utils import counters
+
+    from qkv.models.common import compile_blocks
 
     eager = add_lora(_llama(n_layers=1), LoRAConfig(rank=4)).train()
     for layer in lora_layers(eager).values():
