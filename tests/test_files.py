@@ -1,7 +1,13 @@
 """read_json: the value of a JSON file, or one line naming the file and what is wrong with it. write_atomically:
 a file written whole, never through a symbolic link."""
 
+import os
+import stat
+import subprocess
+import sys
+
 import pytest
+import torch
 
 from qkv.files import read_json, write_atomically
 
@@ -77,3 +83,43 @@ def test_a_failed_write_leaves_the_old_file_and_no_leftover(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         write_atomically(path, fail)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["a.txt"]
+
+
+@pytest.fixture
+def umask_022():
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def test_what_is_written_gets_the_modes_the_umask_gives(tmp_path, umask_022):
+    """tempfile makes private files (0600) and folders (0700): a model exported for a server running as another
+    user must be readable as any other file there (0644, 0755 under umask 022)."""
+    from safetensors.torch import save_file
+
+    from qkv.interop.export import written
+
+    write_atomically(tmp_path / "model.gguf", lambda tmp: tmp.write_bytes(b"GGUF"))
+    assert stat.S_IMODE((tmp_path / "model.gguf").stat().st_mode) == 0o644
+    written(tmp_path / "folder", lambda folder: save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors")))
+    assert stat.S_IMODE((tmp_path / "folder").stat().st_mode) == 0o755
+    assert stat.S_IMODE((tmp_path / "folder" / "model.safetensors").stat().st_mode) == 0o644
+
+
+def test_temporaries_left_by_killed_processes_go_at_the_next_write(tmp_path):
+    """``kill -9`` during an export leaves ``.NAME.PID.RANDOM.tmp``: the next write of NAME removes those of
+    processes no longer running, and leaves a running one's (it may still be writing)."""
+    from qkv.interop.export import written
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = {"file": tmp_path / f".model.gguf.{dead.pid}.abc123.tmp", "folder": tmp_path / f".out.{dead.pid}.x9.tmp"}
+    left["file"].write_bytes(b"half a file")
+    (left["folder"]).mkdir()
+    (left["folder"] / "model.safetensors").write_bytes(b"half")
+    running = tmp_path / f".model.gguf.{os.getppid()}.def456.tmp"
+    running.write_bytes(b"being written")
+    write_atomically(tmp_path / "model.gguf", lambda tmp: tmp.write_bytes(b"GGUF"))
+    written(tmp_path / "out", lambda folder: (folder / "config.json").write_text("{}"))
+    assert not left["file"].exists() and not left["folder"].exists() and running.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.gguf", "out", running.name])

@@ -7,14 +7,20 @@ with it, so that the CLI can print it as one line instead of a traceback.
 Files a run writes beside its checkpoints (the log, the loss curve, pictures, the held-out test set) are
 written by :func:`write_atomically`: into a new file of a random name in the same folder, then renamed over
 the name. A reader never sees half a file, and a name that is a symbolic link is replaced by the file, never
-written through (the rename replaces the link itself, and the new file is created with ``O_EXCL``).
+written through (the rename replaces the link itself, and the new file is created with ``O_EXCL``). The
+temporary name, ``.NAME.PID.RANDOM.tmp`` (:func:`scratch_beside`), says which process made it: one left by a
+process that was killed while writing is removed by the next write of that name. What is written gets the
+modes the umask gives a new file or folder (``tempfile`` makes them private), so a file exported for another
+program (a llama.cpp server running as another user) can be read as any other file there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -81,6 +87,42 @@ def read_text(path: str | os.PathLike) -> str:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
 
 
+def scratch_beside(path: Path, *, folder: bool = False) -> Path:
+    """A new, empty file (or folder) beside ``path`` for this process to write, ``.NAME.PID.RANDOM.tmp``, made
+    exclusively (never through a link). Those of the same name left by processes no longer running are removed
+    first."""
+    prefix = f".{path.name}."
+    for old in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = old.name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    if folder:
+        return Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp"))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
+
+def as_umask_gives(path: Path) -> None:
+    """``path`` (a file, or a folder and everything in it) with the modes the umask gives new ones."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for item in [path, *(path.rglob("*") if path.is_dir() else ())]:
+        if not item.is_symlink():
+            os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
+
+
 def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
     """``write(tmp)`` into a new file beside ``path``, then rename it to ``path`` (see the module's text).
 
@@ -88,10 +130,10 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
         >>> write_atomically("run/loss.png", lambda tmp: fig.savefig(tmp, format="png"))  # doctest: +SKIP
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = scratch_beside(path)
     try:
-        write(Path(tmp))
+        write(tmp)
+        as_umask_gives(tmp)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -100,4 +142,4 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
     return path
 
 
-__all__ = ["read_json", "read_text", "write_atomically"]
+__all__ = ["as_umask_gives", "read_json", "read_text", "scratch_beside", "write_atomically"]

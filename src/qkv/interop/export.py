@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..files import as_umask_gives, scratch_beside
 from ..models import BERT, GPT, BERTClassifier, Transformer, ViT, ViTClassifier
 from ..tokenizers import (
     BOS_ID,
@@ -297,12 +298,12 @@ def check_out(out: Path, what: str) -> None:
 
 
 def written(out: Path, write) -> None:
-    """Run ``write(folder)`` into a temporary folder beside ``out``, then rename it to ``out``."""
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    """Run ``write(folder)`` into a temporary folder beside ``out`` (:func:`qkv.files.scratch_beside`), then
+    rename it to ``out``, its files with the modes the umask gives."""
+    tmp = scratch_beside(out, folder=True)
     try:
         write(tmp)
+        as_umask_gives(tmp)
         if out.is_dir():
             out.rmdir()  # empty (check_out)
         os.replace(tmp, out)

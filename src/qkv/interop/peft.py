@@ -169,9 +169,7 @@ def _write(folder: Path, tensors: dict[str, Tensor], peft_config: dict[str, Any]
     from safetensors.torch import save_file
 
     (folder / CONFIG).write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
-    # safetensors creates its file private (0600); give it the mode the umask gave its sibling
-    os.chmod(folder / WEIGHTS, (folder / CONFIG).stat().st_mode & 0o777)
+    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})  # its mode: written() sets it
 
 
 # ------------------------------------------------------------------------------------------------- reading
