@@ -51,6 +51,10 @@ def test_mistakes_end_in_one_line(here, lm_dir, tmp_path):
     one_line_error(here("explore", "--model", lm_dir, "--new-tokens", "60", cwd=tmp_path),
                    "--new-tokens 60 leaves no room for a prompt", "give at most 56")
     assert not (tmp_path / "x.html").exists()
+    (tmp_path / "kept.html").write_text("a page of mine")
+    one_line_error(here("explore", "--model", lm_dir, "--export", "kept.html", "--text", "hi", cwd=tmp_path),
+                   "kept.html exists; give --export a new file (an export never overwrites)")
+    assert (tmp_path / "kept.html").read_text() == "a page of mine"
 
 
 def test_export_an_image_classifier_and_image_mistakes(here, vit_dir, lm_dir, png, tmp_path):
@@ -58,14 +62,14 @@ def test_export_an_image_classifier_and_image_mistakes(here, vit_dir, lm_dir, pn
     data = _data(tmp_path / "v.html")
     assert data["kind"] == "image" and data["image"]["grid"] == [2, 2] and len(data["views"][0]["queries"]) == 5
     assert data["steps"]["top"][0][0]["token"] in ("cat", "dog", "猫")
-    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--text", "hi", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "w.html", "--text", "hi", cwd=tmp_path),
                    "is an image model: export with --image FILE.png, not --text")
-    one_line_error(here("explore", "--model", lm_dir, "--export", "v.html", "--image", png, cwd=tmp_path),
+    one_line_error(here("explore", "--model", lm_dir, "--export", "w.html", "--image", png, cwd=tmp_path),
                    "reads text: export with --text")
-    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--image", "none.png", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "w.html", "--image", "none.png", cwd=tmp_path),
                    "--image none.png: no such file")
     (tmp_path / "fake.png").write_text("not an image")
-    one_line_error(here("explore", "--model", vit_dir, "--export", "v.html", "--image", "fake.png", cwd=tmp_path),
+    one_line_error(here("explore", "--model", vit_dir, "--export", "w.html", "--image", "fake.png", cwd=tmp_path),
                    "cannot read the image")
 
 

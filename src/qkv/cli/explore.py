@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import tempfile
 from functools import partial
 from pathlib import Path
 
@@ -134,7 +132,9 @@ def explore_cmd(args: argparse.Namespace) -> None:
         raise ValueError("--export needs --text (or --image for an image model): the input the file shows")
     if (args.text or args.image) and not args.export:
         raise ValueError("--text and --image go with --export FILE.html; without it, give the input in the page")
-    if args.host not in LOCAL_HOSTS:
+    if args.export:
+        _check_export(Path(args.export))
+    elif args.host not in LOCAL_HOSTS:
         log.warning("listening on %s: anyone who can reach this machine can run the model", args.host)
     device, _, amp = runtime(args)
     run, info = _explorer(args, device)
@@ -170,27 +170,27 @@ def _export_input(args: argparse.Namespace, info: dict) -> tuple[str | bytes, st
     return args.text.strip(), args.text.strip()[:60]
 
 
-def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -> None:
-    """The page with the result of the input in it, written atomically to ``path``."""
-    from ..explore import page
-
+def _check_export(path: Path) -> None:
+    """--export names a new HTML file in a folder that exists (checked before the model is loaded): an export
+    never overwrites, as ``qkv export`` does not."""
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--export writes an HTML page: name it FILE.html, not {path.name}")
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
+    if path.exists() or path.is_symlink():
+        raise ValueError(f"{path} exists; give --export a new file (an export never overwrites)")
+
+
+def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -> None:
+    """The page with the result of the input in it, written atomically to ``path``."""
+    from ..explore import page
+    from ..files import write_atomically
+
     value, what = source
     with amp:
         result = run(value)
     html = page(result, f"qkv explore: {info['model']}: {what}")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(html)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a page is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda tmp: tmp.write_text(html, encoding="utf-8"))
     print(f"wrote {path} ({len(html.encode('utf-8')) / 1e6:.1f} MB): open it in a browser, no server needed")
 
 
