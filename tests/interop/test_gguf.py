@@ -387,6 +387,16 @@ def test_header_counts_beyond_the_file_are_named(tiny, tmp_path):
         read_gguf(counts)
 
 
+@pytest.mark.parametrize("alignment", [0, 48])
+def test_an_alignment_that_is_not_a_power_of_two_is_named(tiny, tmp_path, alignment):
+    """general.alignment 0 used to end in ZeroDivisionError, reported as an internal error."""
+    path = write_gguf(tmp_path / "aligned.gguf", gguf_tensors(tiny[0]), **{"general.alignment": alignment})
+    with pytest.raises(ValueError, match=rf"aligned\.gguf: general\.alignment={alignment}; expected a power of two") \
+            as err:
+        load_pretrained(path)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("llama.embedding_length", "32", r"llama\.embedding_length must be an integer >= 1, got '32'"),
     ("llama.attention.head_count", 0, r"llama\.attention\.head_count must be an integer >= 1, got 0"),

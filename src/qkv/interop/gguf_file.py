@@ -148,6 +148,9 @@ def read_gguf_header(path: str | Path) -> GGUFHeader:
         shape = tuple(cursor.number("Q") for _ in range(dims))
         infos.append((name, shape, cursor.number("I"), cursor.number("Q")))
     alignment = metadata.get("general.alignment", 32)
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+        raise ValueError(f"{path}: general.alignment={alignment!r}; expected a power of two (32 by default): the "
+                         "file is damaged or not written by a GGUF writer")
     start = cursor.at + -cursor.at % alignment
     tensors = []
     for name, shape, kind, offset in infos:
