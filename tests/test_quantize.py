@@ -48,6 +48,20 @@ def test_a_quantized_layer_computes_with_its_dequantized_weights(mode, group, ou
     torch.testing.assert_close(layer(x), _reference(layer, x, linear.bias), atol=1e-5, rtol=8e-3)  # a bf16 step
 
 
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_rows_written_after_the_first_product_are_the_ones_multiplied(mode):
+    """The int8 kernel reads a copy of the codes padded to its width step (100 inputs: 112); rows written after
+    it was made must reach it, as they reach the widened product of many rows."""
+    torch.manual_seed(0)
+    layer = quantize_linear(nn.Linear(128 if mode == "int4" else 100, 48), mode)
+    x = torch.randn(1, 2 * WIDEN_ROWS, layer.in_features)
+    layer(x[:, :3])  # the kernel's product made
+    fresh = type(layer).encoded(torch.randn(8, layer.in_features), *([layer.group_size] if mode == "int4" else []))
+    layer.write_rows(16, **fresh)
+    for n in (3, 2 * WIDEN_ROWS):  # the kernel; the widened weights
+        torch.testing.assert_close(layer(x[:, :n]), _reference(layer, x[:, :n], layer.bias), atol=1e-5, rtol=8e-3)
+
+
 @pytest.mark.parametrize("in_features", [37, 100, 1532])
 @pytest.mark.parametrize("rows", [1, 2 * WIDEN_ROWS])
 def test_int8_takes_any_input_width(in_features, rows):

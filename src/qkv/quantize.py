@@ -332,6 +332,7 @@ class Int8Linear(QuantizedLinear):
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` int8 and scales ``(r,)``."""
         self.codes[start : start + len(codes)] = codes
         self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
+        self._product = None  # the kernel's copy of the codes, padded to its width step, is made again
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         codes, scales = (self.codes, self.scales) if outputs is None else (self.codes[outputs], self.scales[outputs])
