@@ -160,6 +160,19 @@ def test_a_marian_folder_with_a_missing_file_is_one_line(folder, tmp_path):
         load_marian_folder(broken)
 
 
+@pytest.mark.parametrize("content", [b"", b"not a model"], ids=["empty", "garbage"])
+def test_a_sentencepiece_model_that_does_not_parse_is_named(folder, tmp_path, content):
+    """sentencepiece says "(an internal error)" or "Model is not initialized" (an empty file parses, then fails
+    at its first text): qkv names the file."""
+    import shutil
+
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    (broken / "source.spm").write_bytes(content)
+    with pytest.raises(ValueError, match=r"broken/source\.spm is not a SentencePiece model") as err:
+        load_marian_folder(broken)
+    assert "\n" not in str(err.value)
+
+
 def test_qkv_translate_and_evaluate_run_a_marian_folder(folder, tmp_path, here):
     """The command line: its translations are the library's (the folder's own beam size, 4, by default), the
     cross-attention map is drawn, int8 weights run, and a missing file or two models are one line."""

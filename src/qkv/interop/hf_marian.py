@@ -195,6 +195,8 @@ class MarianTokenizer:
 
         self.spm_model, self.vocab = spm_model, dict(vocab)
         self.spm = sentencepiece.SentencePieceProcessor(model_proto=spm_model)
+        if self.spm.get_piece_size() == 0:  # an empty model parses, then fails at its first text
+            raise RuntimeError("the SentencePiece model has no pieces")
         self.pieces = {i: piece for piece, i in self.vocab.items()}
         self.pad_id, self.eos_id, self.unk_id = pad_id, eos_id, unk_id
         self.ids = TranslationIds(pad=pad_id, start=pad_id, eos=eos_id, source_eos=True, never=tuple(never),
@@ -288,9 +290,13 @@ def _tokenizers(folder: Path, config: Mapping[str, Any], cfg: TransformerConfig)
         if "<unk>" not in vocab or len(vocab) > size or any(not isinstance(i, int) or not 0 <= i < size
                                                              for i in vocab.values()):
             raise ValueError(f"{folder}: the {side} vocabulary must hold <unk> and ids below the model's {size}")
-        spm = (folder / ("source.spm" if side == "src" else "target.spm")).read_bytes()
-        out[side] = MarianTokenizer(spm, vocab, pad_id=cfg.pad_id, eos_id=int(config.get("eos_token_id", 0)),
-                                    unk_id=vocab["<unk>"], never=never)
+        spm = folder / ("source.spm" if side == "src" else "target.spm")
+        try:
+            out[side] = MarianTokenizer(spm.read_bytes(), vocab, pad_id=cfg.pad_id,
+                                        eos_id=int(config.get("eos_token_id", 0)), unk_id=vocab["<unk>"], never=never)
+        except RuntimeError:  # sentencepiece's own error, from C++: what failed, not which file
+            raise ValueError(f"{spm} is not a SentencePiece model (it does not parse); the folder is damaged: copy "
+                             "it again") from None
     return out
 
 
