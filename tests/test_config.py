@@ -62,3 +62,12 @@ def test_a_json_config_of_the_wrong_types_is_refused_naming_the_field(field, val
     with pytest.raises(TypeError, match=message):
         GPTConfig.from_dict({**data, field: value})
     assert GPTConfig.from_dict(json.loads(json.dumps(data))) == GPTConfig(**data)
+
+
+@pytest.mark.parametrize("field", ["rope_base", "norm_eps", "init_std"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0.0])
+def test_a_config_made_in_code_refuses_a_scale_that_is_not_positive_and_finite(field, value):
+    """from_dict's type check is for JSON; a reader that builds the config itself (an HF folder's rope_theta NaN)
+    meets this one."""
+    with pytest.raises(ValueError, match=rf"^{field} must be a positive finite number, got {value!r}$"):
+        GPTConfig(vocab_size=50, d_model=32, n_heads=4, n_layers=1, **{field: value})

@@ -177,8 +177,10 @@ class ModelConfig(Config):
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(name, getattr(self, name))
-        if self.norm_eps <= 0 or self.init_std <= 0 or self.rope_base <= 0:
-            raise ValueError("norm_eps, init_std and rope_base must be positive")
+        for name in ("norm_eps", "init_std", "rope_base"):  # NaN included: a file's "rope_theta": NaN
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
         _check_choice("norm", self.norm, NORMS)
         _check_choice("positional", self.positional, POSITIONALS)
         _check_choice("sinusoidal_layout", self.sinusoidal_layout, ("interleaved", "halves"))

@@ -184,11 +184,17 @@ def _break(folder, how):
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
         return "embed_tokens.weight has shape (320, 32), expected (100, 32)"
+    if how == "rope theta NaN":  # the GGUF reader refused it; the folder's reader took it
+        config = json.loads((folder / "config.json").read_text())
+        for where in (config, config.get("rope_parameters") or {}):
+            where["rope_theta"] = float("nan")
+        (folder / "config.json").write_text(json.dumps(config))
+        return "rope_theta must be a positive finite number, got nan"
     raise AssertionError(how)
 
 
 @pytest.mark.parametrize("how", ["no config.json", "bert", "no tokenizer.json", "no weights", "pickle only",
-                                 "corrupt weights", "small vocabulary"])
+                                 "corrupt weights", "small vocabulary", "rope theta NaN"])
 def test_broken_folders_give_one_line_errors(tmp_path, how):
     folder = _save(tmp_path / "broken", _hf_model("llama"))
     expected = _break(folder, how)

@@ -174,7 +174,11 @@ def _rope_params(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _rope_base(hf_config: Mapping[str, Any]) -> float:
     theta = _rope_params(hf_config)["rope_theta"]
-    return 10000.0 if theta is None else float(theta)
+    if theta is None:
+        return 10000.0
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or not 0 < theta < math.inf:
+        raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")  # as the GGUF reader says
+    return float(theta)
 
 
 def _llama3_factors(hf_config: Mapping[str, Any], head_dim: int) -> list[float] | None:
