@@ -394,6 +394,17 @@ def test_masked_lm_validation_that_hides_nothing_is_refused_not_scored_zero():
         MaskedLMTask(model, tokenizer, train, valid, batch_size=4)
 
 
+def test_train_lm_refuses_a_context_of_one_before_training(here, tmp_path):
+    """It used to train, save best/, then exit 2 in the closing sample ("position 1 is beyond max_seq_len=1")."""
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question.\n" * 20)
+    proc = here("train", "lm", "--text", tmp_path / "t.txt", "--out", tmp_path / "run", "--context", "1",
+                "--max-steps", "1", "--no-progress", cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "run" / "best").exists(), proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].endswith("--context 1 leaves no room to continue a text: a language "
+                                                         "model reads at least 2 tokens at once; give --context 2 or "
+                                                         "more"), proc.stderr
+
+
 def test_train_mlm_on_one_line_says_how_much_text_it_needs(here, tmp_path):
     (tmp_path / "one.txt").write_text("The quick brown fox jumps over the lazy dog and runs into the forest.\n")
     proc = here("train", "mlm", "--text", tmp_path / "one.txt", "--out", tmp_path / "run", "--vocab-size", "100",

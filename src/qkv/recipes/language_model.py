@@ -102,6 +102,9 @@ class LanguageModelRecipe(Recipe):
         from ..tokenizers import train_tokenizer
 
         s = self.s
+        if s.context is not None and s.context < 2:  # it would train, then fail at its closing sample
+            raise ValueError(f"--context {s.context} leaves no room to continue a text: a language model reads at "
+                             "least 2 tokens at once; give --context 2 or more")
         if s.text and self.args.vocab_size is not None and s.tokenizer == "char":
             raise ValueError("--vocab-size sizes a BPE vocabulary; --tokenizer char takes every character of the "
                              "text")
