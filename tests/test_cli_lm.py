@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clitools import LM_TINY, ok, one_line_error, qkv
+from clitools import LM_TINY, last_line_error, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow
 
@@ -63,6 +63,11 @@ def test_errors_are_one_line(trained, work, tmp_path, here):
     one_line_error(here("generate", "--model", trained, cwd=work), "--prompt")
     one_line_error(here("generate", "--model", trained, "--pretrained", "smollm2", "--prompt", "A", cwd=work),
                    "one model")
+    # bytes that are not UTF-8 reach Python as lone surrogates (surrogateescape): named as a file's are
+    one_line_error(here("generate", "--model", trained, "--prompt", "to \udcffbe", cwd=work),
+                   "--prompt is not valid UTF-8 (byte 0xff); convert it to UTF-8")
+    one_line_error(here("generate", "--model", trained, "--prompt", "A", "--prompt", "\ud800", cwd=work),
+                   "--prompt 2 is not valid UTF-8 (a lone surrogate U+D800)")
 
 
 needs_smollm2 = pytest.mark.skipif(
@@ -82,6 +87,8 @@ def test_smollm2_continues_a_prompt_and_chats(tmp_path, here):
     assert "Paris" in fp32.stdout and "weights" not in fp32.stderr
     chat = ok(here("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
     assert "Paris" in chat and "<|im_end|>" not in chat
+    last_line_error(here("chat", "--max-new-tokens", "2", cwd=tmp_path, input="to \udcffbe\n"),
+                   "the message is not valid UTF-8 (byte 0xff)")
 
 
 def test_generate_with_quantized_weights(trained, work, here):

@@ -51,6 +51,8 @@ def test_mistakes_end_in_one_line(here, lm_dir, tmp_path):
     one_line_error(here("explore", "--model", lm_dir, "--new-tokens", "60", cwd=tmp_path),
                    "--new-tokens 60 leaves no room for a prompt", "give at most 56")
     assert not (tmp_path / "x.html").exists()
+    one_line_error(here("explore", "--model", lm_dir, "--export", "y.html", "--text", "to \udcffbe", cwd=tmp_path),
+                   "--text is not valid UTF-8 (byte 0xff)")
     (tmp_path / "kept.html").write_text("a page of mine")
     one_line_error(here("explore", "--model", lm_dir, "--export", "kept.html", "--text", "hi", cwd=tmp_path),
                    "kept.html exists; give --export a new file (an export never overwrites)")

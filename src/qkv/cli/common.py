@@ -221,12 +221,19 @@ def _read_stdin() -> str:
     return sys.stdin.read() if buffer is None else decode_text(buffer.read(), "stdin")
 
 
+def utf8_checked(text: str, what: str) -> str:
+    """``text`` from the command line or a terminal, which Python decodes with ``surrogateescape``: bytes that
+    are not UTF-8 arrive as lone surrogates (and a surrogate can be typed as one), refused here naming ``what``
+    and the byte, as a file's are (:func:`qkv.data.decode_text`)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        detail = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise ValueError(f"{what} is not valid UTF-8 ({detail}); convert it to UTF-8") from None
+    return text
+
+
 def checked_arguments(texts: list[str]) -> list[str]:
-    """Sentences from the command line, which Python decodes with ``surrogateescape``: bytes that are not
-    UTF-8 arrive as lone surrogates, refused here with the argument's number."""
-    for number, text in enumerate(texts, 1):
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"sentence {number} of the arguments is not valid UTF-8; convert it to UTF-8") from None
-    return texts
+    """Sentences from the command line, each :func:`utf8_checked` with its number."""
+    return [utf8_checked(text, f"sentence {number} of the arguments") for number, text in enumerate(texts, 1)]

@@ -13,7 +13,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
-from .common import command, runtime
+from .common import command, runtime, utf8_checked
 from .numbers import integer
 
 log = logging.getLogger("qkv")
@@ -167,7 +167,8 @@ def _export_input(args: argparse.Namespace, info: dict) -> tuple[str | bytes, st
         return path.read_bytes(), path.name
     if not args.text:
         raise ValueError(f"{info['model']} reads text: export with --text \"...\", not --image")
-    return args.text.strip(), args.text.strip()[:60]
+    text = utf8_checked(args.text.strip(), "--text")
+    return text, text[:60]
 
 
 def _check_export(path: Path) -> None:

@@ -15,6 +15,7 @@ from .common import (
     place,
     runtime,
     show_defaults,
+    utf8_checked,
 )
 from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, integer, real
 
@@ -176,7 +177,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
     from ..tasks.language_model import complete
 
     sampling = _sampling(args)
-    prompts = list(args.prompt or [])
+    prompts = [utf8_checked(p, f"--prompt {i}" if len(args.prompt) > 1 else "--prompt")
+               for i, p in enumerate(args.prompt or [], 1)]
     if args.prompt_file:
         prompts += read_lines(args.prompt_file)
     if not prompts:
@@ -241,7 +243,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
             line = input("you> " if interactive else "")
         except EOFError:
             break
-        line = line.strip()
+        line = utf8_checked(line.strip(), "the message")
         if not line:
             continue
         if line in ("/exit", "/quit"):
