@@ -125,6 +125,12 @@ def test_export_writes_a_folder_transformers_runs_and_says_what_has_no_gguf_form
     one_line_error(here("export", "--model", trained, "--out", tmp_path / "hf", cwd=work), "exists")
     one_line_error(here("export", "--model", trained, "--type", "q8_0", "--out", tmp_path / "x", cwd=work),
                    "--format gguf")
+    # a chat template: a regular file of a bounded size (/dev/zero read until out of memory), parsed at export
+    one_line_error(here("export", "--model", trained, "--out", tmp_path / "x", "--chat-template", "/dev/zero",
+                        cwd=work), "cannot read /dev/zero: not a regular file")
+    (work / "bad.jinja").write_text("{% for m in messages %}{{ m.content }}")
+    one_line_error(here("export", "--model", trained, "--out", tmp_path / "x", "--chat-template", "bad.jinja",
+                        cwd=work), "the chat template is not valid Jinja (line 1): Unexpected end of template")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 

@@ -69,16 +69,23 @@ def read_json(path: str | os.PathLike, *, expect: type = dict, required: bool = 
     return data
 
 
-def read_text(path: str | os.PathLike) -> str:
-    """The UTF-8 text of ``path``.
+def read_text(path: str | os.PathLike, *, max_bytes: int | None = None) -> str:
+    """The UTF-8 text of ``path``; with ``max_bytes``, a regular file of at most that size (never a device or a
+    pipe, which can be endless: ``/dev/zero``).
 
     Raises:
         ValueError: ``"cannot read {path}: {reason}"``, one line, for a missing file, one that cannot be read or
-            is not UTF-8.
+            is not UTF-8, or (``max_bytes``) one that is not a regular file or is larger.
     """
     path = Path(path)
     if not path.exists():
         raise ValueError(f"cannot read {path}: no such file")
+    if max_bytes is not None:
+        if not path.is_file():
+            raise ValueError(f"cannot read {path}: not a regular file")
+        if path.stat().st_size > max_bytes:
+            raise ValueError(f"cannot read {path}: {path.stat().st_size:,} bytes, more than the {max_bytes:,} it may "
+                             "hold")
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:

@@ -20,7 +20,12 @@ def export_cmd(args: argparse.Namespace) -> None:
         raise ValueError("--type sets how a GGUF file stores its matrices; give it with --format gguf")
     if args.type not in (None, *TYPES):
         raise ValueError(f"--type must be one of {', '.join(TYPES)}, got {args.type!r}")
-    template = read_text(args.chat_template) if args.chat_template else None
+    template = None
+    if args.chat_template:
+        from ..interop.chat import MAX_TEMPLATE_BYTES, check_template
+
+        template = read_text(args.chat_template, max_bytes=MAX_TEMPLATE_BYTES)
+        check_template(template)  # shipped, it would fail only at the user's first qkv chat
     out = Path(args.out)
     check_out(out, "folder" if args.format in ("hf", "peft") else "file")  # before the weights are read
     adapters = _adapters(args)

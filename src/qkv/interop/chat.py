@@ -115,6 +115,24 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
         raise ValueError(f"the model's chat template cannot be rendered{line}: {err}") from None
 
 
+MAX_TEMPLATE_BYTES = 1 << 20  # published chat templates are a few kilobytes
+
+
+def check_template(template: str) -> None:
+    """``template`` must be Jinja that compiles: checked where a template is taken in (an export), not where it
+    is first run.
+
+    Raises:
+        ValueError: one line, with the line of the template that does not parse.
+    """
+    import jinja2
+
+    try:
+        _compiled(template)
+    except jinja2.TemplateSyntaxError as err:
+        raise ValueError(f"the chat template is not valid Jinja (line {err.lineno}): {err.message}") from None
+
+
 def template_tokens(tokenizer) -> dict[str, str]:
     """The ``bos_token`` and ``eos_token`` texts a chat template may write, from the model's
     :class:`~qkv.tokenizers.PretrainedTokenizer` ("" for one it has not): ``render_chat(template, messages,
@@ -256,5 +274,5 @@ def _environment():
     return env
 
 
-__all__ = ["SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "chat_prompt", "chat_training_ids", "check_messages",
-           "render_chat", "template_tokens"]
+__all__ = ["MAX_TEMPLATE_BYTES", "SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "chat_prompt", "chat_training_ids",
+           "check_messages", "check_template", "render_chat", "template_tokens"]
