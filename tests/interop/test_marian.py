@@ -158,6 +158,9 @@ def test_a_marian_folder_with_a_missing_file_is_one_line(folder, tmp_path):
     (broken / "target.spm").unlink()
     with pytest.raises(ValueError, match=r"is not a whole Marian folder: it lacks target\.spm"):
         load_marian_folder(broken)
+    with pytest.raises(ValueError, match=r"^cannot load 'opus-mt-en-zh': no such file or folder here .* qkv reads "
+                                         r"local files only"):
+        load_marian_folder("opus-mt-en-zh")  # a hub name, not a folder here
 
 
 @pytest.mark.parametrize("content", [b"", b"not a model"], ids=["empty", "garbage"])

