@@ -379,3 +379,24 @@ def test_qkv_translate_runs_a_peft_adapter_on_a_marian_folder(folder, tmp_path, 
     proc = here(*common, cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
     assert "the LoRA target modules ['o_proj'] are not projections of a Marian model" in proc.stderr
+
+
+@pytest.mark.parametrize("limit", [{"max_length": 4}, {"max_new_tokens": 2}])
+def test_the_folders_own_length_limit_is_where_translations_stop(folder, tmp_path, here, limit):
+    """transformers stops a translation at the folder's max_length (new tokens and the start token) or
+    max_new_tokens; qkv stopped at its own, longer limit (2 × source + 10)."""
+    import shutil
+
+    marian = shutil.copytree(folder, tmp_path / "marian")
+    generation = json.loads((marian / "generation_config.json").read_text())
+    generation = {k: v for k, v in generation.items() if k not in ("max_length", "max_new_tokens")}
+    (marian / "generation_config.json").write_text(json.dumps(generation | {"num_beams": 1, **limit}))
+    theirs, tokenizer = _reference(marian)
+    with torch.no_grad():
+        out = [theirs.generate(**tokenizer([s], return_tensors="pt"))[0] for s in ENGLISH[:3]]
+    expected = [tokenizer.decode(ids, skip_special_tokens=True) for ids in out]
+    assert all(len(ids) <= 4 for ids in out)  # the start token and at most 3 (2) more
+    proc = here("translate", "--pretrained", marian, *ENGLISH[:3], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == expected
+    assert load_marian_folder(marian).max_new_tokens == (3 if "max_length" in limit else 2)

@@ -99,10 +99,11 @@ def _load_translator(args: argparse.Namespace, device):
 
         loaded = load_marian_folder(args.pretrained)
         defaults = (loaded.beam_size, loaded.length_penalty)
+        args.length_cap = loaded.max_new_tokens  # where transformers stops, qkv stops
     else:
         from ..checkpoint import load_checkpoint
 
-        loaded, defaults = load_checkpoint(args.model), (1, 0.6)
+        loaded, defaults, args.length_cap = load_checkpoint(args.model), (1, 0.6), None
         if loaded.arch not in ("transformer", "lstm") or not {"src", "tgt"} <= set(loaded.tokenizers):
             raise ValueError(f"{loaded.path} is a {loaded.arch} checkpoint, not a translation model")
     args.beam = defaults[0] if args.beam is None else args.beam
@@ -140,7 +141,7 @@ def translate(args: argparse.Namespace) -> None:
         _check_attention_map(args, ckpt.model)
     with amp:
         hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
-                         alpha=args.alpha, use_cache=not args.no_cache)
+                         alpha=args.alpha, use_cache=not args.no_cache, length_cap=args.length_cap)
     if args.output:
         Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     else:
@@ -181,7 +182,7 @@ def evaluate(args: argparse.Namespace) -> None:
         start = time.monotonic()
         with amp:
             hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
-                             alpha=args.alpha)
+                             alpha=args.alpha, length_cap=args.length_cap)
         print(f"translated {len(hyps)} sentences in {time.monotonic() - start:.1f}s (beam {args.beam})")
         if args.output:
             Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")

@@ -244,6 +244,7 @@ class MarianModel:
     beam_size: int
     length_penalty: float
     name: str
+    max_new_tokens: int | None = None  # the folder's own cap on a translation's tokens, where it sets one
 
 
 def load_marian_folder(folder: str | Path) -> MarianModel:
@@ -275,7 +276,22 @@ def load_marian_folder(folder: str | Path) -> MarianModel:
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     return MarianModel(model, tokenizers, int(generation.get("num_beams") or 1),
-                       float(generation.get("length_penalty", 1.0)), folder.resolve().name)
+                       float(generation.get("length_penalty", 1.0)), folder.resolve().name, _length_cap(generation))
+
+
+def _length_cap(generation: Mapping[str, Any]) -> int | None:
+    """The most tokens transformers would generate for this folder: its ``max_new_tokens``, else ``max_length``
+    less the decoder's start token; None where it sets neither (transformers' own default of 20 is not a choice
+    the authors made)."""
+    for key, start in (("max_new_tokens", 0), ("max_length", 1)):
+        value = generation.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value - start < 1:
+            raise ValueError(f"{key}={value!r} in the folder's generation settings; expected a whole number of at "
+                             f"least {1 + start}")
+        return value - start
+    return None
 
 
 def _tokenizers(folder: Path, config: Mapping[str, Any], cfg: TransformerConfig) -> dict[str, MarianTokenizer]:

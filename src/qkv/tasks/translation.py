@@ -9,6 +9,7 @@ greedy and beam search.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,16 +84,18 @@ def translate_ids(
     batch_tokens: int = 4000,
     use_cache: bool = True,
     ids: TranslationIds = QKV_IDS,
+    length_cap: int | None = None,
 ) -> list[list[int]]:
     """Translate token-id sequences (without specials) in length-sorted batches; output in input order.
     ``ids``: the model's special ids and beam search (see :class:`TranslationIds`); ``alpha`` the length
-    penalty of that search."""
+    penalty of that search; ``length_cap``: at most this many new tokens (a Marian folder's own limit) where
+    :func:`max_new_tokens` would give more."""
     model.eval()
     outputs: list[list[int]] = [[] for _ in sources]
     budget = max(batch_tokens // max(beam_size, 1), 1)
     for indices in token_budget_batches([len(s) + 1 for s in sources], budget):
         src = pad([[*sources[i], ids.eos] if ids.source_eos else sources[i] for i in indices], ids.pad)
-        limit = [max_new_tokens(model, len(sources[i])) for i in indices]
+        limit = [min(max_new_tokens(model, len(sources[i])), length_cap or math.inf) for i in indices]
         check_decoding(model.config, sequences=len(indices), beams=beam_size, length=max(limit),
                        device=device_of(model))
         src = to_device(src, device_of(model))
