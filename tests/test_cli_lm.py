@@ -96,13 +96,19 @@ def test_generate_with_quantized_weights(trained, work, here):
     group size that does not divide the model's width and an unknown mode are one-line errors."""
     for mode in ("int8", "int4"):
         args = ["generate", "--model", trained, "--prompt", "ROMEO:", "--max-new-tokens", "12", "--quantize", mode,
-                "--group-size", "32"]
+                *(["--group-size", "32"] if mode == "int4" else [])]
         a = ok(here(*args, cwd=work)).stdout
         assert a == ok(here(*args, "--no-cache", cwd=work)).stdout and a.startswith("ROMEO:")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int4", "--group-size", "64",
                         cwd=work), "its 32 inputs are not divisible by the group size 64")
     one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int3", cwd=work),
                    "argument --quantize: invalid choice: 'int3'")
+    # one rule for --group-size: it sets --quantize int4's groups; a pretrained model's are GGUF's 32
+    one_line_error(here("generate", "--model", trained, "--prompt", "A", "--quantize", "int8", "--group-size", "64",
+                        cwd=work), "--group-size sets the groups of --quantize int4")
+    one_line_error(here("generate", "--pretrained", "smollm2", "--prompt", "A", "--quantize", "int4",
+                        "--group-size", "64", cwd=work), "--group-size 64: a pretrained model's int4 weights are kept "
+                                                         "in groups of 32 inputs")
 
 
 def test_export_writes_a_folder_transformers_runs_and_says_what_has_no_gguf_form(work, trained, tmp_path, here):

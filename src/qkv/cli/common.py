@@ -106,8 +106,9 @@ def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) 
         group.add_argument("--quantize", choices=MODES,
                            help="weights of the linear layers in 8 or 4 bits, on the CPU (default none; int4 for "
                                 "--pretrained smollm2 on a CPU: 4x faster, perplexity within 0.2%%)")
-        group.add_argument("--group-size", type=integer(1), choices=GROUP_SIZES, default=DEFAULT_GROUP_SIZE,
-                           help=f"int4: inputs that share a scale and zero point ({DEFAULT_GROUP_SIZE})")
+        group.add_argument("--group-size", type=integer(1), choices=GROUP_SIZES,
+                           help=f"with --quantize int4: inputs that share a scale and zero point (default "
+                                f"{DEFAULT_GROUP_SIZE}; a pretrained model's are 32, as GGUF's blocks)")
 
 
 def place(model, device, args: argparse.Namespace, *, quantize: str = "none", calibrate=None):
@@ -123,7 +124,7 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
         mode = quantize
         log.info("%s weights (this model's default on a CPU; --quantize none for fp32)", mode)
     magnitudes = input_magnitudes(model, calibrate) if mode == "int8" and calibrate is not None else None
-    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", DEFAULT_GROUP_SIZE),
+    quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", None) or DEFAULT_GROUP_SIZE,
                      magnitudes=magnitudes)
     model.to(device)
     if args.compile:
@@ -140,8 +141,24 @@ def runtime(args: argparse.Namespace):
     if getattr(args, "quantize", None) not in (None, "none") and device.type != "cpu":
         raise ValueError(f"--quantize {args.quantize} runs on the CPU's kernels; use --device cpu, or drop --quantize "
                          f"on {device}")
+    _check_group_size(args)
     prepare(device)
     return device, precision, autocast(device, precision)
+
+
+def _check_group_size(args: argparse.Namespace) -> None:
+    """One rule for --group-size: it sets the groups of --quantize int4, and a pretrained model's int4 weights
+    are kept in groups of 32 inputs, as GGUF's blocks (qkv.interop.at_rest)."""
+    from ..interop.ggml_blocks import GROUP
+
+    group = getattr(args, "group_size", None)
+    if group is None:
+        return
+    if getattr(args, "quantize", None) != "int4":
+        raise ValueError("--group-size sets the groups of --quantize int4; give it with --quantize int4, or drop it")
+    if getattr(args, "pretrained", None) and group != GROUP:
+        raise ValueError(f"--group-size {group}: a pretrained model's int4 weights are kept in groups of {GROUP} "
+                         "inputs (GGUF's blocks); drop --group-size")
 
 
 def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str], lr_help: str = "peak learning rate",
