@@ -147,18 +147,9 @@ def runtime(args: argparse.Namespace):
 
 
 def _check_group_size(args: argparse.Namespace) -> None:
-    """One rule for --group-size: it sets the groups of --quantize int4, and a pretrained model's int4 weights
-    are kept in groups of 32 inputs, as GGUF's blocks (qkv.interop.at_rest)."""
-    from ..interop.ggml_blocks import GROUP
-
-    group = getattr(args, "group_size", None)
-    if group is None:
-        return
-    if getattr(args, "quantize", None) != "int4":
+    """--group-size sets the groups of --quantize int4, and nothing else."""
+    if getattr(args, "group_size", None) is not None and getattr(args, "quantize", None) != "int4":
         raise ValueError("--group-size sets the groups of --quantize int4; give it with --quantize int4, or drop it")
-    if getattr(args, "pretrained", None) and group != GROUP:
-        raise ValueError(f"--group-size {group}: a pretrained model's int4 weights are kept in groups of {GROUP} "
-                         "inputs (GGUF's blocks); drop --group-size")
 
 
 def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str], lr_help: str = "peak learning rate",

@@ -104,7 +104,11 @@ def load_lm(args: argparse.Namespace, device, precision):
         import torch
 
         from ..interop import load_pretrained
+        from ..interop.ggml_blocks import GROUP
 
+        if args.group_size not in (None, GROUP):  # the language models read at rest (qkv.interop.at_rest)
+            raise ValueError(f"--group-size {args.group_size}: a pretrained model's int4 weights are kept in groups "
+                             f"of {GROUP} inputs (GGUF's blocks); drop --group-size")
         # A GGUF file's weights stay quantized as they are stored (on a CPU, whose kernels qkv's layers use)
         weights = args.quantize or ("auto" if device.type == "cpu" and not Path(args.pretrained).is_dir() else "none")
         if weights == "none" and precision.dtype == torch.bfloat16:
