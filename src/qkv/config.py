@@ -33,6 +33,13 @@ def _check_probability(name: str, value: float | None) -> None:
         raise ValueError(f"{name} must be in [0, 1), got {name}={value}")
 
 
+def check_scale(name: str, value: Any) -> None:
+    """A scale (an epsilon, a rotary base, a standard deviation): a positive, finite number. NaN fails here, where
+    it passes ``value <= 0``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+
+
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
@@ -177,10 +184,8 @@ class ModelConfig(Config):
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(name, getattr(self, name))
-        for name in ("norm_eps", "init_std", "rope_base"):  # NaN included: a file's "rope_theta": NaN
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        for name in ("norm_eps", "init_std", "rope_base"):
+            check_scale(name, getattr(self, name))
         _check_choice("norm", self.norm, NORMS)
         _check_choice("positional", self.positional, POSITIONALS)
         _check_choice("sinusoidal_layout", self.sinusoidal_layout, ("interleaved", "halves"))
@@ -731,4 +736,4 @@ class RNNConfig(Config):
 
 
 __all__ = ["BERTClassifierConfig", "BERTConfig", "Config", "GPTConfig", "ModelConfig", "RNNConfig",
-           "TransformerConfig"]
+           "TransformerConfig", "check_scale"]

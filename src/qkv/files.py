@@ -121,10 +121,21 @@ def _running(pid: int) -> bool:
     return True
 
 
+def _umask() -> int:
+    """The process's umask: from /proc (Linux), else by setting it, briefly to 0o077, so that a file another
+    thread creates meanwhile is, if anything, more private."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
 def as_umask_gives(path: Path) -> None:
     """``path`` (a file, or a folder and everything in it) with the modes the umask gives new ones."""
-    mask = os.umask(0)
-    os.umask(mask)
+    mask = _umask()
     for item in [path, *(path.rglob("*") if path.is_dir() else ())]:
         if not item.is_symlink():
             os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)

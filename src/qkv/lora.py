@@ -74,18 +74,18 @@ def target_of(module: str) -> str:
     return module.rsplit(".", 1)[-1]
 
 
-_ATTENTION = {f"self_attn.{p}_proj": (f"self_attn.{p}_proj",) for p in "qkv"}
+# Q, K and V: separate, or stacked into one layer (quantized models); the same names in both families
+_INPUT_PROJECTIONS = {**{f"self_attn.{p}_proj": (f"self_attn.{p}_proj",) for p in "qkv"},
+                      "self_attn.qkv_proj": tuple(f"self_attn.{p}_proj" for p in "qkv")}
 LLAMA = Layout(
     family="LLaMA-family", task="CAUSAL_LM", stacks={"decoder.layers": "model.layers"},
-    layers={**_ATTENTION, "self_attn.qkv_proj": tuple(m for (m,) in _ATTENTION.values()),
-            "self_attn.out_proj": ("self_attn.o_proj",), "feed_forward.gate": ("mlp.gate_proj",),
+    layers={**_INPUT_PROJECTIONS, "self_attn.out_proj": ("self_attn.o_proj",), "feed_forward.gate": ("mlp.gate_proj",),
             "feed_forward.up": ("mlp.up_proj",), "feed_forward.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
             "feed_forward.down": ("mlp.down_proj",)})
 MARIAN = Layout(
     family="Marian", task="SEQ_2_SEQ_LM",
     stacks={"encoder.layers": "model.encoder.layers", "decoder.layers": "model.decoder.layers"},
-    layers={**_ATTENTION, "self_attn.qkv_proj": tuple(m for (m,) in _ATTENTION.values()),
-            "self_attn.out_proj": ("self_attn.out_proj",),
+    layers={**_INPUT_PROJECTIONS, "self_attn.out_proj": ("self_attn.out_proj",),
             **{f"cross_attn.{p}_proj": (f"encoder_attn.{p}_proj",) for p in ("q", "k", "v", "out")},
             "feed_forward.up": ("fc1",), "feed_forward.down": ("fc2",)})
 TARGETS = LLAMA.targets

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import GPTConfig
+from ..config import GPTConfig, check_scale
 from ..footprint import build_model
 from ..models import GPT
 from .hf_common import HFStateDict, check_config, check_written, hf_field
@@ -176,8 +176,7 @@ def _rope_base(hf_config: Mapping[str, Any]) -> float:
     theta = _rope_params(hf_config)["rope_theta"]
     if theta is None:
         return 10000.0
-    if isinstance(theta, bool) or not isinstance(theta, int | float) or not 0 < theta < math.inf:
-        raise ValueError(f"rope_theta must be a positive finite number, got {theta!r}")  # as the GGUF reader says
+    check_scale("rope_theta", theta)  # named as the file names it
     return float(theta)
 
 

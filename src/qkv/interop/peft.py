@@ -11,8 +11,7 @@ translation models.
 PEFT's LoRA computes what :class:`qkv.nn.LoRALinear` computes, ``y = W x + s · B A x`` with ``s = α / r``
 (``use_rslora``: ``α / √r``), and its ``A`` and ``B`` are qkv's part for part, so the format is a renaming: PEFT's
 module names are Hugging Face's (a :class:`qkv.lora.Layout` says where each is in qkv's model), and qkv's stacked
-layers of a quantized model
-(``self_attn.qkv_proj``, ``feed_forward.gate_up``) hold one adapter per stacked projection
+layers of a quantized model (``self_attn.qkv_proj``, ``feed_forward.gate_up``) hold one adapter per stacked projection
 (:meth:`~qkv.nn.LoRALinear.part`), so they read and write the same files as separate layers.
 
 Only plain LoRA is read: an adapter over the unchanged base weights, on every layer's projections, each with the
