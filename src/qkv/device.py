@@ -26,10 +26,10 @@ from pathlib import Path
 
 import torch
 
-DEVICES = "auto, cpu, cuda or cuda:N"
+from .options import DEVICES, PRECISIONS
+
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs that multiply bf16 in hardware
 BF16_GAIN = 1.1  # bf16 is chosen for training on a CPU only when this much faster than fp32
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
 def resolve_device(name: str = "auto") -> torch.device:

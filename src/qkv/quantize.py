@@ -94,10 +94,8 @@ from torch import Tensor, nn
 from .nn.attention import StackedSelfAttention
 from .nn.feedforward import FeedForward, StackedFeedForward
 from .nn.layers import DecoderLayer, EncoderLayer
+from .options import DEFAULT_GROUP_SIZE, GROUP_SIZES, MODES
 
-MODES = ("none", "int8", "int4")
-GROUP_SIZES = (32, 64, 128, 256)  # what PyTorch's int4 kernel takes
-DEFAULT_GROUP_SIZE = 32
 DEFAULT_OUTLIERS = 16
 # Text for input_magnitudes: everyday sentences of several kinds, written for qkv (none from the benchmarks' data).
 CALIBRATION_TEXT = (

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import sys
 
+from ..options import DEFAULT_GROUP_SIZE, DEVICES, GROUP_SIZES, MODES, PRECISIONS
 from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, real
 
 log = logging.getLogger("qkv")
@@ -91,9 +92,6 @@ def add_input_arguments(p: argparse.ArgumentParser, *, blank: str = "") -> None:
 def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) -> None:
     """``--device``, ``--precision`` (see :mod:`qkv.device`) and ``--compile``, for every command that runs a
     model; ``--quantize`` and ``--group-size`` (see :mod:`qkv.quantize`) for those that only run one."""
-    from ..device import DEVICES, PRECISIONS
-    from ..quantize import DEFAULT_GROUP_SIZE, GROUP_SIZES, MODES
-
     group = p.add_argument_group("device")
     group.add_argument("--device", default="auto", help=f"{DEVICES} (default auto: a CUDA GPU when there is one)")
     group.add_argument("--precision", default="auto", choices=PRECISIONS,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..options import STEPS, STEPS_MINUTES
 from .common import add_device_arguments, command
 from .numbers import COUNT, POSITIVE, SEED
 
@@ -23,8 +24,6 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    from ..tasks.demo import STEPS, STEPS_MINUTES
-
     p = command(sub, "demo", f"train an English->Chinese date and number translator ({STEPS} steps, about "
                              f"{STEPS_MINUTES} minutes on two quiet CPU cores), score it on held-out pairs and draw "
                              "its cross-attention")

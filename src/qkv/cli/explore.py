@@ -13,6 +13,7 @@ import logging
 from functools import partial
 from pathlib import Path
 
+from ..options import DEVICES, NEW_TOKENS, PRECISIONS
 from .common import command, runtime, utf8_checked
 from .numbers import integer
 
@@ -196,9 +197,6 @@ def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -
 
 
 def add_commands(sub) -> None:
-    from ..device import DEVICES, PRECISIONS
-    from ..explore.results import NEW_TOKENS
-
     p = command(sub, "explore", "every layer and head of a model's attention in the browser, offline")
     model = p.add_argument_group("model")
     model.add_argument("--model", metavar="DIR",

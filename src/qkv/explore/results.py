@@ -33,10 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from ..device import device_of
+from ..options import NEW_TOKENS
 from ..tokenizers import Tokenizer, token_label
 
 MAX_TOKENS = 64  # longest input (tokens) and longest input + output of a language model
-NEW_TOKENS = 16  # how far a language model continues the input
 TOP_K = 5  # candidates shown per step
 
 

@@ -30,6 +30,7 @@ from ..config import TransformerConfig
 from ..device import device_of
 from ..metrics import Score, bleu
 from ..models import Transformer
+from ..options import STEPS
 from ..tokenizers import BPETokenizer, CharTokenizer
 from ..training import Trainer, TrainOptions
 from ..viz import attention_heatmap
@@ -43,13 +44,6 @@ EXAMPLES = ["March 3, 2021", "eleven", "twelve", "twenty", "one", "four hundred 
             "Jul 4, 1976", "May 17th, 1990"]
 """The samples printed after training: what a new user types first (small and round numbers), a large number,
 and several date styles. The first one is drawn as the cross-attention map: its year moves to the front."""
-
-STEPS = 900
-"""The demo's training budget in optimizer steps: enough for >= 99% exact match on the test pairs (measured:
-see the module's docstring)."""
-
-STEPS_MINUTES = 2
-"""About how many minutes the demo takes on two quiet CPU cores (see the module's docstring)."""
 
 GOOD_ENOUGH = 0.95
 """Below this exact match on the test pairs the demo says the model is undertrained instead of offering it."""
