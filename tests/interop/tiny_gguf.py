@@ -123,6 +123,10 @@ def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=Non
     for key, value in metadata.items():
         if isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif value >= 2**32:
+            writer.add_uint64(key, value)
         else:
             writer.add_uint32(key, value)
     for name, array in tensors.items():  # an array, or (stored bytes, their GGMLQuantizationType or None)

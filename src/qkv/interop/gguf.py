@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from .hf_gpt import load_gpt_from_hf
+from .hf_gpt import SIZES, check_size, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
 # llama.cpp's converter reorders the rows of Q and K for the architectures it rotates in interleaved pairs (see
 # unpermute_rope_rows); Qwen2 and Qwen3 it rotates in halves, as Hugging Face does, and stores as they are.
 PERMUTED_ARCHITECTURES = ("llama",)
+_BOUNDS = {gguf_key: bound for *_, gguf_key, bound in SIZES}  # every size a header may state, bounded
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per frequency (config rope_freq_factors)
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
@@ -285,6 +286,10 @@ def _size(contents: GGUFContents, arch: str, key: str, default: Any = None, *, r
             not 0 < value < float("inf"):
         expected = "a positive number" if real else "an integer >= 1"
         raise ValueError(f"{contents.path}: {arch}.{key} must be {expected}, got {value!r}")
+    try:
+        check_size(f"{arch}.{key}", value, _BOUNDS[key])
+    except ValueError as err:
+        raise ValueError(f"{contents.path}: {err}") from None
     return value
 
 

@@ -131,7 +131,7 @@ def bert_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: BERTConfig) -
         "emb_norm.weight": ckpt.take("embeddings.LayerNorm.weight", (d,)),
         "emb_norm.bias": ckpt.take("embeddings.LayerNorm.bias", (d,)),
     }
-    for i in range(cfg.n_layers):
+    for i in ckpt.layers("encoder.layer.", cfg.n_layers):
         for hf_name, (qkv_name, weight_shape) in _bert_layer(cfg).items():
             hf, qkv = f"encoder.layer.{i}.{hf_name}", f"encoder.layers.{i}.{qkv_name}"
             out[qkv + ".weight"] = ckpt.take(hf + ".weight", weight_shape)

@@ -94,7 +94,7 @@ _LAYER = {  # Hugging Face module -> qkv module, the same in both towers
 
 def _layers(ckpt: HFStateDict, hf_prefix: str, qkv_prefix: str, d: int, d_ff: int, n_layers: int) -> dict:
     out = {}
-    for i in range(n_layers):
+    for i in ckpt.layers(f"{hf_prefix}.", n_layers):
         out |= take_layer(ckpt, _LAYER, f"{hf_prefix}.{i}.", f"{qkv_prefix}.{i}.", d, d_ff)
     return out
 

@@ -6,6 +6,7 @@ layers and the backbone-or-classifier loader.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -101,6 +102,15 @@ class HFStateDict:
             self.problems.append(f"{self.given_names[key]} has shape {tuple(tensor.shape)}, expected {tuple(shape)}")
             return None
         return tensor
+
+    def layers(self, prefix: str, count: int) -> range:
+        """The indices of ``count`` layers named ``{prefix}{i}.``, once the tensors are seen to hold that many: a
+        config that claims 10⁹ layers fails here, not a billion steps on."""
+        held = {match[1] for key in self.tensors if (match := re.match(rf"{re.escape(prefix)}(\d+)\.", key))}
+        if count > len(held):
+            raise ValueError(f"the config states {count} layers but the {self.family} tensors hold {len(held)}; the "
+                             "config does not belong to these weights")
+        return range(count)
 
     def output_head(self, key: str, cfg: GPTConfig, embedding: Tensor | None) -> Tensor | None:
         """The output projection: its own tensor, or the token embedding when the config ties them."""

@@ -53,6 +53,42 @@ _GPT2_ACTIVATIONS = {
     "swish": "silu",
 }
 
+# Every size a decoder's config states, with the largest qkv takes: far above any published model's (Llama 3.1
+# 405B: 126 layers 16,384 wide, 128 heads of 128, 53,248 in the feed-forward layer, 131,072 positions), so that
+# a damaged number fails here, before it sizes a loop or an allocation. What the tensors show (layers, widths,
+# heads times their width, the vocabulary) is then checked against them by the strict converter.
+#   config.json key (LLaMA family)  GPT-2's                GGUF key after "{arch}."             at most
+SIZES = (
+    ("num_hidden_layers",         "n_layer",            "block_count",                        2**10),
+    ("hidden_size",               "n_embd",             "embedding_length",                   2**16),
+    ("num_attention_heads",       "n_head",             "attention.head_count",               2**10),
+    ("num_key_value_heads",       None,                 "attention.head_count_kv",            2**10),
+    ("head_dim",                  None,                 "attention.key_length",               2**12),
+    (None,                        None,                 "rope.dimension_count",               2**12),
+    ("intermediate_size",         "n_inner",            "feed_forward_length",                2**20),
+    ("vocab_size",                "vocab_size",         "vocab_size",                         2**22),
+    ("max_position_embeddings",   "n_positions",        "context_length",                     2**24),
+    ("rope_theta",                None,                 "rope.freq_base",                     10**12),
+    ("rms_norm_eps",              None,                 "attention.layer_norm_rms_epsilon",   1),
+    (None,                        "layer_norm_epsilon", "attention.layer_norm_epsilon",       1),
+)
+
+
+def check_size(name: str, value: Any, bound: float) -> None:
+    """A number a file states (``name``, as the file names it), at most ``bound``."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > bound:
+        raise ValueError(f"{name}={value} is beyond what qkv takes (at most {bound:,}); the file is damaged, or "
+                         "not a model qkv reads")
+
+
+BOUNDS = {key: bound for *keys, _, bound in SIZES for key in keys if key}  # config.json key -> its bound
+
+
+def check_sizes(hf_config: Mapping[str, Any]) -> None:
+    """Each number of :data:`SIZES` a config.json holds, at most its bound."""
+    for key, bound in BOUNDS.items():
+        check_size(key, hf_config.get(key), bound)
+
 
 
 def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
@@ -72,6 +108,7 @@ def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
             biases in a LLaMA model, GPT-2's per-layer attention scaling, ...).
     """
     model_type = hf_config.get("model_type")
+    check_sizes(hf_config)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
     if model_type in LLAMA_FAMILY:
@@ -177,6 +214,7 @@ def _rope_base(hf_config: Mapping[str, Any]) -> float:
     if theta is None:
         return 10000.0
     check_scale("rope_theta", theta)  # named as the file names it
+    check_size("rope_theta", theta, BOUNDS["rope_theta"])
     return float(theta)
 
 
@@ -263,7 +301,7 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
         "tok_emb.weight": ckpt.take("wte.weight", (cfg.vocab_size, d)),
         "positions.weight": ckpt.take("wpe.weight", (cfg.max_seq_len, d)),
     }
-    for i in range(cfg.n_layers):
+    for i in ckpt.layers("h.", cfg.n_layers):
         hf, qkv = f"h.{i}.", f"decoder.layers.{i}."
         weights = _thirds(ckpt.take(hf + "attn.c_attn.weight", (d, 3 * d)))  # (in, out), out = [q | k | v]
         biases = _thirds(ckpt.take(hf + "attn.c_attn.bias", (3 * d,)))
@@ -321,7 +359,7 @@ def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[
     )
     d = cfg.d_model
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
-    for i in range(cfg.n_layers):
+    for i in ckpt.layers("layers.", cfg.n_layers):
         for hf_name, (qkv_name, shape) in _llama_layer(cfg).items():
             out[f"decoder.layers.{i}.{qkv_name}"] = ckpt.take(f"layers.{i}.{hf_name}", shape)
     out["decoder.norm.weight"] = ckpt.take("norm.weight", (d,))

@@ -105,7 +105,7 @@ def marian_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: Transformer
         ckpt.take(tgt_key, (cfg.tgt_vocab_size, d))
     for side, n_layers in (("encoder", cfg.n_encoder_layers), ("decoder", cfg.n_decoder_layers)):
         table = _LAYER | (_CROSS if side == "decoder" else {})
-        for i in range(n_layers):
+        for i in ckpt.layers(f"{side}.layers.", n_layers):
             out |= take_layer(ckpt, table, f"{side}.layers.{i}.", f"{side}.layers.{i}.", d, cfg.d_ff)
     head = ckpt.take("lm_head.weight", (cfg.tgt_vocab_size, d), required=not cfg.tie_output)
     out["lm_head.weight"] = out["tgt_emb.weight"] if cfg.tie_output else head

@@ -102,7 +102,7 @@ def vit_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: ViTConfig) -> 
         "encoder.norm.weight": ckpt.take("layernorm.weight", (d,)),
         "encoder.norm.bias": ckpt.take("layernorm.bias", (d,)),
     }
-    for i in range(cfg.n_layers):
+    for i in ckpt.layers("layers.", cfg.n_layers):
         out |= take_layer(ckpt, _LAYER, f"layers.{i}.", f"encoder.layers.{i}.", d, d_ff)
     return ckpt.finish(out)
 
