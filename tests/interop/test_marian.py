@@ -176,6 +176,31 @@ def test_a_sentencepiece_model_that_does_not_parse_is_named(folder, tmp_path, co
     assert "\n" not in str(err.value)
 
 
+def _first_pieces(vocab, n):  # 100 of 301 pieces: the rest of the ids have no piece
+    return dict(list(vocab.items())[:n])
+
+
+@pytest.mark.parametrize("damage", [
+    lambda vocab: _first_pieces(vocab, len(vocab) // 3),
+    lambda vocab: dict.fromkeys(vocab, 0) | {"<unk>": 1},
+    lambda vocab: vocab | {"<unk>": len(vocab) + 5},
+    lambda vocab: vocab | {"<unk>": "1"},
+], ids=["a third of the pieces", "every piece id 0", "an id beyond the model", "an id as text"])
+def test_a_vocabulary_that_is_not_one_piece_per_id_is_refused(folder, tmp_path, here, damage):
+    """Such a vocab.json used to translate with exit 0: a wrong text, or a blank line."""
+    import shutil
+
+    broken = shutil.copytree(folder, tmp_path / "broken")
+    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    (broken / "vocab.json").write_text(json.dumps(damage(vocab), ensure_ascii=False), encoding="utf-8")
+    before = {p.name: p.read_bytes() for p in broken.iterdir()}
+    proc = here("translate", "--pretrained", broken, ENGLISH[0], cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and \
+        f"not one piece to each of the model's {len(vocab)} ids" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in broken.iterdir()} == before
+
+
 def test_qkv_translate_and_evaluate_run_a_marian_folder(folder, tmp_path, here):
     """The command line: its translations are the library's (the folder's own beam size, 4, by default), the
     cross-attention map is drawn, int8 weights run, and a missing file or two models are one line."""

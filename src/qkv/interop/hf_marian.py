@@ -303,9 +303,7 @@ def _tokenizers(folder: Path, config: Mapping[str, Any], cfg: TransformerConfig)
         source_vocab
     out = {}
     for side, vocab, size in (("src", source_vocab, cfg.src_vocab_size), ("tgt", target_vocab, cfg.tgt_vocab_size)):
-        if "<unk>" not in vocab or len(vocab) > size or any(not isinstance(i, int) or not 0 <= i < size
-                                                             for i in vocab.values()):
-            raise ValueError(f"{folder}: the {side} vocabulary must hold <unk> and ids below the model's {size}")
+        _check_vocab(vocab, size, f"{folder}: the {side} vocabulary")
         spm = folder / ("source.spm" if side == "src" else "target.spm")
         try:
             out[side] = MarianTokenizer(spm.read_bytes(), vocab, pad_id=cfg.pad_id,
@@ -314,6 +312,17 @@ def _tokenizers(folder: Path, config: Mapping[str, Any], cfg: TransformerConfig)
             raise ValueError(f"{spm} is not a SentencePiece model (it does not parse); the folder is damaged: copy "
                              "it again") from None
     return out
+
+
+def _check_vocab(vocab: Mapping[str, Any], size: int, what: str) -> None:
+    """A vocabulary maps pieces to the model's ``size`` ids one to one (a piece per id, as every Marian folder's
+    does), ``<unk>`` among them: otherwise texts would be read and written wrongly, with no error."""
+    if "<unk>" not in vocab:
+        raise ValueError(f"{what} has no <unk>; the folder is damaged: copy it again")
+    ids = set(vocab.values())
+    if len(vocab) != size or ids != set(range(size)):
+        raise ValueError(f"{what} maps {len(vocab)} pieces to {len(ids)} distinct ids, not one piece to each of the "
+                         f"model's {size} ids (0 to {size - 1}); the folder is damaged: copy it again")
 
 
 def _weights(folder: Path) -> dict[str, Tensor]:
