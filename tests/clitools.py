@@ -27,6 +27,10 @@ def command(*args) -> list[str]:
     return [sys.executable, "-m", "qkv.cli", *map(str, args)]
 
 
+# How long a subprocess of a test may run before it counts as hung: far beyond any test's time on a loaded machine
+# (the slowest take seconds on quiet cores), so a slow machine never fails a test on time; pytest's own timeout
+# (pyproject.toml) is the same.
+HANG = 600
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "MPLBACKEND": "Agg"}
 
 
@@ -34,7 +38,7 @@ def qkv(*args, cwd: Path, input: str | None = None, **popen) -> subprocess.Compl
     """Run ``qkv ARGS`` to the end; ``popen`` as for subprocess.run (e.g. a ``preexec_fn``)."""
     if input is None:
         popen.setdefault("stdin", subprocess.DEVNULL)
-    return subprocess.run(command(*args), cwd=cwd, env=ENV, input=input, capture_output=True, text=True, timeout=300,
+    return subprocess.run(command(*args), cwd=cwd, env=ENV, input=input, capture_output=True, text=True, timeout=HANG,
                           **popen)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import ENV, command, one_line_error, qkv
+from clitools import ENV, HANG, command, one_line_error, qkv
 
 from qkv.checkpoint import save_checkpoint
 from qkv.cli import build_parser, parse
@@ -102,7 +102,7 @@ def test_writing_to_a_closed_stdout_is_an_error_not_silence(texts):
     assert proc.returncode == 2, proc.stderr
     one_line_error(proc, "qkv evaluate: error: stdout is closed")
     discarded = subprocess.run(command(*args), cwd=texts, env=ENV, stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=HANG)
     assert discarded.returncode == 0 and not discarded.stderr  # /dev/null is a place to write to
 
 
@@ -136,7 +136,7 @@ def test_a_reader_that_goes_away_still_ends_with_141(texts):
     os.close(read)  # the reader is gone before anything is written
     try:
         proc = subprocess.run(command("evaluate", "--hyp", "hyp.txt", "--ref", "hyp.txt"), cwd=texts, env=ENV,
-                              stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+                              stdin=subprocess.DEVNULL, stdout=write, stderr=subprocess.PIPE, text=True, timeout=HANG)
     finally:
         os.close(write)
     assert proc.returncode == 141 and not proc.stderr, (proc.returncode, proc.stderr)
@@ -163,7 +163,7 @@ def test_ctrl_c_while_torch_is_still_importing_is_one_line_and_130(tmp_path):
     while not _has_loaded_torch(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.005)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 130, (proc.returncode, err)
     assert "Traceback" not in err and err.splitlines() == [err.strip()] and err.strip().endswith("interrupted"), err
 
@@ -172,7 +172,7 @@ def test_importing_the_command_imports_no_torch():
     """What makes Ctrl-C during the start one line: the console script's module is in place within
     milliseconds, and torch is imported inside main()'s handler."""
     code = "import sys, qkv.cli; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=60).stdout
+    out = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=HANG).stdout
     assert out.strip() == "False"
 
 
@@ -208,7 +208,7 @@ def test_an_argument_that_is_not_utf8_is_named():
 @pytest.mark.slow
 def test_embed_refuses_stdin_that_is_not_utf8_before_loading_a_model(tmp_path):
     proc = subprocess.run(command("embed"), cwd=tmp_path, env={**ENV, "LC_ALL": "C"}, input=b"one\n\xfftwo\n",
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=HANG)
     err = proc.stderr.decode()
     assert proc.returncode == 2 and err.splitlines() == ["qkv embed: error: stdin: line 2 is not valid UTF-8 (byte "
                                                          "0xff); convert it to UTF-8"], err

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, last_line_error, ok, one_line_error, qkv
+from clitools import ENV, HANG, LM_TINY, TRANSLATION_TINY, command, last_line_error, ok, one_line_error, qkv
 from safetensors.torch import load_file, save_file
 
 pytestmark = pytest.mark.slow
@@ -48,11 +48,23 @@ def test_a_diverging_run_keeps_its_last_good_checkpoint(cli_work, translation_tr
     assert _steps(run) == [3, 6, 9]  # the rows of the diverged attempt are gone
 
 
+def test_a_run_that_diverges_before_its_first_checkpoint_says_to_rerun_not_to_resume(cli_work, tmp_path, here):
+    """Nothing was saved, so --resume is refused: the advice is to rerun without it, and that advice works."""
+    run = tmp_path / "run"
+    args = [*DATA_ARGS, "--out", run, *TRANSLATION_TINY, "--eval-every", "5", "--bleu-samples", "0"]
+    proc = here("train", *args, "--lr", "1e30", "--warmup", "0", "--max-steps", "4", cwd=cli_work)
+    last = last_line_error(proc, "training diverged at step", "nothing was saved", "without --resume", "Lower --lr")
+    assert "then --resume" not in last and not (run / "last").exists()
+    one_line_error(here("train", *args, "--resume", "--max-steps", "2", cwd=cli_work), "no checkpoint to resume")
+    ok(here("train", *args, "--max-steps", "2", cwd=cli_work))
+    assert (run / "last" / "config.json").is_file()
+
+
 def test_two_runs_into_one_folder_one_wins_the_other_is_refused(cli_work, tmp_path):
     args = [*DATA_ARGS, "--out", tmp_path / "run", "--max-steps", "6", *TRANSLATION_TINY]
     procs = [subprocess.Popen(command("train", *args), cwd=cli_work, env=ENV, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    ended = [(p.wait(timeout=300), p.stderr.read()) for p in procs]
+    ended = [(p.wait(timeout=HANG), p.stderr.read()) for p in procs]
     for p in procs:
         p.stdout.close()
         p.stderr.close()
@@ -150,7 +162,7 @@ def test_a_signal_saves_and_exits_with_the_conventional_status(cli_work, tmp_pat
         if line.startswith("qkv: training from step 0"):
             break
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=120)
+    out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == status, err
     assert "Traceback" not in err and f"stopped by {sig.name}" in err
     assert f"interrupted ({sig.name})" in out

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from clitools import ENV
+from clitools import ENV, HANG
 
 HEAVY = ("torch", "numpy", "tokenizers", "transformers", "safetensors", "matplotlib", "sacrebleu")
 
@@ -40,7 +40,7 @@ print(json.dumps(report))
 
 
 def test_help_of_every_command_imports_no_torch():
-    proc = subprocess.run([sys.executable, "-c", CHILD], env=ENV, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", CHILD], env=ENV, capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     commands = {row["command"] for row in report}

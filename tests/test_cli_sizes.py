@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from clitools import ENV, LM_TINY, TRANSLATION_TINY, last_line_error, ok, one_line_error
+from clitools import ENV, HANG, LM_TINY, TRANSLATION_TINY, last_line_error, ok, one_line_error
 
 DATA_ARGS = ["--src", "train.de", "--tgt", "train.en", "--valid-src", "val.de", "--valid-tgt", "val.en"]
 FITS = ("more than the", "of memory available; choose smaller sizes")
@@ -79,5 +79,5 @@ def test_a_huge_vocabulary_is_refused_before_the_tokenizer_is_trained(cli_work, 
     proc = subprocess.run([sys.executable, "-m", "qkv.cli", "train", "lm", "--text", "shakespeare.txt",
                            "--tokenizer", "bpe", "--vocab-size", "1000000000", "--out", tmp_path / "lm",
                            "--max-steps", "1", "--no-progress"], cwd=cli_work, env=ENV, capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          text=True, timeout=HANG, stdin=subprocess.DEVNULL)
     last_line_error(proc, "vocab_size=1,000,000,000 is more tokens than qkv trains (at most 1,048,576)")

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from clitools import ENV, LM_TINY, TRANSLATION_TINY, command, last_line_error, ok, qkv
+from clitools import ENV, HANG, LM_TINY, TRANSLATION_TINY, command, last_line_error, ok, qkv
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow  # each run starts two interpreters
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow  # each run starts two interpreters
 def torchrun(*args, cwd, processes: int = 2) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
     proc = subprocess.run([*launcher, *command(*args)[1:]], cwd=cwd, env=ENV, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -73,7 +73,7 @@ def test_a_run_resumes_in_two_processes(cli_work, tmp_path, here):
 def test_an_inconsistent_launcher_environment_is_one_line(cli_work, tmp_path):
     proc = subprocess.run(command(*LM, "--out", tmp_path / "run", "--max-steps", "1"), cwd=cli_work,
                           env={**ENV, "RANK": "1", "WORLD_SIZE": "2"}, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "torchrun's environment is incomplete (LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set)" in proc.stderr
 
@@ -86,7 +86,7 @@ def test_a_rank_whose_rank_0_never_comes_says_so_within_the_rendezvous_timeout(c
     env = {**ENV, "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "QKV_RENDEZVOUS_TIMEOUT": "2"}
     proc = subprocess.run(command(*LM, "--out", tmp_path / "run", "--max-steps", "1"), cwd=cli_work, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=HANG)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert f"no rank 0 answered at 127.0.0.1:{port} within 2 s: start all 2 processes with torchrun" in proc.stderr
     assert not (tmp_path / "run").exists()

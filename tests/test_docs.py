@@ -18,6 +18,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from clitools import HANG
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -95,7 +96,7 @@ def nav_pages(config: Path) -> list[str]:
 def build(config: Path, site_dir: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site_dir), "-f", str(config)],
-        capture_output=True, text=True, timeout=120, cwd=config.parent,
+        capture_output=True, text=True, timeout=HANG, cwd=config.parent,
     )
 
 
