@@ -445,3 +445,15 @@ def test_the_trainer_state_is_saved_and_restored_whole():
     # an earlier qkv's: no wall-clock or evaluation time yet, and {} for "no best"
     earlier = {"step": 6, "epoch": 0, "batch_index": 6, "tokens_seen": 900, "best": {}, "optimizer": {}}
     assert TrainState.saved(earlier) == TrainState(step=6, batch_index=6, tokens_seen=900)
+
+
+@pytest.mark.parametrize("loss_at, saved", [(2, False), (7, True)])
+def test_a_diverged_run_advises_resume_only_when_there_is_a_checkpoint(tmp_path, loss_at, saved):
+    """--resume is refused without last/: the advice says it only when last/ is there, and names it."""
+    task = _poisoned(make_task(dropout=0.0), loss_at=loss_at)
+    with pytest.raises(FloatingPointError) as err:
+        Trainer(task, options(tmp_path, max_steps=20)).run()
+    message = str(err.value)
+    assert (tmp_path / "last").exists() == saved
+    assert ("then --resume" in message and str(tmp_path / "last") in message) == saved, message
+    assert ("nothing was saved" in message and "without --resume" in message) != saved, message

@@ -86,6 +86,11 @@ def holds(out: str | Path) -> bool:
     return Path(out).resolve() in _held
 
 
+def resumable(out: str | Path) -> bool:
+    """True where ``resume`` can continue a run: ``out`` holds its ``last`` checkpoint."""
+    return (Path(out) / "last" / "config.json").is_file()
+
+
 def is_run(out: Path) -> bool:
     """True for a directory that a qkv run wrote (its mark, or a checkpoint from before runs were marked)."""
     return (out / MARK).is_file() or any((out / name / "config.json").is_file() for name in CHECKPOINTS)
@@ -154,5 +159,5 @@ def _check_model(out: Path, resume: bool) -> None:
     if has_model and not resume:
         raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another "
                          "--out")
-    if resume and not (out / "last" / "config.json").is_file():
+    if resume and not resumable(out):
         raise ValueError(f"{out} has no checkpoint to resume; drop --resume to start a new run")

@@ -47,7 +47,7 @@ from .distributed import SINGLE, Group
 from .lora import lora_layers
 from .optimizers import OPTIMIZERS, build_optimizer
 from .progress import Progress, RunLog
-from .rundir import claim, holds
+from .rundir import claim, holds, resumable
 from .runtime import Runtime
 from .sharding import gathered, gathered_weights, local, scattered, shard
 from .tokenizers import Tokenizer
@@ -403,8 +403,7 @@ class Trainer:
         if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)
             what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {float(norm)}"
-            raise FloatingPointError(f"training diverged at step {self.state.step + 1} ({what}); {self._kept()}. "
-                                     "Lower --lr or raise --warmup, then --resume")
+            raise self._diverged(self.state.step + 1, what)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
@@ -483,11 +482,17 @@ class Trainer:
         if not bad and finite:
             return
         what = ", ".join(f"{k} {v}" for k, v in bad.items()) or "weights that are not finite"
-        raise FloatingPointError(f"training diverged at step {self.state.step} ({what}); {self._kept()}. Lower --lr "
-                                 "or raise --warmup, then --resume")
+        raise self._diverged(self.state.step, what)
 
-    def _kept(self) -> str:
-        return f"{self.out / 'last'} is kept" if (self.out / "last").exists() else "nothing was saved"
+    def _diverged(self, step: int, what: str) -> FloatingPointError:
+        """The error of a run gone to NaN or Inf, with the advice that works for what this run has on disk:
+        ``--resume`` only where there is a checkpoint to resume (the test of :func:`qkv.rundir.resumable`)."""
+        if resumable(self.out):
+            advice = f"{self.out / 'last'} is kept. Lower --lr or raise --warmup, then --resume from it"
+        else:
+            advice = ("nothing was saved (it diverged before its first checkpoint), so there is nothing to resume. "
+                      f"Lower --lr or raise --warmup, and rerun into {self.out} without --resume")
+        return FloatingPointError(f"training diverged at step {step} ({what}); {advice}")
 
     def _save(self, name: str, *, with_state: bool, rng: list | None = None) -> None:
         """Rank 0 writes: every rank holds the same weights, or (sharded) gathers them whole first."""

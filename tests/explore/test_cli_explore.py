@@ -2,6 +2,7 @@
 listens, and each mistake in one line."""
 
 import json
+import os
 import re
 
 import pytest
@@ -81,3 +82,50 @@ def test_export_a_clip_with_its_zero_shot_classes(here, clip_dir, png, tmp_path)
     assert data["kind"] == "image" and len(data["views"][0]["attention"]) == 2  # the image tower's two layers
     top = data["steps"]["top"][0]
     assert sorted(c["token"] for c in top) == ["cat", "dog"] and abs(sum(c["p"] for c in top) - 1) < 1e-3
+
+
+def test_export_to_a_directory_says_so_and_names_no_scratch_file(here, lm_dir, tmp_path):
+    """A directory where the page's file should be: one line naming the user's path, never `[Errno 21]` with the
+    scratch file's name; what was there stays as it was."""
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    (pages / "mine.html").write_text("a page of mine")
+    for given in ("pages", "pages/", "."):
+        line = one_line_error(here("explore", "--model", lm_dir, "--export", given, "--text", "hi", cwd=tmp_path),
+                              "is a directory; name a new file in it, e.g. --export")
+        assert "Errno" not in line and ".tmp" not in line, line
+    assert [p.name for p in pages.iterdir()] == ["mine.html"] and (pages / "mine.html").read_text() == "a page of mine"
+
+
+@pytest.mark.parametrize("change, phrase", [
+    (lambda path: path.mkdir(), "is a directory; name a new file in it"),  # a directory made there meanwhile
+    (lambda path: path.parent.rmdir(), "cannot write sub/x.html: No such file or directory"),  # the folder removed
+], ids=["a-directory-made-there", "the-folder-removed"])
+def test_export_whose_folder_changed_while_the_model_ran_names_the_users_path(here, lm_dir, tmp_path, monkeypatch,
+                                                                              change, phrase):
+    from qkv.cli import explore
+
+    (tmp_path / "sub").mkdir()
+    load = explore._explorer
+
+    def loaded_then_changed(args, device):
+        explorer = load(args, device)
+        change(tmp_path / "sub" / "x.html")
+        return explorer
+
+    monkeypatch.setattr(explore, "_explorer", loaded_then_changed)
+    line = one_line_error(here("explore", "--model", lm_dir, "--export", "sub/x.html", "--text", "hi", cwd=tmp_path),
+                          phrase)
+    assert "Errno" not in line and ".tmp" not in line, line
+    assert not list(tmp_path.rglob(".*.tmp"))
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="the superuser may write in any folder")
+def test_export_into_a_folder_without_permission_names_it(here, lm_dir, tmp_path):
+    shut = tmp_path / "shut"
+    shut.mkdir(mode=0o500)
+    try:
+        one_line_error(here("explore", "--model", lm_dir, "--export", "shut/x.html", "--text", "hi", cwd=tmp_path),
+                       "cannot write shut/x.html: no permission to write in shut")
+    finally:
+        shut.chmod(0o700)

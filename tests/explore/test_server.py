@@ -334,3 +334,42 @@ def test_an_ipv6_loopback_server_answers():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+@pytest.mark.parametrize("body, error", [
+    (b'{"text": "a cat", "n": ' + b"9" * 100_000 + b"}", "the request holds a number of 100000 digits; at most 100:"),
+    (b'{"text": "a cat", "n": -' + b"9" * 5_000 + b"}", "the request holds a number of 5000 digits; at most 100:"),
+    (b"9" * 4_301, "the request holds a number of 4301 digits; at most 100:"),
+    (b'{"text": "a cat", "n": NaN}', "the request is not JSON (NaN is not a JSON value);"),
+    (b'{"text": "a cat", "n": -Infinity}', "the request is not JSON (-Infinity is not a JSON value);"),
+], ids=["100000-digits", "negative-5000-digits", "a-bare-4301-digits", "NaN", "-Infinity"])
+def test_numbers_json_or_int_cannot_hold_are_the_requests_fault_not_the_models(server, caplog, body, error):
+    """Python's int() refuses more than 4300 digits with a ValueError of its own: read while parsing, it was
+    answered 500, "the model failed on this input", though the model never ran."""
+    with caplog.at_level("INFO", logger="qkv"):
+        status, answer = _post(server, body)
+    assert (status, answer["error"]) == (400, error + ' send {"text": "..."}')
+    assert ": 500 " not in caplog.text and "Traceback" not in caplog.text
+    assert _post(server, {"text": "a cat", "n": 10**99, "x": -1.5e300}) == _post(server, {"text": "a cat"})
+
+
+def test_a_request_with_two_host_or_origin_headers_is_refused(server, caplog):
+    """Which of two Host headers counts differs between servers and proxies: a rebinding page could pass the check
+    with one and be routed by the other. Neither is read."""
+    port = server.server_address[1]
+    good, evil = f"127.0.0.1:{port}", f"evil.example:{port}"
+    with caplog.at_level("INFO", logger="qkv"):
+        for first, second in ((good, evil), (evil, good), (good, good)):
+            for request in (f"GET /api/info HTTP/1.1\r\nHost: {first}\r\nhost: {second}\r\n\r\n".encode(),
+                            _post_request(f"Host: {first}\r\nHOST: {second}\r\n")):
+                assert _status_and_error(_raw(server, request)) == (b"HTTP/1.0 400 Bad Request",
+                                                                    "the request has 2 Host headers; send one")
+        two_origins = f"Host: {good}\r\nOrigin: http://{good}\r\nOrigin: http://evil.example\r\n"
+        assert _status_and_error(_post_raw(server, two_origins)) == (b"HTTP/1.0 400 Bad Request",
+                                                                      "the request has 2 Origin headers; send one")
+    assert "Traceback" not in caplog.text
+    assert _post_raw(server, f"Host: {good}\r\nOrigin: http://{good}\r\n").startswith(b"HTTP/1.0 200")
+
+
+def _post_request(headers: str, body: bytes = b'{"text":"a cat"}') -> bytes:
+    return f"POST /api/attention HTTP/1.1\r\n{headers}Content-Length: {len(body)}\r\n\r\n".encode() + body

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from functools import partial
 from pathlib import Path
 
@@ -173,14 +174,22 @@ def _export_input(args: argparse.Namespace, info: dict) -> tuple[str | bytes, st
 
 
 def _check_export(path: Path) -> None:
-    """--export names a new HTML file in a folder that exists (checked before the model is loaded): an export
-    never overwrites, as ``qkv export`` does not."""
+    """--export names a new HTML file in a folder that exists and can be written (checked before the model is
+    loaded): an export never overwrites, as ``qkv export`` does not."""
+    if path.is_dir():
+        raise ValueError(_is_folder(path))
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"--export writes an HTML page: name it FILE.html, not {path.name}")
     if not path.parent.is_dir():
         raise ValueError(f"cannot write {path}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {path}: no permission to write in {path.parent}; choose another folder")
     if path.exists() or path.is_symlink():
         raise ValueError(f"{path} exists; give --export a new file (an export never overwrites)")
+
+
+def _is_folder(path: Path) -> str:
+    return f"--export {path} is a directory; name a new file in it, e.g. --export {path / 'page.html'}"
 
 
 def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -> None:
@@ -192,7 +201,11 @@ def _export(path: Path, run, info: dict, source: tuple[str | bytes, str], amp) -
     with amp:
         result = run(value)
     html = page(result, f"qkv explore: {info['model']}: {what}")
-    write_atomically(path, lambda tmp: tmp.write_text(html, encoding="utf-8"))
+    try:
+        write_atomically(path, lambda tmp: tmp.write_text(html, encoding="utf-8"))
+    except OSError as err:  # the folder changed while the model ran: name the user's path, not the scratch file's
+        raise ValueError(_is_folder(path) if path.is_dir() else
+                         f"cannot write {path}: {err.strerror or err}; choose another --export") from None
     print(f"wrote {path} ({len(html.encode('utf-8')) / 1e6:.1f} MB): open it in a browser, no server needed")
 
 

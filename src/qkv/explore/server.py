@@ -5,15 +5,16 @@
     POST /api/attention   {"text": "..."} (an image model: {"image": "data:image/png;base64,..."})
                           -> a result (:mod:`qkv.explore.results`), or {"error": "..."}
 
-Python's ``ThreadingHTTPServer`` answers requests concurrently, one thread each; the model is loaded once and
-runs one input at a time (a lock), so a second visitor waits for the first one's run instead of failing. A bad
-request (no body, a body too large, not JSON, no text, an empty or too long text) gets a 4xx status and a
-one-line ``{"error": ...}``; a failure inside the model gets 500 and the same; the server goes on serving either
-way, with one log line per refusal. It listens on 127.0.0.1 unless told otherwise.
+Python's ``ThreadingHTTPServer`` answers requests concurrently, one thread each; the model is loaded once and runs
+one input at a time (a lock), so a second visitor waits for the first one's run instead of failing. A bad request
+(no body, a body too large, not JSON, a number of more digits than any request needs, no text, an empty or too long
+text, a header sent twice) gets a 4xx status and a one-line ``{"error": ...}``; a failure inside the model gets 500
+and the same; the server goes on serving either way, with one log line per refusal. It listens on 127.0.0.1 unless
+told otherwise.
 
-Other sites cannot use it: a request must name the server (``Host``: a loopback name or the host it was started
-with, and its port; a DNS name rebound to 127.0.0.1 does not), and a POST that a page sends must come from the
-server's own page (``Origin``). A request must arrive whole within ``timeout`` seconds, and no more than
+Other sites cannot use it: a request must name the server, once (``Host``: a loopback name or the host it was
+started with, and its port; a DNS name rebound to 127.0.0.1 does not), and a POST that a page sends must come from
+the server's own page (``Origin``). A request must arrive whole within ``timeout`` seconds, and no more than
 ``MAX_BODY`` bytes of it are read.
 """
 
@@ -42,6 +43,7 @@ log = logging.getLogger("qkv")
 
 MAX_CHARS = 2000  # longest text a request may carry (the token limit of .results applies after)
 MAX_BODY = 4 * 1024 * 1024  # bytes (an image travels base64-encoded)
+MAX_DIGITS = 100  # longest integer in a request's JSON (none of its fields is a number; int() stops at 4300)
 
 
 @dataclass
@@ -58,12 +60,7 @@ class Explorer:
 
     def answer(self, body: bytes) -> dict[str, Any]:
         """The result for a request body; raises :class:`InputError` for a bad one."""
-        try:
-            request = json.loads(body.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise InputError(f"the request is not JSON ({err}); send {{\"text\": \"...\"}}") from None
-        except RecursionError:
-            raise InputError('the request\'s JSON is nested too deeply; send {"text": "..."}') from None
+        request = _parsed(body)
         if self.info["kind"] == "image":
             return self._run(_image_bytes(request))
         if not isinstance(request, dict) or not isinstance(request.get("text"), str):
@@ -83,6 +80,31 @@ class Explorer:
     def _run(self, value: str | bytes) -> dict[str, Any]:
         with self.lock:
             return self.run(value)
+
+
+def _parsed(body: bytes) -> Any:
+    """The request's JSON value, every error in it the request's (an :class:`InputError`): not UTF-8, not JSON
+    (``NaN`` and ``Infinity`` are not), nested too deeply, or a number longer than any a request needs, which
+    ``int()`` would refuse with a ValueError of its own (past 4300 digits) or spend its time on."""
+    try:
+        return json.loads(body.decode("utf-8"), parse_int=_integer, parse_constant=_not_json)
+    except InputError:
+        raise
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"the request is not JSON ({err}); send {{\"text\": \"...\"}}") from None
+    except RecursionError:
+        raise InputError('the request\'s JSON is nested too deeply; send {"text": "..."}') from None
+
+
+def _integer(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_DIGITS:
+        raise InputError(f"the request holds a number of {len(digits.lstrip('-'))} digits; at most {MAX_DIGITS}: "
+                         'send {"text": "..."}')
+    return int(digits)
+
+
+def _not_json(constant: str) -> Any:
+    raise InputError(f"the request is not JSON ({constant} is not a JSON value); send {{\"text\": \"...\"}}")
 
 
 def _image_bytes(request: Any) -> bytes:
@@ -140,6 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _host_allowed(self) -> bool:
         """Refuse a request for another host name: a page that a DNS name rebound to 127.0.0.1 could reach the
         server otherwise, as if it were on the same site."""
+        if self._repeated("Host", "Origin"):
+            return False
         host = self.headers.get("Host", "")
         if self.server.accepts(host):
             return True
@@ -156,6 +180,16 @@ class _Handler(BaseHTTPRequestHandler):
             return True
         self._error(HTTPStatus.FORBIDDEN, f"requests sent by the page at {origin!r} are refused: the explorer "
                                           f"answers its own page, {self.server.home}/", close=True)
+        return False
+
+    def _repeated(self, *names: str) -> bool:
+        """Refuse a request that sends one of the headers ``names`` more than once (True once answered): which of
+        the values counts differs between servers, proxies and checks, so neither is trusted."""
+        for name in names:
+            n = len(self.headers.get_all(name) or ())
+            if n > 1:
+                self._error(HTTPStatus.BAD_REQUEST, f"the request has {n} {name} headers; send one", close=True)
+                return True
         return False
 
     def _content_length(self) -> int | None:
