@@ -1,11 +1,15 @@
 """``qkv train vit|swin|clip``, ``qkv classify-image`` and ``qkv zero-shot`` end to end in subprocesses, on
-scikit-learn's 8×8 digits and on small folders of PNG files; and the mistakes users make, each one line."""
+scikit-learn's 8×8 digits, on small folders of PNG files and on a folder of Fashion-MNIST-format IDX files; and the
+mistakes users make, each one line."""
 
+import gzip
 import json
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
+import torch
 from clitools import PNG_MAGIC, last_line_error, ok, one_line_error, qkv
 
 from qkv.images import load_digits
@@ -151,3 +155,53 @@ def test_bad_training_data_is_one_clear_line(here, work, tmp_path):
                     "at least 2")
     last_line_error(here("train", "vit", "--data", "digits", "--patch-size", "3", "--out", tmp_path / "c",
                          "--max-steps", "1", cwd=work), "divisible by patch_size=3")
+
+
+def _write_idx(path: Path, values, *, compress: bool) -> None:
+    """An IDX file of unsigned bytes: magic 0x0000080N (N dimensions), each dimension big-endian, then the bytes."""
+    data = struct.pack(">4B", 0, 0, 8, values.dim()) + struct.pack(f">{values.dim()}I", *values.shape)
+    data += values.to(torch.uint8).numpy().tobytes()
+    path.write_bytes(gzip.compress(data) if compress else data)
+
+
+@pytest.fixture(scope="module")
+def idx_folder(tmp_path_factory) -> Path:
+    """Fashion-MNIST's four files in a folder of the user's own: 40 training and 10 test images of 28×28, the
+    training files gzipped as Zalando ships them, the test files plain (as after gunzip)."""
+    root = tmp_path_factory.mktemp("idx") / "my-fashion"
+    root.mkdir()
+    g = torch.Generator().manual_seed(0)
+    for prefix, n, compress in (("train", 40, True), ("t10k", 10, False)):
+        suffix = ".gz" if compress else ""
+        labels = torch.arange(n) % 10
+        images = torch.randint(0, 256, (n, 28, 28), generator=g)
+        _write_idx(root / f"{prefix}-images-idx3-ubyte{suffix}", images, compress=compress)
+        _write_idx(root / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress=compress)
+    return root
+
+
+def test_train_vit_on_a_folder_of_fashion_mnist_idx_files(work, idx_folder, tmp_path):
+    """--data DIR of IDX files is read as Fashion-MNIST (28×28 grey, its ten classes, its t10k files the test
+    split, mirrored); classify-image --data DIR scores its t10k files."""
+    run = tmp_path / "vit-idx"
+    proc = ok(qkv("train", "vit", "--data", idx_folder, "--out", run, "--max-steps", "2",
+                  "--patch-size", "7", "--n-layers", "1", "--d-ff", "64", *SMALL, cwd=work))
+    # its own test split and mirror images, as --data fashion-mnist
+    assert "36 training, 4 validation, 10 test images of 1x28x28, 10 classes; augmented: mirrored" in proc.stderr
+    assert "on 10 my-fashion test images" in proc.stdout
+    config = json.loads((run / "best" / "config.json").read_text())
+    assert config["labels"][9] == "Ankle boot" and config["image_shape"] == [1, 28, 28]
+    summary = ok(qkv("classify-image", "--model", run, "--data", idx_folder, cwd=work)).stdout
+    assert summary.startswith("accuracy: ") and f"on 10 {idx_folder} test images" in summary
+
+
+def test_a_damaged_idx_file_is_one_clear_line(here, work, vit_run, idx_folder, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(idx_folder, broken)
+    images = broken / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[: len(images.read_bytes()) // 2])  # a download cut short
+    last_line_error(here("train", "vit", "--data", broken, "--out", tmp_path / "a", "--max-steps", "1", cwd=work),
+                    "train-images-idx3-ubyte.gz", "cannot read it")
+    (broken / "t10k-labels-idx1-ubyte").unlink()
+    one_line_error(here("classify-image", "--model", vit_run, "--data", broken, cwd=work),
+                   "no t10k-labels-idx1-ubyte(.gz) beside it")

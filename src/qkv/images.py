@@ -1,5 +1,5 @@
-"""Labelled images for the vision models: Fashion-MNIST, scikit-learn's 8×8 digits, or a folder of class
-subfolders; images from PNG/JPEG files; augmentation.
+"""Labelled images for the vision models: Fashion-MNIST (Debian's copy or any folder of its IDX files),
+scikit-learn's 8×8 digits, or a folder of class subfolders; images from PNG/JPEG files; augmentation.
 
 A dataset here is uint8 pixels ``(N, C, H, W)``, integer labels ``(N,)`` and the class names. Models read
 floats: :func:`normalize` maps a pixel *p* in 0..255 to ``(p / 255 - mean) / std`` with the training set's own
@@ -101,19 +101,48 @@ def _idx_header(path: Path, magic: bytes, f) -> tuple[tuple[int, ...], int]:
     return dims, need
 
 
+IDX_PREFIXES = {"train": "train", "test": "t10k"}
+"""Fashion-MNIST's file names start with these: ``train-images-idx3-ubyte.gz``, ``t10k-labels-idx1-ubyte.gz``, ..."""
+
+
+def _idx_file(root: Path, name: str) -> Path | None:
+    """``root/name.gz`` or ``root/name``, whichever exists (the gzipped one first, as Zalando ships them)."""
+    for path in (root / f"{name}.gz", root / name):
+        if path.is_file():
+            return path
+    return None
+
+
+def is_idx_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder holding Fashion-MNIST's images in IDX files (``train-images-idx3-ubyte`` or
+    ``t10k-images-idx3-ubyte``, gzipped or not), as Zalando publishes them: such a folder is read as Fashion-MNIST
+    by :func:`load_dataset`."""
+    root = Path(path)
+    return root.is_dir() and any(_idx_file(root, f"{prefix}-images-idx3-ubyte") for prefix in IDX_PREFIXES.values())
+
+
 def load_fashion_mnist(split: str, root: str | Path = FASHION_MNIST_DIR) -> ImageSet:
-    """Fashion-MNIST's ``"train"`` (60,000) or ``"test"`` (10,000) images, 28×28 grey, 10 classes.
+    """Fashion-MNIST's ``"train"`` (60,000) or ``"test"`` (10,000) images, 28×28 grey, 10 classes, from the IDX
+    files in ``root`` (gzipped or not): by default where Debian's ``dataset-fashion-mnist`` puts them.
 
     Raises:
-        DataError: the dataset is not installed (the message says how to install it); the images and labels
-            files do not agree (shapes, counts) or a label is not one of the 10 classes.
+        DataError: the files are not there (the message says where to get them); an IDX file is damaged (see
+            :func:`read_idx`); the images and labels files do not agree (shapes, counts) or a label is not one of
+            the 10 classes.
     """
-    prefix = {"train": "train", "test": "t10k"}[split]
+    prefix = IDX_PREFIXES[split]
     root = Path(root)
-    images, labels = root / f"{prefix}-images-idx3-ubyte.gz", root / f"{prefix}-labels-idx1-ubyte.gz"
-    if not images.exists():
-        raise DataError(f"Fashion-MNIST is not installed ({images} is missing): sudo apt-get install "
-                        "dataset-fashion-mnist")
+    images = _idx_file(root, f"{prefix}-images-idx3-ubyte")
+    if images is None:
+        if root == FASHION_MNIST_DIR:
+            raise DataError(f"Fashion-MNIST is not installed ({root}/{prefix}-images-idx3-ubyte.gz is missing): sudo "
+                            "apt-get install dataset-fashion-mnist, or give --data the folder of its IDX files")
+        raise DataError(f"{root}: no {prefix}-images-idx3-ubyte(.gz), the {split} images of Fashion-MNIST's IDX "
+                        "files (Zalando's, or sudo apt-get install dataset-fashion-mnist)")
+    labels = _idx_file(root, f"{prefix}-labels-idx1-ubyte")
+    if labels is None:
+        raise DataError(f"{root}: {images.name} has no {prefix}-labels-idx1-ubyte(.gz) beside it; the {split} labels "
+                        "are needed too")
     pixels, targets = read_idx(images), read_idx(labels)
     if pixels.dim() != 3 or targets.dim() != 1:
         raise DataError(f"{images} holds {tuple(pixels.shape)} and {labels} {tuple(targets.shape)}; expected "
@@ -289,11 +318,12 @@ def load_image_folder(root: str | Path, *, channels: int, size: tuple[int, int])
     """
     root = Path(root)
     if not root.is_dir():
-        raise DataError(f"{root}: no such folder; give a folder with one subfolder of images per class, or "
-                        "fashion-mnist / digits")
+        raise DataError(f"{root}: no such folder; give a folder with one subfolder of images per class, a folder of "
+                        "Fashion-MNIST's IDX files, or fashion-mnist / digits")
     classes = sorted(p.name for p in root.iterdir() if p.is_dir())
     if len(classes) < 2:
-        raise DataError(f"{root}: found {len(classes)} class subfolder(s); a classifier needs at least 2")
+        raise DataError(f"{root}: found {len(classes)} class subfolder(s); a classifier needs at least 2 (or "
+                        "Fashion-MNIST's IDX files: train-images-idx3-ubyte.gz and the rest)")
     pixels, labels = [], []
     for label, name in enumerate(classes):
         files = sorted(p for p in (root / name).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
@@ -319,12 +349,15 @@ def split_images(images: ImageSet, fraction: float, *, seed: int = 0) -> tuple[I
 
 
 def load_dataset(name: str, split: str, *, channels: int = 3, size: tuple[int, int] = (32, 32)) -> ImageSet:
-    """``"fashion-mnist"``, ``"digits"`` (their ``"train"`` or ``"test"`` split), or a folder of class
-    subfolders (read whole, at ``channels`` and ``size``)."""
+    """``"fashion-mnist"`` (Debian's copy), ``"digits"``, or a folder holding Fashion-MNIST's IDX files (their
+    ``"train"`` or ``"test"`` split each); else a folder of class subfolders (read whole, at ``channels`` and
+    ``size``)."""
     if name == "fashion-mnist":
         return load_fashion_mnist(split)
     if name == "digits":
         return load_digits(split)
+    if is_idx_folder(name):
+        return load_fashion_mnist(split, name)
     return load_image_folder(name, channels=channels, size=size)
 
 

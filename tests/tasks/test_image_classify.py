@@ -15,6 +15,8 @@ from qkv.images import (
     ImageSet,
     augment,
     channel_stats,
+    is_idx_folder,
+    load_dataset,
     load_digits,
     load_fashion_mnist,
     load_image_folder,
@@ -145,6 +147,32 @@ def test_idx_files_and_a_fashion_mnist_folder(tmp_path):
     test = load_fashion_mnist("test", tmp_path)
     assert test.pixels.shape == (5, 1, 28, 28) and test.labels.tolist() == [0, 9, 3, 3, 1]
     assert test.classes[9] == "Ankle boot"
+
+
+def test_a_folder_of_idx_files_is_read_as_fashion_mnist(tmp_path):
+    """Gzipped (as Zalando ships them) or plain (after gunzip); load_dataset reads such a folder by its path, and a
+    folder without the split's files, or with a damaged one, is one line saying which file."""
+    images = np.random.default_rng(1).integers(0, 256, (4, 28, 28))
+    _write_idx(tmp_path / "train-images-idx3-ubyte.gz", images)
+    _write_idx(tmp_path / "train-labels-idx1-ubyte.gz", np.array([1, 2, 3, 4]))
+    for name, array in (("t10k-images-idx3-ubyte", images[:2]), ("t10k-labels-idx1-ubyte", np.array([5, 6]))):
+        (tmp_path / name).write_bytes(bytes([0, 0, 8, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+                                      + array.astype(np.uint8).tobytes())
+    assert is_idx_folder(tmp_path) and not is_idx_folder(tmp_path / "train-images-idx3-ubyte.gz")
+    train, test = load_dataset(str(tmp_path), "train"), load_dataset(str(tmp_path), "test")
+    assert train.pixels.shape == (4, 1, 28, 28) and train.labels.tolist() == [1, 2, 3, 4]
+    assert torch.equal(test.pixels[:, 0], torch.from_numpy(images[:2]).byte()) and test.labels.tolist() == [5, 6]
+    assert train.classes == test.classes and train.classes[0] == "T-shirt/top"
+    (tmp_path / "t10k-labels-idx1-ubyte").unlink()
+    with pytest.raises(DataError, match=r"no t10k-labels-idx1-ubyte\(\.gz\) beside it"):
+        load_dataset(str(tmp_path), "test")
+    (tmp_path / "t10k-labels-idx1-ubyte").write_bytes(b"\0\0\x08\x01\0\0\0\x02\x05")  # one label of two
+    with pytest.raises(DataError, match=r"t10k-labels-idx1-ubyte: .* holds only 1; the file is cut short"):
+        load_dataset(str(tmp_path), "test")
+    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
+    (tmp_path / "t10k-images-idx3-ubyte").unlink()
+    with pytest.raises(DataError, match="no t10k-images-idx3-ubyte"):
+        load_fashion_mnist("test", tmp_path)
 
 
 def test_missing_or_broken_data_is_one_clear_error(tmp_path):

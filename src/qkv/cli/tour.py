@@ -10,8 +10,8 @@ from .numbers import COUNT, SEED
 
 
 def tour(args: argparse.Namespace) -> None:
-    """A short walk through the pieces: attention by hand, the three model families, two invariants,
-    and a Transformer learning to copy."""
+    """A short walk through the pieces: attention by hand, the three model families (the decoder-only one in
+    GPT-2 and LLaMA style), two invariants, and a Transformer learning to copy."""
     import torch
 
     torch.manual_seed(args.seed)
@@ -37,7 +37,7 @@ def _attention() -> None:
 def _families() -> dict:
     from .. import BERT, GPT, BERTConfig, GPTConfig, Transformer, TransformerConfig
 
-    print("2. The three halves of one architecture")
+    print("2. One architecture, three families: encoder-decoder, decoder-only (GPT-2 and LLaMA style), encoder-only")
     models = {
         "Transformer (encoder-decoder)": Transformer(TransformerConfig.from_preset("small", src_vocab_size=8000,
                                                                                    tgt_vocab_size=8000)),

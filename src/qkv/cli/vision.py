@@ -20,8 +20,9 @@ from .numbers import COUNT, FRACTION, PROBABILITY, integer
 
 log = logging.getLogger("qkv")
 
-DATA_HELP = ("fashion-mnist (apt-get install dataset-fashion-mnist), digits (scikit-learn's 8x8), or a folder "
-             "with one subfolder of PNG/JPEG images per class")
+DATA_HELP = ("fashion-mnist (apt-get install dataset-fashion-mnist puts it in /usr/share/datasets/fashion-mnist), "
+             "digits (scikit-learn's 8x8), a folder of Fashion-MNIST's IDX files (train-images-idx3-ubyte.gz, ...: "
+             "Zalando's, read as Fashion-MNIST), or a folder with one subfolder of PNG/JPEG images per class")
 
 
 # --- qkv train vit / swin / clip (the recipes: qkv.recipes.image_classifier, qkv.recipes.clip) ------------------
@@ -29,8 +30,9 @@ DATA_HELP = ("fashion-mnist (apt-get install dataset-fashion-mnist), digits (sci
 def _add_data_arguments(p: argparse.ArgumentParser) -> None:
     data = p.add_argument_group("data")
     data.add_argument("--data", help=f"training images: {DATA_HELP}")
-    data.add_argument("--test-data", metavar="DIR", help="a folder's test images (fashion-mnist and digits have "
-                                                         "their own test split), scored once training ends")
+    data.add_argument("--test-data", metavar="DIR", help="a folder's test images, scored once training ends "
+                                                         "(fashion-mnist, digits and a folder of Fashion-MNIST's IDX "
+                                                         "files have their own test split)")
     data.add_argument("--valid-fraction", type=FRACTION,
                       help="share of the training images held out, at random, to validate")
     data.add_argument("--image-size", type=COUNT, help="a folder's images are resized to this square side")
@@ -108,8 +110,9 @@ def add_clip_arguments(p: argparse.ArgumentParser, settings) -> None:
 
 def _add_image_inputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("images", nargs="*", metavar="IMAGE", help="PNG or JPEG files")
-    p.add_argument("--data", help="instead of files: the test images of fashion-mnist, digits or a folder of class "
-                                  "subfolders (all of them: the accuracy; with --index: those images)")
+    p.add_argument("--data", help="instead of files: the test images of fashion-mnist, digits, a folder of "
+                                  "Fashion-MNIST's IDX files (its t10k-* files) or a folder of class subfolders (all "
+                                  "of them: the accuracy; with --index: those images)")
     p.add_argument("--index", type=integer(0), nargs="+", help="with --data: which test images (0-based)")
     p.add_argument("--resize", action="store_true",
                    help="convert and resize images to what the model reads (else another size or channel count is "

@@ -37,6 +37,13 @@ class ImageSettings(TrainingSettings):
     weight_decay: float = 0.05
 
 
+def _own_test_split(data: str) -> bool:
+    """A named dataset, or a folder of Fashion-MNIST's IDX files (train and t10k), brings its own test split."""
+    from ..images import is_idx_folder
+
+    return data in DATASETS or is_idx_folder(data)
+
+
 class ImageRecipe(Recipe):
     """An image recipe: :meth:`datasets` reads and splits the images and picks the augmentation."""
 
@@ -44,7 +51,7 @@ class ImageRecipe(Recipe):
         """A named dataset brings its own test split; a --data folder is stored absolute, for --resume."""
         args = self.args
         data = args.data if args.data is not None else ImageSettings.data
-        if args.test_data is not None and data in DATASETS and not args.resume:  # a resumed run was checked before
+        if args.test_data is not None and _own_test_split(data) and not args.resume:  # a resumed run was checked before
             raise ValueError(f"--test-data {args.test_data}: --data {data} has its own test split, which is what is "
                              "scored; drop --test-data, or give --data a folder of class subfolders")
         for key in ("data", "test_data"):
@@ -54,14 +61,14 @@ class ImageRecipe(Recipe):
 
     def datasets(self) -> None:
         """Sets train, valid, test (None for a folder without --test-data), flip and pad."""
-        from ..images import load_dataset, split_images
+        from ..images import is_idx_folder, load_dataset, split_images
 
         s = self.s
         size = (s.image_size, s.image_size)
         images = load_dataset(s.data, "train", channels=s.channels, size=size)
         self.train, self.valid = split_images(images, s.valid_fraction, seed=s.seed)
         self.test = None
-        if s.data in DATASETS:
+        if _own_test_split(s.data):
             self.test = load_dataset(s.data, "test")
         elif s.test_data:
             self.test = load_dataset(s.test_data, "test", channels=s.channels, size=size)
@@ -69,7 +76,7 @@ class ImageRecipe(Recipe):
                 raise ValueError(f"--test-data has the classes {self.test.classes}, --data {self.train.classes}; "
                                  "they must match")
         side = self.train.pixels.size(-1)
-        self.flip = s.flip if s.flip is not None else s.data == "fashion-mnist"
+        self.flip = s.flip if s.flip is not None else s.data == "fashion-mnist" or is_idx_folder(s.data)
         self.pad = s.pad if s.pad is not None else max(1, round(side / 14))
         test = f", {len(self.test)} test" if self.test is not None else ""
         augmented = [f"shifts of up to {self.pad} px"] * bool(self.pad) + ["mirrored"] * self.flip
