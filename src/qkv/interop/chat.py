@@ -10,7 +10,8 @@ as a Jinja template (``tokenizer.chat_template`` in a GGUF file, ``chat_template
 * :func:`render_chat` runs any model's template (Llama 3's headers, Qwen3's, ...) with ``jinja2`` in its
   sandbox, as other tools run them: a template is a file from elsewhere, and the sandbox lets it read the
   conversation and call string methods but reach nothing of Python's (no attributes beginning with ``_``, no
-  changes to what it is given). Blocks are trimmed as in every published template's intent
+  changes to what it is given), and within bounds on what it writes, makes and repeats (a template that would
+  make ``'x' * 10**10`` is stopped before it does). Blocks are trimmed as in every published template's intent
   (``trim_blocks``, ``lstrip_blocks``).
 
 And one way to learn from a conversation: :func:`chat_training_ids` lays it out with the model's template and
@@ -25,6 +26,17 @@ import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+from .template_bounds import (
+    MAX_CALL_DEPTH,
+    MAX_RENDERED_CHARS,
+    WORK_FACTOR,
+    Budget,
+    bounded_filter,
+    bounded_sandbox,
+    render_within,
+    written_value,
+)
 
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # The roles a training conversation may hold ("tool": a tool's answer, for the templates that lay one out).
@@ -84,6 +96,11 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
     ``raise_exception(text)`` (to refuse a conversation it cannot lay out), ``strftime_now(format)`` and the
     ``tojson`` filter, which is what published templates use.
 
+    A rendering is bounded: it may write at most ``MAX_RENDERED_CHARS`` characters plus 4 per character of the
+    conversation, make no one text or list larger than that (``'x' * 10**10`` is refused before it is made) and
+    ``WORK_FACTOR`` times that in all, run its loops as many steps, and nest its calls (a macro calling itself)
+    ``MAX_CALL_DEPTH`` deep.
+
     Args:
         template: the Jinja source.
         messages: ``{"role": ..., "content": text}`` in order.
@@ -94,25 +111,27 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
         The prompt text.
 
     Raises:
-        ValueError: a malformed message; a template that is not valid Jinja, fails while rendering, refuses the
-            conversation, or reaches for what the sandbox forbids (each in one line).
+        ValueError: a malformed message; a template that is not valid Jinja, fails while rendering (an error of
+            its own or a bound passed), refuses the conversation, or reaches for what the sandbox forbids (each in
+            one line, with the template's line where known).
     """
-    import jinja2
     from jinja2.sandbox import SecurityError
 
     check_messages(messages)
+    budget = Budget(MAX_RENDERED_CHARS + 4 * sum(len(m["role"]) + len(m["content"]) for m in messages))
+    variables = dict(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
+                     bos_token=bos_token, eos_token=eos_token)
     try:
-        return _compiled(template).render(messages=[dict(m) for m in messages],
-                                          add_generation_prompt=add_generation_prompt, bos_token=bos_token,
-                                          eos_token=eos_token)
+        return render_within(_compiled(template), budget, variables)
     except _Refused as err:
-        raise ValueError(f"the model's chat template refuses this conversation: {err}") from None
+        raise ValueError(f"the model's chat template refuses this conversation: {_one_line(err)}") from None
     except SecurityError as err:
         raise ValueError(f"the model's chat template reaches for what a template may not "
-                         f"({str(err).rstrip('.')}); it is not run") from None
-    except jinja2.TemplateError as err:
-        line = f" (line {err.lineno})" if getattr(err, "lineno", None) else ""
-        raise ValueError(f"the model's chat template cannot be rendered{line}: {err}") from None
+                         f"({_one_line(err).rstrip('.')}); it is not run") from None
+    except Exception as err:  # jinja2's errors, the bounds above, Python's (a TypeError, a RecursionError, ...)
+        line = _template_line(err)
+        line = f" (line {line})" if line else ""
+        raise ValueError(f"the model's chat template cannot be rendered{line}: {_one_line(err)}") from None
 
 
 MAX_TEMPLATE_BYTES = 1 << 20  # published chat templates are a few kilobytes
@@ -131,6 +150,8 @@ def check_template(template: str) -> None:
         _compiled(template)
     except jinja2.TemplateSyntaxError as err:
         raise ValueError(f"the chat template is not valid Jinja (line {err.lineno}): {err.message}") from None
+    except RecursionError:
+        raise ValueError("the chat template is not valid Jinja: it nests too deeply to be read") from None
 
 
 def template_tokens(tokenizer) -> dict[str, str]:
@@ -266,13 +287,38 @@ def _compiled(template: str):
 @functools.cache
 def _environment():
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = bounded_sandbox()(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols],
+                             finalize=written_value)
     env.filters["tojson"] = _tojson
+    env.filters.update({name: bounded_filter(name, f) for name, f in env.filters.items()})
+    del env.globals["lipsum"]  # it writes as many paragraphs as asked; no chat template uses it
     env.globals.update(raise_exception=_refuse, strftime_now=lambda fmt: datetime.now().strftime(fmt))
     return env
 
 
-__all__ = ["MAX_TEMPLATE_BYTES", "SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "chat_prompt", "chat_training_ids",
-           "check_messages", "check_template", "render_chat", "template_tokens"]
+def _template_line(err: BaseException) -> int | None:
+    """The line of the template where ``err`` was raised (jinja2 puts the template's lines in the traceback)."""
+    line, trace = getattr(err, "lineno", None), err.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code.co_filename == "<template>":
+            line = trace.tb_lineno
+        trace = trace.tb_next
+    return line
+
+
+def _one_line(err: BaseException, most: int = 300) -> str:
+    """``err``'s message in one line of at most about ``most`` characters."""
+    if isinstance(err, MemoryError):
+        return "it runs out of memory"
+    if isinstance(err, RecursionError):
+        return "it nests too deeply (past Python's recursion limit)"
+    text = " ".join(str(err).split())
+    if type(err).__module__ == "builtins" or not text:  # Python's errors are named: "TypeError: ..."
+        text = f"{type(err).__name__}: {text}".rstrip(": ")
+    return text if len(text) <= most else text[:most] + "..."
+
+
+__all__ = ["MAX_CALL_DEPTH", "MAX_RENDERED_CHARS", "MAX_TEMPLATE_BYTES", "SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES",
+           "WORK_FACTOR", "chat_prompt", "chat_training_ids", "check_messages", "check_template", "render_chat",
+           "template_tokens"]
