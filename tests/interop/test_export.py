@@ -7,6 +7,7 @@ nothing downloaded."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import re
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from clitools import ok, one_line_error
 from hf_greedy import greedy_hf, greedy_qkv
 
 from qkv import GPT, GPTConfig
@@ -215,9 +217,9 @@ def test_a_quantized_gguf_export_is_the_model_with_its_matrices_rounded_by_ggml(
 
 
 def test_what_has_no_gguf_form_is_refused_in_one_line(tokenizers, tmp_path):
-    cases = [(_model("llama", tokenizers["characters"].vocab_size), tokenizers["characters"],
-              "GGUF files here hold byte-level BPE vocabularies; this one is a character vocabulary"),
-             (_model("llama", tokenizers["BPE"].vocab_size), tokenizers["BPE"], "this one is BPE with a Metaspace"),
+    cases = [(_model("llama", tokenizers["BPE"].vocab_size), tokenizers["BPE"],
+              "GGUF files here hold byte-level BPE and character vocabularies; this one is BPE with a Metaspace "
+              "decoder: train the model with qkv train lm's --tokenizer char or bpe"),
              (_model("mistral", tokenizers["byte-level BPE"].vocab_size), tokenizers["byte-level BPE"],
               "llama.cpp's GGUF files have no sliding window")]
     for model, tokenizer, message in cases:
@@ -350,3 +352,73 @@ def test_a_vit_classifier_exports_to_what_transformers_computes(tmp_path):
         export_hf(ViT(ViTConfig(**sizes, pooling="mean")), None, tmp_path / "mean")
     with pytest.raises(ValueError, match="stem"):
         export_hf(ViT(ViTConfig(**sizes, stem="conv")), None, tmp_path / "conv")
+
+
+# ------------------------------------------------------------------------- a pretrained model's template
+
+TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+
+
+def _gguf_source(folder: Path) -> Path:
+    """A tiny LLaMA GGUF file with a byte-level BPE and a chat template (tokenizer.chat_template)."""
+    from tiny_gguf import gguf_tensors, tiny_llama, write_gguf
+
+    return write_gguf(folder / "chat.gguf", gguf_tensors(tiny_llama(tie=False)), chat_template=TEMPLATE)
+
+
+def _hf_source(folder: Path, tokenizers, *, jinja: bool) -> Path:
+    """A tiny LLaMA folder saved by transformers, its template where transformers 5 puts it
+    (chat_template.jinja), or (``jinja=False``) where earlier versions did (tokenizer_config.json)."""
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizers["byte-level BPE"].hf,
+                                                     bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    tokenizer.chat_template = TEMPLATE
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=1, intermediate_size=48)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if not jinja:
+        config_file = folder / "tokenizer_config.json"
+        fields = json.loads(config_file.read_text()) | {"chat_template": TEMPLATE}
+        config_file.write_text(json.dumps(fields))
+        (folder / "chat_template.jinja").unlink(missing_ok=True)
+    assert (folder / "chat_template.jinja").is_file() == jinja
+    return folder
+
+
+def _template_of(path: Path) -> str | None:
+    """The chat template an export holds, read by the gguf package or from tokenizer_config.json."""
+    if path.suffix == ".gguf":
+        field = gguf.GGUFReader(path).fields.get("tokenizer.chat_template")
+        return None if field is None else field.contents()
+    return json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template")
+
+
+@pytest.mark.parametrize("source", ["gguf", "hf chat_template.jinja", "hf tokenizer_config.json"])
+@pytest.mark.parametrize("fmt", ["hf", "gguf"])
+def test_exporting_a_pretrained_model_keeps_its_chat_template(source, fmt, tokenizers, tmp_path, here):
+    """``qkv export --pretrained SRC`` writes the source's template into the export, either format; a
+    --chat-template file replaces it."""
+    (tmp_path / "src").mkdir()
+    src = _gguf_source(tmp_path / "src") if source == "gguf" else \
+        _hf_source(tmp_path / "src", tokenizers, jinja="jinja" in source)
+    out = tmp_path / ("out.gguf" if fmt == "gguf" else "out")
+    assert ok(here("export", "--pretrained", src, "--format", fmt, "--out", out, cwd=tmp_path)).stdout.strip() == \
+        str(out)
+    assert _template_of(out) == TEMPLATE
+    (tmp_path / "other.jinja").write_text("{{ messages[0]['content'] }}", encoding="utf-8")
+    replaced = tmp_path / ("replaced.gguf" if fmt == "gguf" else "replaced")
+    ok(here("export", "--pretrained", src, "--format", fmt, "--out", replaced, "--chat-template", "other.jinja",
+            cwd=tmp_path))
+    assert _template_of(replaced) == "{{ messages[0]['content'] }}"
+
+
+def test_export_takes_one_model_and_a_pretrained_one_whole(tmp_path, here):
+    (tmp_path / "src").mkdir()
+    src = _gguf_source(tmp_path / "src")
+    one_line_error(here("export", "--out", tmp_path / "x", cwd=tmp_path), "give one model: --model DIR")
+    one_line_error(here("export", "--model", tmp_path, "--pretrained", src, "--out", tmp_path / "x", cwd=tmp_path),
+                   "give one model: --model DIR")
+    for extra in (["--format", "peft"], ["--format", "gguf-lora"], ["--merge"]):
+        one_line_error(here("export", "--pretrained", src, *extra, "--out", tmp_path / "x", cwd=tmp_path),
+                       "--pretrained exports a whole model, as --format hf or gguf")
+    assert not (tmp_path / "x").exists()

@@ -16,10 +16,16 @@ def export_cmd(args: argparse.Namespace) -> None:
     from ..interop.export import check_out, written
     from ..interop.gguf_export import TYPES
 
+    if bool(args.model) == bool(args.pretrained):
+        raise ValueError("give one model: --model DIR (a qkv run or checkpoint) or --pretrained "
+                         "smollm2|FILE.gguf|HF_DIR")
     if args.type is not None and args.format != "gguf":
         raise ValueError("--type sets how a GGUF file stores its matrices; give it with --format gguf")
     if args.type not in (None, *TYPES):
         raise ValueError(f"--type must be one of {', '.join(TYPES)}, got {args.type!r}")
+    if args.pretrained and (args.merge or args.format not in ("hf", "gguf")):
+        raise ValueError("--pretrained exports a whole model, as --format hf or gguf; --format peft, gguf-lora and "
+                         "--merge are for a LoRA run (--model)")
     template = None
     if args.chat_template:
         from ..interop.chat import MAX_TEMPLATE_BYTES, check_template
@@ -28,18 +34,22 @@ def export_cmd(args: argparse.Namespace) -> None:
         check_template(template)  # shipped, it would fail only at the user's first qkv chat
     out = Path(args.out)
     check_out(out, "folder" if args.format in ("hf", "peft") else "file")  # before the weights are read
-    adapters = _adapters(args)
+    adapters = _adapters(args) if args.model else None
     if args.format == "peft":
         written(out, lambda folder: shutil.copytree(adapters, folder, dirs_exist_ok=True))
         print(out)
         return
-    ckpt = _merged(adapters) if args.merge else load_checkpoint(args.model)
+    if args.pretrained:
+        ckpt = _pretrained(args.pretrained)
+    else:
+        ckpt = _merged(adapters) if args.merge else load_checkpoint(args.model)
     if not args.merge and args.format == "gguf-lora":
         from ..interop.gguf_lora import export_gguf_lora
 
         export_gguf_lora(ckpt.model, out)
         print(out)
         return
+    # --chat-template replaces the model's own (a run's, a pretrained model's), which is kept otherwise
     template = template or ckpt.meta.get("chat_template")
     translation = {"src", "tgt"} <= set(ckpt.tokenizers)
     if "text" not in ckpt.tokenizers and not (translation and args.format == "hf"):
@@ -55,6 +65,16 @@ def export_cmd(args: argparse.Namespace) -> None:
 
         export_gguf(ckpt.model, ckpt.tokenizers["text"], out, storage=args.type or "f16", chat_template=template)
     print(out)
+
+
+def _pretrained(source: str):
+    """A pretrained language model (a name, a GGUF file, a Hugging Face folder) in float32, as a checkpoint
+    whose record holds its chat template."""
+    from ..checkpoint import Checkpoint
+    from ..interop import load_pretrained
+
+    pre = load_pretrained(source, weights="none")
+    return Checkpoint(pre.model, "gpt", {"chat_template": pre.chat_template}, {"text": pre.tokenizer}, Path(source))
 
 
 def _adapters(args: argparse.Namespace) -> Path | None:
@@ -76,7 +96,8 @@ def _adapters(args: argparse.Namespace) -> Path | None:
 
 def _merged(adapters: Path):
     """A LoRA run's base model in float32 (a quantized base read as float), its adapters merged in: the model
-    the exports write (a GGUF file quantized again as --type says)."""
+    the exports write (a GGUF file quantized again as --type says), with the run's chat template, else the
+    base's."""
     from ..checkpoint import Checkpoint, read_meta
     from ..interop.peft import load_peft_adapter
     from ..interop.pretrained import load_base
@@ -85,6 +106,7 @@ def _merged(adapters: Path):
     meta = read_meta(adapters.parent)
     base = load_base(meta["base"]["source"], weights="none", expected=meta["base"].get("fingerprint"))
     load_peft_adapter(base.model, adapters)
+    meta = meta | {"chat_template": meta.get("chat_template") or base.chat_template}  # a run's record may lack it
     return Checkpoint(merge_lora(base.model).eval(), "gpt", meta, {"text": base.tokenizer}, adapters.parent)
 
 
@@ -92,7 +114,9 @@ def add_commands(sub) -> None:
     p = command(sub, "export", "write a trained language model as a Hugging Face folder (transformers loads it) or "
                                "a GGUF file (llama.cpp runs it); a BERT or its classifier, or a Post-Norm translation "
                                "model as a Marian folder")
-    p.add_argument("--model", required=True, help="a qkv checkpoint or run directory (uses best/)")
+    p.add_argument("--model", help="a qkv checkpoint or run directory (uses best/)")
+    p.add_argument("--pretrained", metavar="SRC", help="a pretrained language model instead: smollm2, a GGUF file or a "
+                                                       "Hugging Face folder (its chat template goes with it)")
     p.add_argument("--format", choices=("hf", "gguf", "peft", "gguf-lora"), default="hf",
                    help="hf: a folder; gguf: one file (default hf); a LoRA run's adapters alone: peft (a folder "
                         "peft.PeftModel reads) or gguf-lora (a file llama.cpp reads with --lora)")
@@ -102,5 +126,6 @@ def add_commands(sub) -> None:
                                                 "folder)")
     p.add_argument("--type", help="gguf: how the matrices are stored: f32, f16 (the default), q8_0 or q4_0 "
                                   "(llama.cpp's 8- and 4-bit blocks)")
-    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to ship with the model")
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to ship with the model, in place "
+                                                          "of its own (a fine-tuned or pretrained model's is kept)")
     p.set_defaults(run=export_cmd)

@@ -26,8 +26,12 @@ whole blocks of 32 stays ``f16``.
 The tokenizer: byte-level BPE (``tokenizer.ggml.model = "gpt2"``), the vocabulary, the merges, the special ids,
 and ``tokenizer.ggml.pre``, the name llama.cpp knows the pre-tokenizer by (found by comparing the tokenizer's
 own with those qkv rebuilds from each name, :data:`~qkv.interop.gguf_tokenizer.GGUF_PRE_TOKENIZERS`); qkv's
-trained byte-level BPE is SmolLM2's ``smollm``. Character vocabularies and qkv's SentencePiece-style BPE have no
-GGUF form here.
+trained byte-level BPE is SmolLM2's ``smollm``. A character vocabulary is the same BPE with no merges (as in the
+Hugging Face export): a character of one byte in UTF-8 is a normal token spelt in GPT-2's byte alphabet (``" "``
+is ``"Ġ"``), which llama.cpp's BPE looks up as it is; a longer one (``é``, ``猫``) is a user-defined token, which
+llama.cpp matches whole in the text before BPE runs (BPE with no merges could not join its bytes). A character
+the vocabulary lacks is dropped, where qkv's own tokenizer writes ``<unk>``: llama.cpp's BPE has no unknown
+token. qkv's SentencePiece-style BPE (translation) has no GGUF form here.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from torch import Tensor, nn
 
 from ..files import write_atomically
 from ..models import GPT
+from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, CharTokenizer
 from .export import check_float, check_out, check_size, hf_tokenizer
 from .gguf import (
     GLOBAL_NAMES,
@@ -60,7 +65,8 @@ TYPES = ("f32", "f16", "q8_0", "q4_0")
 
 def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = "f16",
                 chat_template: str | None = None) -> Path:
-    """Write ``model`` and its byte-level BPE ``tokenizer`` as the GGUF file ``out`` (see the module's text).
+    """Write ``model`` and its tokenizer (byte-level BPE or characters) as the GGUF file ``out`` (see the
+    module's text).
 
     Raises:
         ValueError: a model or tokenizer with no GGUF form here (said why), an unknown ``storage`` (one of
@@ -87,7 +93,7 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
     kinds = {}
 
     def write(tmp: Path) -> None:
-        writer = gguf.GGUFWriter(str(tmp), arch)
+        writer = _writer(gguf, tmp, arch)
         _write_metadata(writer, gguf, hf_config, cfg, storage)
         _write_tokenizer(writer, gguf, vocab, chat_template)
         for name, tensor in tensors.items():
@@ -169,42 +175,80 @@ def _write_metadata(writer, gguf, hf: dict[str, Any], cfg, storage: str) -> None
     writer.add_vocab_size(cfg.vocab_size)
 
 
+def _writer(gguf, path: Path, arch: str):
+    """gguf's writer, able to write an empty array: a character vocabulary's merges, a key llama.cpp requires
+    for byte-level BPE. The package refuses to (``add_array`` of nothing adds no key), although the format and
+    llama.cpp read one; only the packing of an empty array is its own here, as an array of strings."""
+
+    class Writer(gguf.GGUFWriter):
+        def _pack_val(self, val, vtype, add_vtype, *args, **kwargs):
+            if vtype != gguf.GGUFValueType.ARRAY or len(val):
+                return super()._pack_val(val, vtype, add_vtype, *args, **kwargs)
+            kind = self._pack("I", vtype) if add_vtype else b""
+            return kind + self._pack("I", gguf.GGUFValueType.STRING) + self._pack("Q", 0)
+
+    return Writer(str(path), arch)
+
+
 def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
-    """The byte-level BPE of ``tokenizer`` as GGUF holds it: tokens in id order, which are special (control
-    tokens), merges, the pre-tokenizer's name and the special ids."""
+    """The tokenizer as GGUF holds it: tokens in id order and their types (``CONTROL``: special;
+    ``USER_DEFINED``: matched whole in the text; ``NORMAL``), merges, the pre-tokenizer's name, the special ids
+    and whether a prompt starts with bos."""
     from .gguf_tokenizer import pre_tokenizer_name
 
+    if isinstance(tokenizer, CharTokenizer):
+        return _characters(tokenizer, vocab_size)
     hf, specials = hf_tokenizer(tokenizer)
     data = json.loads(hf.to_str())
-    if data["model"]["type"] != "BPE" or (data.get("decoder") or {}).get("type") != "ByteLevel":
-        raise ValueError(f"GGUF files here hold byte-level BPE vocabularies; this one is {_kind(tokenizer, data)}: "
-                         "train the model with --tokenizer bpe (byte-level, as qkv train lm does)")
+    decoders = (data.get("decoder") or {}).get("decoders") or [data.get("decoder") or {}]  # one, or a Sequence
+    if data["model"]["type"] != "BPE" or not any(d.get("type") == "ByteLevel" for d in decoders):
+        raise ValueError(f"GGUF files here hold byte-level BPE and character vocabularies; this one is "
+                         f"{data['model']['type']} with a {decoders[-1].get('type', 'plain')} decoder: train the "
+                         "model with qkv train lm's --tokenizer char or bpe (byte-level)")
     pre = pre_tokenizer_name(hf)
     if pre is None:
         raise ValueError("the tokenizer splits text in a way llama.cpp has no name for; it cannot be a GGUF file")
     size = hf.get_vocab_size(with_added_tokens=True)
     check_size(size, vocab_size)
-    tokens = [hf.id_to_token(i) for i in range(size)]
-    special = {t.content for t in hf.get_added_tokens_decoder().values() if t.special}
+    added = hf.get_added_tokens_decoder()
+    types = ["NORMAL" if i not in added else "CONTROL" if added[i].special else "USER_DEFINED" for i in range(size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     ids = {role: hf.token_to_id(token) for role, token in specials.items() if role != "unk"}
     add_bos = bool(getattr(tokenizer, "add_bos", False))
-    return {"tokens": tokens, "special": [t in special for t in tokens], "merges": merges, "pre": pre, "ids": ids,
-            "add_bos": add_bos}
+    return {"tokens": [hf.id_to_token(i) for i in range(size)], "types": types, "merges": merges, "pre": pre,
+            "ids": ids, "add_bos": add_bos}
 
 
-def _kind(tokenizer, data: dict[str, Any]) -> str:
-    if tokenizer.kind == "char":
-        return "a character vocabulary"
-    return f"{data['model']['type']} with a {(data.get('decoder') or {}).get('type', 'plain')} decoder"
+def _characters(tokenizer: CharTokenizer, vocab_size: int) -> dict[str, Any]:
+    """A character vocabulary as byte-level BPE with no merges (see the module's text): the special tokens
+    control tokens, a one-byte character a normal token in the byte alphabet, a longer one user-defined.
+
+    Raises:
+        ValueError: two characters that are one token there: a character of U+0100 to U+0121 (``Ċ``, ``č``)
+            spells an ASCII control character or the space (``Ċ`` is ``"\\n"``).
+    """
+    from .gguf_tokenizer import byte_level
+
+    check_size(tokenizer.vocab_size, vocab_size)
+    types = ["CONTROL" if i < len(SPECIALS) else "NORMAL" if len(c.encode()) == 1 else "USER_DEFINED"
+             for i, c in enumerate(tokenizer.itos)]
+    tokens = [byte_level(c) if kind == "NORMAL" else c for c, kind in zip(tokenizer.itos, types, strict=True)]
+    spelt: dict[str, str] = {}
+    for token, char in zip(tokens, tokenizer.itos, strict=True):
+        if spelt.setdefault(token, char) != char:
+            raise ValueError(f"the characters {spelt[token]!r} and {char!r} are one GGUF token, {token!r}, in "
+                             "llama.cpp's byte alphabet; export this model with --format hf")
+    return {"tokens": tokens, "types": types, "merges": [], "pre": "gpt-2",
+            "ids": {"bos": BOS_ID, "eos": EOS_ID, "pad": PAD_ID}, "add_bos": False}
 
 
 def _write_tokenizer(writer, gguf, vocab: dict[str, Any], chat_template: str | None) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
-    writer.add_token_types([gguf.TokenType.CONTROL if s else gguf.TokenType.NORMAL for s in vocab["special"]])
-    writer.add_token_merges(vocab["merges"])
+    writer.add_token_types([gguf.TokenType[kind] for kind in vocab["types"]])
+    # add_token_merges([]) would add no key (see _writer)
+    writer.add_key_value(gguf.Keys.Tokenizer.MERGES, vocab["merges"], gguf.GGUFValueType.ARRAY)
     adders = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "pad": writer.add_pad_token_id}
     for role, token_id in vocab["ids"].items():
         adders[role](token_id)

@@ -5,8 +5,10 @@ A GGUF file has no ``tokenizer.json``, but it stores what one is made of: the vo
 byte), the special ids, and, by ``tokenizer.ggml.model``:
 
 * ``"gpt2"``: byte-level BPE (SmolLM2, Llama 3, Qwen2 and Qwen3). The merges in priority order
-  (``tokenizer.ggml.merges``, ``"Ġ t"``), and the name of the pre-tokenizer (``tokenizer.ggml.pre``), which is
-  code in llama.cpp and is rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
+  (``tokenizer.ggml.merges``, ``"Ġ t"``; none in qkv's character vocabularies), and the name of the pre-tokenizer
+  (``tokenizer.ggml.pre``), which is code in llama.cpp and is rebuilt here from :data:`GGUF_PRE_TOKENIZERS`.
+  Normal tokens are spelt in GPT-2's byte alphabet (a space is ``Ġ``); a user-defined token is text as written,
+  matched whole and written back as it is (llama.cpp's rule).
 * ``"llama"``: SentencePiece BPE (LLaMA 1 and 2, Mistral 7B, TinyLlama). No merges: a score per token
   (``tokenizer.ggml.scores``), and the pair whose joined piece scores highest joins first. Spaces are written
   ``▁`` with one added in front of the text; a character outside the vocabulary is spelt in byte tokens
@@ -16,6 +18,7 @@ byte), the special ids, and, by ``tokenizer.ggml.model``:
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -69,9 +72,10 @@ def _split_then_bytes(pattern: str):
 
 # tokenizer.ggml.pre (llama.cpp's name for how text is split before BPE; the split itself is C++ code there)
 # -> the same split in `tokenizers`. "smollm" is checked against SmolLM2's tokenizer in the tests, "qwen2"
-# against transformers' own (slow, Python) Qwen2 tokenizer; "gpt2" is llama.cpp's copy of the GPT-2 regex that
-# ByteLevel runs. Another name is an error, not a guess.
-GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt2": _gpt2_bytelevel,
+# against transformers' own (slow, Python) Qwen2 tokenizer; "gpt-2" is llama.cpp's copy of the GPT-2 regex that
+# ByteLevel runs ("gpt2", which llama.cpp does not know, is read as it: written by qkv before, never now). Another
+# name is an error, not a guess.
+GGUF_PRE_TOKENIZERS = {"smollm": _digits_then_bytelevel, "gpt-2": _gpt2_bytelevel, "gpt2": _gpt2_bytelevel,
                        "llama-bpe": functools.partial(_split_then_bytes, _LLAMA3_SPLIT),
                        "qwen2": functools.partial(_split_then_bytes, _QWEN2_SPLIT)}
 
@@ -143,7 +147,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> PretrainedTokenizer:
 def _byte_level_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: list[int]):
     """GPT-2's byte-level BPE: the vocabulary already spelt in its byte alphabet, merges in priority order, and
     the file's pre-tokenizer."""
-    from tokenizers import Tokenizer, decoders, models
+    from tokenizers import Tokenizer, models
 
     # No default: a file without the key gets llama.cpp's "default" split, which is not GPT-2's.
     pre = metadata.get("tokenizer.ggml.pre")
@@ -152,12 +156,34 @@ def _byte_level_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: l
             f"tokenizer.ggml.pre={pre!r} is not supported; expected one of {sorted(GGUF_PRE_TOKENIZERS)}"
         )
     merges = metadata.get("tokenizer.ggml.merges")
-    if not merges:
+    if merges is None:  # llama.cpp refuses such a file too; an empty list is a vocabulary of whole tokens
         raise ValueError("the GGUF metadata lacks tokenizer.ggml.merges, which byte-level BPE needs")
     hf = Tokenizer(models.BPE(vocab=vocab, merges=_merge_pairs(merges, vocab)))
     hf.pre_tokenizer = GGUF_PRE_TOKENIZERS[pre]()
-    hf.decoder = decoders.ByteLevel()
+    hf.decoder = _byte_level_decoder([token for token, i in vocab.items() if types[i] == _GGUF_USER_DEFINED])
     return hf
+
+
+def _byte_level_decoder(user_defined: list[str]):
+    """The byte-level decoder, reading user-defined tokens as their text, as llama.cpp does. The library's reads
+    a token whose every character is in the byte alphabet as those bytes (``"é"`` as the byte 0xE9), any other
+    as its text: a user-defined token it would misread is first spelt in the alphabet (``"Ã©"``), matched whole,
+    so no normal token is touched."""
+    from tokenizers import Regex, decoders
+
+    bytes_of = decoders.ByteLevel()
+    respelt = [decoders.Replace(Regex(rf"\A{re.escape(token)}\z"), byte_level(token))
+               for token in user_defined if bytes_of.decode([token]) != token]
+    return decoders.Sequence([*respelt, bytes_of]) if respelt else bytes_of
+
+
+def byte_level(text: str) -> str:
+    """``text`` spelt in GPT-2's byte alphabet, one character per UTF-8 byte: printable bytes as themselves
+    (``"a"``, ``"Ã"`` for 0xC3), the others moved past them (``" "`` is ``"Ġ"``, ``"é"`` is ``"Ã©"``)."""
+    from tokenizers import pre_tokenizers
+
+    return "".join(piece for piece, _ in pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+                   .pre_tokenize_str(text))
 
 
 def _sentencepiece_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: list[int]):
@@ -227,4 +253,4 @@ def _merge_pairs(merges: Any, vocab: Mapping[str, int]) -> list[tuple[str, str]]
     return [(a, b) for a, b in pairs]
 
 
-__all__ = ["GGUF_PRE_TOKENIZERS", "pre_tokenizer_name", "tokenizer_from_gguf"]
+__all__ = ["GGUF_PRE_TOKENIZERS", "byte_level", "pre_tokenizer_name", "tokenizer_from_gguf"]
