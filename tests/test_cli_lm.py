@@ -85,7 +85,8 @@ def test_smollm2_continues_a_prompt_and_chats(tmp_path, here):
     fp32 = ok(here("generate", "--pretrained", "smollm2", "--prompt", "The capital of France is", "--max-new-tokens",
                    "8", "--quantize", "none", cwd=tmp_path))
     assert "Paris" in fp32.stdout and "weights" not in fp32.stderr
-    chat = ok(here("chat", "--max-new-tokens", "30", cwd=tmp_path, input="What is the capital of France?\n")).stdout
+    chat = ok(here("chat", "--max-new-tokens", "30", cwd=tmp_path,
+                   input="What is the capital of France? Answer with one word.\n")).stdout  # a clear margin for Paris
     assert "Paris" in chat and "<|im_end|>" not in chat
     last_line_error(here("chat", "--max-new-tokens", "2", cwd=tmp_path, input="to \udcffbe\n"),
                    "the message is not valid UTF-8 (byte 0xff)")

@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
+from qkv.kernels.layer import KernelInt4Linear
 from qkv.nn import StackedFeedForward, StackedSelfAttention
 from qkv.quantize import (
     FORMATS,
@@ -19,6 +20,7 @@ from qkv.quantize import (
     QuantizedLinear,
     input_magnitudes,
     int4_block,
+    int4_class,
     int4_slots,
     quantize,
     quantize_linear,
@@ -29,12 +31,26 @@ MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
 
 
 def _reference(layer: QuantizedLinear, x: torch.Tensor, bias) -> torch.Tensor:
-    """What a quantized layer computes (see qkv.quantize): bf16 inputs times the dequantized weights (rounded to
-    bf16 too where many rows use widened weights), the product rounded to bf16."""
+    """What a quantized layer computes (see qkv.quantize): the inputs as its kernel takes them (:func:`_as_multiplied`)
+    times the dequantized weights (rounded to bf16 too where many rows use widened weights), the product rounded
+    to bf16 by PyTorch's kernels."""
     weights = layer.dequantized()
     if layer.mode == "int8" and x.numel() // x.size(-1) >= WIDEN_ROWS:
         weights = weights.bfloat16().float()
-    return (x.bfloat16().float() @ weights.T).bfloat16().float() + (0 if bias is None else bias)
+    product = _as_multiplied(layer, x) @ weights.T
+    return (product if isinstance(layer, KernelInt4Linear) else product.bfloat16().float()) + \
+        (0 if bias is None else bias)
+
+
+def _as_multiplied(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
+    """The inputs as the layer's kernel sees them: rounded to bf16 for PyTorch's; for qkv's own int4 kernel,
+    int8 per block of 32 inputs, p = round(x · 127 / max|x|) (tests/test_kernels.py holds the kernel to it)."""
+    if not isinstance(layer, KernelInt4Linear):
+        return x.bfloat16().float()
+    blocks = x.reshape(-1, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    return ((blocks * inverse).round() * (amax / 127)).view_as(x)
 
 
 @pytest.mark.parametrize("mode, group", MODES)
@@ -89,7 +105,8 @@ def test_outlier_columns_count_with_their_fp32_weights(mode):
     with torch.no_grad():
         exact = linear(x)
         # the codes' part as the kernel rounds it (bf16 inputs and product), the fp32 columns added exactly
-        codes_part = (x.bfloat16().float() @ layer._decoded().T).bfloat16().float()
+        product = _as_multiplied(layer, x) @ layer._decoded().T
+        codes_part = product if isinstance(layer, KernelInt4Linear) else product.bfloat16().float()
         fp32_part = x[:, columns] @ layer.outlier_weights
         torch.testing.assert_close(layer(x), codes_part + fp32_part + linear.bias, atol=1e-5, rtol=8e-3)
         assert (layer(x) - exact).abs().max() < 0.5 * (plain(x) - exact).abs().max()
@@ -249,7 +266,7 @@ def test_each_format_is_a_class_and_a_quantized_model_keeps_its_layer_names():
     model = _gpt()
     before = {key.rpartition(".")[0] for key in model.state_dict()}
     quantize(model, "int4")
-    assert type(model.lm_head) is Int8Linear and type(model.decoder.layers[0].self_attn.out_proj) is Int4Linear
+    assert type(model.lm_head) is Int8Linear and type(model.decoder.layers[0].self_attn.out_proj) is int4_class()
     after = {key.rpartition(".")[0] for key in model.state_dict()}
     layers = [f"decoder.layers.{i}." for i in range(2)]
     assert after - before == {p + name for p in layers for name in ("self_attn.qkv_proj", "feed_forward.gate_up")}

@@ -85,6 +85,9 @@ model to disk (the command line quantizes after loading).
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -95,6 +98,8 @@ from .nn.attention import StackedSelfAttention
 from .nn.feedforward import FeedForward, StackedFeedForward
 from .nn.layers import DecoderLayer, EncoderLayer
 from .options import DEFAULT_GROUP_SIZE, GROUP_SIZES, MODES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_OUTLIERS = 16
 # Text for input_magnitudes: everyday sentences of several kinds, written for qkv (none from the benchmarks' data).
@@ -160,6 +165,7 @@ class QuantizedLinear(nn.Module):
     """
 
     mode: str  # the format's name in quantize(): "int8" or "int4"
+    input_dtype = torch.bfloat16  # what the CPU product takes (PyTorch's kernels: bf16)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
         super().__init__()
@@ -256,7 +262,7 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
-        rows = flat.to(torch.bfloat16).contiguous()
+        rows = flat.to(self.input_dtype).contiguous()
         if x.is_cpu:
             y = _QuantizedProduct.apply(rows, self).to(x.dtype)
         else:  # the kernels are the CPU's; elsewhere, widen the weights
@@ -288,7 +294,7 @@ class _QuantizedProduct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rows: Tensor, layer: QuantizedLinear) -> Tensor:
-        ctx.layer = layer
+        ctx.layer, ctx.dtype = layer, rows.dtype
         return layer._cpu_product()(rows)
 
     @staticmethod
@@ -301,7 +307,7 @@ class _QuantizedProduct(torch.autograd.Function):
         for start in range(0, layer.out_features, tile):
             end = min(start + tile, layer.out_features)
             out.addmm_(grad[:, start:end], layer._decoded_rows(start, end, weights[: end - start]))  # (rows, in)
-        return out.to(torch.bfloat16), None
+        return out.to(ctx.dtype), None
 
 
 class Int8Linear(QuantizedLinear):
@@ -559,6 +565,33 @@ def int4_block() -> int:
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
+def int4_class(group_size: int = DEFAULT_GROUP_SIZE) -> type[Int4Linear]:
+    """The int4 layer that multiplies fastest here: qkv's own kernel's (:mod:`qkv.kernels`) where PyTorch's CPU
+    code stops below AVX-512 (its int4 kernel then widens codes to floats eight at a time, a third of llama.cpp's
+    speed), where qkv's kernel is built and the groups are its 32 inputs wide; else :class:`Int4Linear` on
+    PyTorch's kernel, which on AVX-512 is as fast or faster at the larger layers (docs/quantization.md). The
+    environment's ``QKV_INT4_KERNEL`` chooses: ``qkv``, ``torch``, or ``auto`` (the default)."""
+    from . import kernels
+
+    choice = os.environ.get("QKV_INT4_KERNEL", "auto")
+    if choice not in ("auto", "qkv", "torch"):
+        raise ValueError(f"QKV_INT4_KERNEL must be auto, qkv or torch, got {choice!r}")
+    slow_torch = torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX")
+    if group_size != kernels.BLOCK or choice == "torch" or (choice == "auto" and not slow_torch):
+        return Int4Linear
+    if not kernels.available():
+        _say_once(f"{kernels.why_not()}; int4 layers multiply with PyTorch's kernel")
+        return Int4Linear
+    from .kernels.layer import KernelInt4Linear
+
+    return KernelInt4Linear
+
+
+@functools.cache
+def _say_once(message: str) -> None:
+    log.info("%s", message)
+
+
 class QuantizedEmbedding(nn.Module):
     """An embedding table held as an :class:`Int8Linear`'s codes and scales: row ``i`` is ``s_i · q_i``, looked up
     and widened to fp32 as it is read. A model whose output layer is its embedding table (tied) passes that
@@ -597,8 +630,9 @@ def quantize_linear(linear: nn.Linear, mode: str, *, group_size: int = DEFAULT_G
     """
     if mode not in FORMATS:
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(FORMATS)}")
-    options = {"group_size": group_size} if FORMATS[mode] is Int4Linear else {}
-    return FORMATS[mode].from_linear(linear, outlier_columns=outlier_columns, **options)
+    if mode == "int4":
+        return int4_class(group_size).from_linear(linear, outlier_columns=outlier_columns, group_size=group_size)
+    return FORMATS[mode].from_linear(linear, outlier_columns=outlier_columns)
 
 
 def _bf16(x: Tensor) -> Tensor:

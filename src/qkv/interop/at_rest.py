@@ -49,7 +49,7 @@ from ..footprint import check_fits
 from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
-from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear
+from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class
 from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups
 from .gguf import (
     PERMUTED_ARCHITECTURES,
@@ -338,7 +338,7 @@ class _Builder:
         if repack:
             layer = _repacked(sources, inputs, rows, bias=bias)
         else:
-            layer = Int4Linear(inputs, rows, group_size=GROUP, bias=bias) if fmt == "int4" else \
+            layer = int4_class(GROUP)(inputs, rows, group_size=GROUP, bias=bias) if fmt == "int4" else \
                 Int8Linear(inputs, rows, bias=bias)
             offset = 0
             for source in sources:
@@ -355,7 +355,7 @@ class _Builder:
 
 def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> Int4Linear:
     """An int4 layer holding the 4-bit codes of ``sources`` as they are (see :mod:`qkv.interop.ggml_blocks`)."""
-    layer = Int4Linear(inputs, rows, group_size=GROUP, bias=bias)
+    layer = int4_class(GROUP)(inputs, rows, group_size=GROUP, bias=bias)
     offset = 0
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):

@@ -1,0 +1,157 @@
+"""qkv's native kernel: the int4 × int8 product of ``q4.c``, loaded through ctypes.
+
+PyTorch's int4 kernel widens each 4-bit weight to a float; on a CPU with AVX2 and no AVX-512 that makes decoding
+compute-bound at a third of llama.cpp's speed. ``q4.c`` multiplies as llama.cpp does: the activations quantized to
+int8 per block of 32 inputs, each weight block times them in integers, one float multiply per block (the arithmetic
+is written out at the top of ``q4.c``). Three variants — portable C, AVX2, AVX-512 VNNI — the best the CPU runs
+chosen by default; the rows split over PyTorch's own OpenMP threads.
+
+The library is built when qkv is installed (``setup.py``, an optional extension). Where it is missing (no C compiler
+then) or cannot load, :func:`available` is False and :func:`why_not` says why in one line: qkv then multiplies with
+PyTorch's kernel.
+
+Layouts (see ``q4.c``): ``codes`` ``(rows, n / 2)`` uint8, block ``b`` of a row in bytes ``16 b`` to ``16 b + 15``,
+byte ``i`` holding input ``32 b + i`` in its low nibble and ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1
+order); ``scales`` and ``zeros`` ``(rows, n / 32)`` bfloat16, each weight ``(q - 8) · scale + zero``, as
+:class:`qkv.quantize.Int4Linear` holds them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+BLOCK = 32  # inputs per block, of the weights and of the quantized activations
+VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
+
+_HERE = Path(__file__).resolve().parent
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+@functools.cache
+def _loaded() -> tuple[ctypes.CDLL | None, str]:
+    """The library and "", or None and why it is not there."""
+    built = sorted(_HERE.glob("_q4*.so")) + sorted(_HERE.glob("_q4*.pyd"))
+    if not built:
+        return None, "qkv's int4 kernel was not built when qkv was installed (no working C compiler then?)"
+    try:  # torch is imported above: its OpenMP runtime is loaded, which the library's threads are taken from
+        library = ctypes.CDLL(str(built[0]))
+    except OSError as err:
+        return None, f"qkv's int4 kernel {built[0].name} does not load: {' '.join(str(err).split())}"
+    library.qkv_best_variant.restype = _INT
+    library.qkv_runs_variant.argtypes = [_INT]
+    library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
+    library.qkv_q4_matmul.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _P]
+    library.qkv_q4_matmul.restype = _INT
+    library.qkv_q4_linear.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
+    library.qkv_q4_linear.restype = _INT
+    library.qkv_q4_block_sums.argtypes = [_INT, _P, _I64, _I64, _P, _P]
+    library.qkv_q4_block_sums.restype = _INT
+    return library, ""
+
+
+def available() -> bool:
+    """Whether the kernel is built and loads."""
+    return _loaded()[0] is not None
+
+
+def why_not() -> str:
+    """Why the kernel is not available, in one line ("" when it is)."""
+    return _loaded()[1]
+
+
+def _library() -> ctypes.CDLL:
+    library, why = _loaded()
+    if library is None:
+        raise RuntimeError(why)
+    return library
+
+
+def best_variant() -> str:
+    """The fastest variant this CPU runs: "avx512-vnni", "avx2" or "portable"."""
+    return VARIANTS[_best()]
+
+
+def runs(variant: str) -> bool:
+    """Whether this CPU runs ``variant``."""
+    return bool(_library().qkv_runs_variant(VARIANTS.index(variant)))
+
+
+def _check(t: Tensor, dtype: torch.dtype, shape: tuple[int, ...], name: str) -> None:
+    if t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous() or t.device.type != "cpu":
+        raise ValueError(f"{name} must be a contiguous CPU tensor {shape} of {dtype}, got {tuple(t.shape)} "
+                         f"{t.dtype} on {t.device}")
+
+
+def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``x`` ``(batch, n)`` float32 as int8 per block of 32: the codes ``(batch, n)``, each block's scale
+    ``max|x| / 127`` and its scale times the sum of its codes, ``(batch, n / 32)`` each."""
+    batch, n = x.shape
+    if n % BLOCK:
+        raise ValueError(f"the inputs must be a multiple of {BLOCK}, got {n}")
+    _check(x, torch.float32, (batch, n), "x")
+    xq = torch.empty(batch, n, dtype=torch.int8)
+    xd, xs = torch.empty(batch, n // BLOCK), torch.empty(batch, n // BLOCK)
+    _library().qkv_quantize_q8(x.data_ptr(), batch, n, xq.data_ptr(), xd.data_ptr(), xs.data_ptr())
+    return xq, xd, xs
+
+
+def q4_matmul(x: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor, *, variant: str | None = None) -> Tensor:
+    """``x`` ``(batch, n)`` float32 times the int4 weights' transpose: ``(batch, rows)`` float32, the activations
+    quantized to int8 on the way, as :func:`quantize_activations` does."""
+    rows, n = codes.size(0), 2 * codes.size(1)
+    _check(codes, torch.uint8, (rows, n // 2), "codes")
+    for t, name in ((scales, "scales"), (zeros, "zeros")):
+        _check(t, torch.bfloat16, (rows, n // BLOCK), name)
+    if x.dim() != 2 or x.size(1) != n:
+        raise ValueError(f"x must be (batch, {n}), got {tuple(x.shape)}")
+    number = None if variant is None else VARIANTS.index(variant)
+    return linear(x.float().contiguous(), codes, scales, zeros, variant=number)
+
+
+def linear(x: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor, *, variant: int | None = None) -> Tensor:
+    """:func:`q4_matmul` without its checks, for a layer that made its buffers right once: ``x`` contiguous
+    float32 ``(batch, n)``; ``variant`` a number (:data:`VARIANTS`' index; default the best)."""
+    y = x.new_empty(x.size(0), codes.size(0))
+    status = _library().qkv_q4_linear(_best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
+                                      zeros.data_ptr(), codes.size(0), x.size(1), x.data_ptr(), x.size(0),
+                                      y.data_ptr())
+    if status:
+        raise (ValueError("this CPU does not run that variant") if status == -1 else MemoryError())
+    return y
+
+
+@functools.cache
+def _best() -> int:
+    return _library().qkv_best_variant()
+
+
+def block_sums(codes: Tensor, xq: Tensor, *, variant: str) -> Tensor:
+    """The integer sum of every weight block times the activation row ``xq`` ``(n,)`` int8: ``(rows, n / 32)``
+    int32, as ``variant`` computes it (the tests hold each variant to a reference)."""
+    rows, n = codes.size(0), 2 * codes.size(1)
+    _check(codes, torch.uint8, (rows, n // 2), "codes")
+    _check(xq, torch.int8, (n,), "xq")
+    sums = torch.empty(rows, n // BLOCK, dtype=torch.int32)
+    if _library().qkv_q4_block_sums(VARIANTS.index(variant), codes.data_ptr(), rows, n, xq.data_ptr(),
+                                    sums.data_ptr()):
+        raise ValueError(f"this CPU does not run the {variant} variant")
+    return sums
+
+
+__all__ = [
+    "BLOCK",
+    "VARIANTS",
+    "available",
+    "best_variant",
+    "block_sums",
+    "linear",
+    "q4_matmul",
+    "quantize_activations",
+    "runs",
+    "why_not",
+]

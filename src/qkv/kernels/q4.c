@@ -1,0 +1,251 @@
+/* qkv's int4 x int8 product: y = x W^T for weights of 4 bits and activations quantized to 8 bits, per block of 32.
+ *
+ * PyTorch's int4 kernel widens every 4-bit code to a float and multiplies in floats. Here, as llama.cpp does, the
+ * activation row is first quantized to int8 per block of 32 inputs (one float scale each), and each block of a
+ * weight row is multiplied by it in integers: 32 products of a 4-bit code and an 8-bit value summed exactly in
+ * 32 bits, then one float multiply per block. With
+ *
+ *     w_j = d * q_j + m          (q_j in 0..15: the weight block's scale d and offset m, GGUF's Q4_1; qkv's
+ *                                 Int4Linear keeps (q_j - 8) s + z in bfloat16, so d = s and m = z - 8 s)
+ *     x_j ~ e * p_j              (p_j in -127..127: the activation block's scale e = max|x| / 127)
+ *
+ * a block contributes  sum_j w_j x_j ~ d e (sum_j q_j p_j) + m e (sum_j p_j),  the integer sum the only work per
+ * input; e * sum_j p_j is computed once per activation block, for every row.
+ *
+ * Layouts (row-major, contiguous):
+ *   codes   (rows, n / 2) bytes: for block b of a row, bytes 16 b .. 16 b + 15; byte i holds input 32 b + i in its low
+ *           nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order)
+ *   s, z    (rows, n / 32) bfloat16: each block's scale s and zero point z, w_j = (q_j - 8) s + z
+ *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
+ *   y       (batch, rows) floats
+ *
+ * Variants: portable C, AVX2 (vpmaddubsw: unsigned x signed bytes into 16-bit pairs, then vpmaddwd into 32 bits) and
+ * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction), chosen by what the CPU reports. The
+ * rows are split over OpenMP threads: the library is built with -fopenmp but not linked to an OpenMP runtime, so it
+ * runs on the one PyTorch loaded (its threads, torch.get_num_threads()), never a second pool beside it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define BLOCK 32
+
+enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+
+/* A bfloat16 (the top half of a float32's bits) as a float. */
+static inline float bf16(uint16_t h)
+{
+    union {
+        uint32_t bits;
+        float value;
+    } v = {(uint32_t)h << 16};
+    return v.value;
+}
+
+/* ------------------------------------------------------------------------------------------------- activations */
+
+/* Quantize `batch` rows of `n` floats to int8 per block of 32: e = max|x| / 127, p = round(x * 127 / max|x|)
+ * (halves to even, as torch.round), and the block's e * sum p. */
+void qkv_quantize_q8(const float *x, int64_t batch, int64_t n, int8_t *xq, float *xd, float *xs)
+{
+    int64_t blocks = batch * (n / BLOCK);
+    for (int64_t i = 0; i < blocks; i++) {
+        const float *v = x + i * BLOCK;
+        float amax = 0.0f;
+        for (int j = 0; j < BLOCK; j++)
+            amax = fmaxf(amax, fabsf(v[j]));
+        float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < BLOCK; j++) {
+            int32_t p = (int32_t)nearbyintf(v[j] * inverse);
+            xq[i * BLOCK + j] = (int8_t)p;
+            sum += p;
+        }
+        xd[i] = amax / 127.0f;
+        xs[i] = xd[i] * (float)sum;
+    }
+}
+
+/* ------------------------------------------------------------------------------------ one block: the integer sum */
+
+static int32_t block_sum_portable(const uint8_t *c, const int8_t *p)
+{
+    int32_t sum = 0;
+    for (int i = 0; i < BLOCK / 2; i++)
+        sum += (c[i] & 15) * p[i] + (c[i] >> 4) * p[i + BLOCK / 2];
+    return sum;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* The 32 codes of a block as bytes 0..15, inputs 0..15 in the low 128 bits and 16..31 in the high ones. */
+__attribute__((target("avx2"))) static inline __m256i codes_avx2(const uint8_t *c)
+{
+    __m128i packed = _mm_loadu_si128((const __m128i *)c);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
+    return _mm256_and_si256(both, _mm256_set1_epi8(15));
+}
+
+/* Eight 32-bit partial sums of a block's 32 products. */
+__attribute__((target("avx2"))) static inline __m256i block_avx2(const uint8_t *c, const int8_t *p)
+{
+    __m256i pairs = _mm256_maddubs_epi16(codes_avx2(c), _mm256_loadu_si256((const __m256i *)p));  /* <= 2 * 15 * 127 */
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i block_vnni(const uint8_t *c,
+                                                                                          const int8_t *p)
+{
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes_avx2(c), _mm256_loadu_si256((const __m256i *)p));
+}
+
+__attribute__((target("avx2"))) static inline int32_t sum8_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One output: the blocks' integer sums, each turned to a float and scaled by d e, in eight lanes; then m e sum p. */
+#define ROW_DOT(name, block, targets)                                                                                \
+    __attribute__((target(targets))) static float name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,    \
+                                                       const int8_t *p, const float *e, const float *s,              \
+                                                       int64_t blocks)                                               \
+    {                                                                                                                \
+        __m256 acc = _mm256_setzero_ps();                                                                            \
+        float offsets = 0.0f;                                                                                        \
+        for (int64_t b = 0; b < blocks; b++) {                                                                       \
+            float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;                                                       \
+            __m256 sums = _mm256_cvtepi32_ps(block(c + b * (BLOCK / 2), p + b * BLOCK));                             \
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * e[b]), sums, acc);                                              \
+            offsets += m * s[b];                                                                                     \
+        }                                                                                                            \
+        return sum8_ps(acc) + offsets;                                                                               \
+    }
+
+ROW_DOT(row_avx2, block_avx2, "avx2,fma")
+ROW_DOT(row_vnni, block_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni")
+
+__attribute__((target("avx2"))) static int32_t block_sum_avx2(const uint8_t *c, const int8_t *p)
+{
+    return sum8_epi32(block_avx2(c, p));
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_vnni(const uint8_t *c,
+                                                                                        const int8_t *p)
+{
+    return sum8_epi32(block_vnni(c, p));
+}
+#endif
+
+static float row_portable(const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e,
+                          const float *s, int64_t blocks)
+{
+    float acc = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;
+        acc += d * e[b] * (float)block_sum_portable(c + b * (BLOCK / 2), p + b * BLOCK) + m * s[b];
+    }
+    return acc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- the API */
+
+/* The best variant this CPU runs. */
+int qkv_best_variant(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+        return AVX512_VNNI;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return AVX2;
+#endif
+    return PORTABLE;
+}
+
+/* Whether this CPU runs `variant`. */
+int qkv_runs_variant(int variant)
+{
+    return variant >= PORTABLE && variant <= qkv_best_variant();
+}
+
+typedef float (*row_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
+                         const float *, int64_t);
+
+static row_dot variant_row(int variant)
+{
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        return row_vnni;
+    if (variant == AVX2)
+        return row_avx2;
+#endif
+    return row_portable;
+}
+
+/* y (batch, rows) = the product of `batch` quantized activation rows and the int4 weights; returns 0, or -1 for a
+ * variant this CPU does not run. */
+int qkv_q4_matmul(int variant, const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n,
+                  const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+{
+    if (!qkv_runs_variant(variant))
+        return -1;
+    row_dot dot = variant_row(variant);
+    int64_t blocks = n / BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < batch; i++)
+            y[i * rows + r] = dot(codes + r * (n / 2), s + r * blocks, z + r * blocks, xq + i * n, xd + i * blocks,
+                                  xs + i * blocks, blocks);
+    return 0;
+}
+
+/* y (batch, rows) = x (batch, n) floats times the int4 weights: the activations quantized here, then
+ * qkv_q4_matmul; returns 0, -1 for a variant this CPU does not run, -2 out of memory. */
+int qkv_q4_linear(int variant, const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n,
+                  const float *x, int64_t batch, float *y)
+{
+    int64_t blocks = batch * (n / BLOCK);
+    int8_t *xq = malloc((size_t)(batch * n) + 2 * sizeof(float) * (size_t)blocks + 16);
+    if (xq == NULL)
+        return -2;
+    float *xd = (float *)(((uintptr_t)(xq + batch * n) + 15) & ~(uintptr_t)15), *xs = xd + blocks;
+    qkv_quantize_q8(x, batch, n, xq, xd, xs);
+    int status = qkv_q4_matmul(variant, codes, s, z, rows, n, xq, xd, xs, batch, y);
+    free(xq);
+    return status;
+}
+
+/* The integer sum of every (row, block): sums (rows, n / 32), for the tests (each variant must equal the portable
+ * one and a reference in Python exactly). */
+int qkv_q4_block_sums(int variant, const uint8_t *codes, int64_t rows, int64_t n, const int8_t *xq, int32_t *sums)
+{
+    if (!qkv_runs_variant(variant))
+        return -1;
+    int64_t blocks = n / BLOCK;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *c = codes + r * (n / 2) + b * (BLOCK / 2);
+            const int8_t *p = xq + b * BLOCK;
+            int32_t sum = block_sum_portable(c, p);
+#if defined(__x86_64__)
+            if (variant == AVX2)
+                sum = block_sum_avx2(c, p);
+            else if (variant == AVX512_VNNI)
+                sum = block_sum_vnni(c, p);
+#endif
+            sums[r * blocks + b] = sum;
+        }
+    return 0;
+}

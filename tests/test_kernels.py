@@ -1,0 +1,160 @@
+"""qkv's int4 × int8 kernel (qkv.kernels, q4.c): every variant the CPU runs against a reference of the same
+integer arithmetic written here in torch (exactly), against the float product of the dequantized weights (within
+the error int8 activations add, bounded per block), and the variants against one another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from qkv import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.why_not() or "available")
+
+BLOCK = kernels.BLOCK
+VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(kernels.available() and not kernels.runs(v),
+                                                      reason=f"this CPU does not run {v}")) for v in kernels.VARIANTS]
+
+
+def weights(rows: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (rows, n // 2), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(rows, n // BLOCK, generator=g) * 0.02 + 1e-3).bfloat16()
+    zeros = (torch.randn(rows, n // BLOCK, generator=g) * 1e-2).bfloat16()
+    return codes, scales, zeros
+
+
+def unpacked(codes: torch.Tensor) -> torch.Tensor:
+    """The 4-bit codes (rows, n) in input order: block b's byte i holds input 32 b + i (low nibble) and
+    32 b + 16 + i (high nibble)."""
+    rows, half = codes.shape
+    blocks = codes.view(rows, half // 16, 16).long()
+    return torch.cat([blocks & 15, blocks >> 4], dim=-1).view(rows, 2 * half)
+
+
+def reference_quantized(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int8 per block of 32, as q4.c computes it, in float32: p = round(x · 127 / max|x|) (halves to even)."""
+    blocks = x.view(x.size(0), -1, BLOCK)
+    amax = blocks.abs().amax(-1)
+    inverse = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    p = (blocks * inverse[..., None]).round()
+    xd = amax / 127
+    return p.to(torch.int8).view_as(x), xd, xd * p.sum(-1)
+
+
+@pytest.mark.parametrize("shape", [(4, 64), (1, 32), (3, 576)])
+def test_activations_are_quantized_as_the_reference_does(shape):
+    x = torch.randn(*shape) * torch.logspace(-3, 3, shape[1] // BLOCK).repeat_interleave(BLOCK)
+    x[0, :BLOCK] = 0  # an all-zero block: scale 0, codes 0
+    for ours, theirs in zip(kernels.quantize_activations(x), reference_quantized(x), strict=True):
+        assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("rows", "n"), [(1, 32), (7, 64), (13, 576), (33, 1536)])
+def test_each_block_sum_is_the_exact_integer_sum(variant, rows, n):
+    codes, _, _ = weights(rows, n)
+    xq = torch.randint(-127, 128, (n,), dtype=torch.int8)
+    xq[:BLOCK] = torch.tensor([127, -127] * (BLOCK // 2), dtype=torch.int8)  # the extremes: no 16-bit overflow
+    codes[:, :16] = 0xFF
+    expected = (unpacked(codes) * xq.long()).view(rows, -1, BLOCK).sum(-1)
+    assert torch.equal(kernels.block_sums(codes, xq, variant=variant).long(), expected)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("batch", "rows", "n"), [(1, 1, 32), (1, 7, 96), (3, 13, 576), (2, 64, 1536)])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_the_product_is_the_float_product_within_the_int8_activations_error(variant, batch, rows, n, threads):
+    codes, scales, zeros = weights(rows, n, seed=rows)
+    x = torch.randn(batch, n)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.q4_matmul(x, codes, scales, zeros, variant=variant)
+    finally:
+        torch.set_num_threads(before)
+    d, m = scales.float(), zeros.float() - 8 * scales.float()  # w = (q - 8) s + z = q d + m
+    w = (unpacked(codes) * d.repeat_interleave(BLOCK, 1) + m.repeat_interleave(BLOCK, 1)).double()  # (rows, n)
+    exact = x.double() @ w.T
+    # each input is off by at most half a step of its block, max|x| / 254: the bound for each output
+    half_step = (x.view(batch, -1, BLOCK).abs().amax(-1) / 254).repeat_interleave(BLOCK, 1).double()  # (batch, n)
+    bound = half_step @ w.abs().T + 1e-4 * (x.double().abs() @ w.abs().T)  # + float32 rounding
+    assert ((y.double() - exact).abs() <= bound).all()
+    # and to the same integer arithmetic in float32, up to the order of the float sums
+    xq, xd, xs = reference_quantized(x)
+    sums = (unpacked(codes)[None] * xq.long()[:, None]).view(batch, rows, -1, BLOCK).sum(-1).float()
+    reference = (d[None] * xd[:, None] * sums + m[None] * xs[:, None]).sum(-1)
+    torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_gives_the_portable_ones_outputs(variant):
+    codes, scales, zeros = weights(50, 2048, seed=3)
+    x = torch.randn(2, 2048)
+    torch.testing.assert_close(kernels.q4_matmul(x, codes, scales, zeros, variant=variant),
+                               kernels.q4_matmul(x, codes, scales, zeros, variant="portable"), rtol=1e-5, atol=1e-5)
+
+
+def test_shapes_that_do_not_fit_are_named():
+    codes, scales, zeros = weights(4, 64)
+    with pytest.raises(ValueError, match=r"x must be \(batch, 64\)"):
+        kernels.q4_matmul(torch.randn(1, 32), codes, scales, zeros)
+    with pytest.raises(ValueError, match=r"scales must be a contiguous CPU tensor \(4, 2\) of torch.bfloat16"):
+        kernels.q4_matmul(torch.randn(1, 64), codes, scales.float(), zeros)
+    with pytest.raises(ValueError, match="a multiple of 32"):
+        kernels.quantize_activations(torch.randn(1, 48))
+
+
+# ------------------------------------------------------------------------------------- the layer, and without it
+
+
+def test_the_kernels_layer_holds_the_numbers_pytorchs_holds():
+    """The same rows written into both layouts decode to the same weights; a Q4_1 block's bytes (span 16) copied
+    in as they are equal the codes written one by one; the product is the dequantized one within the int8 bound."""
+    from qkv.kernels.layer import KernelInt4Linear
+    from qkv.quantize import Int4Linear
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(96, 40)
+    ours, theirs = KernelInt4Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32)
+    assert torch.equal(ours.dequantized(), theirs.dequantized())
+    encoded = Int4Linear.encoded(torch.randn(8, 96), 32)
+    codes = encoded["codes"]
+    pairs = (codes.view(8, 3, 2, 16)[:, :, 0] | codes.view(8, 3, 2, 16)[:, :, 1] << 4).reshape(8, 48)
+    ours.write_pairs(8, pairs, 16, encoded["scales"], encoded["zeros"])
+    theirs.write_rows(8, **encoded)
+    assert torch.equal(ours.dequantized(), theirs.dequantized())
+    out = torch.empty(5, 96)
+    assert torch.equal(ours._decoded_rows(7, 12, out), theirs.dequantized()[7:12])
+    x = torch.randn(3, 96)
+    with torch.no_grad():
+        exact = x.double() @ theirs.dequantized().double().T + linear.bias.double()
+        half_step = (x.view(3, -1, BLOCK).abs().amax(-1) / 254).repeat_interleave(BLOCK, 1).double()
+        assert ((ours(x).double() - exact).abs() <= half_step @ theirs.dequantized().abs().double().T + 1e-4).all()
+
+
+def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatch, caplog):
+    """By default qkv's kernel where PyTorch's CPU code is below AVX-512; QKV_INT4_KERNEL=torch, or a library that
+    was not built: Int4Linear on PyTorch's kernel, the reason said once in one line; groups of 64 are PyTorch's
+    too (the kernel's are 32)."""
+    from qkv.kernels.layer import KernelInt4Linear
+    from qkv.quantize import Int4Linear, _say_once, int4_class
+
+    for capability, chosen in (("AVX2", KernelInt4Linear), ("DEFAULT", KernelInt4Linear), ("AVX512", Int4Linear)):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        assert int4_class(32) is chosen and int4_class(64) is Int4Linear  # auto: PyTorch's below AVX-512 is slow
+    monkeypatch.setenv("QKV_INT4_KERNEL", "torch")
+    assert int4_class(32) is Int4Linear
+    monkeypatch.setenv("QKV_INT4_KERNEL", "qkv")
+    monkeypatch.setattr(kernels, "_HERE", kernels._HERE / "nothing-built-here")
+    kernels._loaded.cache_clear()
+    _say_once.cache_clear()
+    try:
+        with caplog.at_level("INFO"):
+            assert int4_class(32) is Int4Linear and int4_class(32) is Int4Linear  # asked for, not there
+        assert not kernels.available() and "was not built" in kernels.why_not()
+        said = [r.getMessage() for r in caplog.records if "PyTorch's kernel" in r.getMessage()]
+        assert said == ["qkv's int4 kernel was not built when qkv was installed (no working C compiler then?); int4 "
+                        "layers multiply with PyTorch's kernel"]
+    finally:
+        kernels._loaded.cache_clear()
