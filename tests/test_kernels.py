@@ -95,6 +95,17 @@ def test_every_variant_gives_the_portable_ones_outputs(variant):
                                kernels.q4_matmul(x, codes, scales, zeros, variant="portable"), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_row_in_a_batch_gets_what_it_gets_alone(variant):
+    """The kernel takes activation rows four at a time (the codes unpacked once for them): each row's arithmetic
+    is the same, so a prompt's rows equal the same rows decoded one by one, bit for bit (cached = uncached)."""
+    codes, scales, zeros = weights(24, 256, seed=5)
+    x = torch.randn(7, 256)
+    together = kernels.q4_matmul(x, codes, scales, zeros, variant=variant)
+    alone = torch.cat([kernels.q4_matmul(row[None], codes, scales, zeros, variant=variant) for row in x])
+    assert torch.equal(together, alone)
+
+
 def test_shapes_that_do_not_fit_are_named():
     codes, scales, zeros = weights(4, 64)
     with pytest.raises(ValueError, match=r"x must be \(batch, 64\)"):
@@ -158,3 +169,21 @@ def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatc
                         "layers multiply with PyTorch's kernel"]
     finally:
         kernels._loaded.cache_clear()
+
+
+def test_many_rows_take_the_widened_weights_with_the_same_numbers():
+    """From WIDEN_ROWS rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
+    tile at a time): the widened weights are the reference's bit for bit, the rounded inputs the reference's
+    codes times scales, and each output the one the kernel gives that row alone, up to float rounding."""
+    from qkv.kernels.layer import WIDEN_ROWS, KernelInt4Linear
+
+    torch.manual_seed(0)
+    layer = KernelInt4Linear.from_linear(torch.nn.Linear(96, 4100))  # more rows than one tile of widened weights
+    out = torch.empty(layer.out_features, 96)
+    assert torch.equal(kernels.dequantize(layer.codes, layer.scales, layer.zeros, out), layer._decoded())
+    x = torch.randn(WIDEN_ROWS + 3, 96)
+    xq, xd, _ = reference_quantized(x)
+    assert torch.equal(kernels.rounded_activations(x), (xq.float().view(len(x), -1, BLOCK) * xd[..., None]).view_as(x))
+    with torch.no_grad():
+        together, alone = layer(x), torch.cat([layer(row[None]) for row in x])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)

@@ -49,6 +49,8 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_q4_matmul.restype = _INT
     library.qkv_q4_linear.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
     library.qkv_q4_linear.restype = _INT
+    library.qkv_q4_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P]
+    library.qkv_q8_rounded.argtypes = [_P, _I64, _I64, _P]
     library.qkv_q4_block_sums.argtypes = [_INT, _P, _I64, _I64, _P, _P]
     library.qkv_q4_block_sums.restype = _INT
     return library, ""
@@ -125,6 +127,23 @@ def linear(x: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor, *, variant: 
     return y
 
 
+def dequantize(codes: Tensor, scales: Tensor, zeros: Tensor, out: Tensor) -> Tensor:
+    """The weights of these rows as float32 into ``out`` ``(rows, n)``: ``(q - 8) · scale + zero``, rounded as
+    :meth:`~qkv.quantize.Int4Linear.dequantized` computes them; returns ``out``. Rows are a slice of a layer's
+    buffers (contiguous)."""
+    _library().qkv_q4_dequantize(codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(), codes.size(0),
+                                 2 * codes.size(1), out.data_ptr())
+    return out
+
+
+def rounded_activations(x: Tensor) -> Tensor:
+    """``x`` ``(batch, n)`` contiguous float32 as the kernel multiplies it: int8 per block of 32, times each block's
+    scale (:func:`quantize_activations`' codes and scales, multiplied back)."""
+    out = torch.empty_like(x)
+    _library().qkv_q8_rounded(x.data_ptr(), x.size(0), x.size(1), out.data_ptr())
+    return out
+
+
 @functools.cache
 def _best() -> int:
     return _library().qkv_best_variant()
@@ -149,9 +168,11 @@ __all__ = [
     "available",
     "best_variant",
     "block_sums",
+    "dequantize",
     "linear",
     "q4_matmul",
     "quantize_activations",
+    "rounded_activations",
     "runs",
     "why_not",
 ]

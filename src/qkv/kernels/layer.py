@@ -19,9 +19,11 @@ import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, QuantizedLinear, check_int4, unpaired
-from . import BLOCK, linear
+from . import BLOCK, dequantize, linear, rounded_activations
 
 _GROUP_BYTES = BLOCK // 2
+WIDEN_ROWS = 16  # from this many input rows on, widened weights and a float product beat the kernel (measured)
+WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
 class KernelInt4Linear(Int4Linear):
@@ -80,24 +82,40 @@ class KernelInt4Linear(Int4Linear):
         self._product = None
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        """The reference: every weight ``(q - 8) · scale + zero`` from the buffers, in torch."""
         rows = slice(None) if outputs is None else outputs.to(self.codes.device)
-        return self._levels(self.codes[rows], self.scales[rows], self.zeros[rows])
+        codes, scales, zeros = self.codes[rows], self.scales[rows], self.zeros[rows]
+        groups = codes.view(len(codes), -1, 1, _GROUP_BYTES)
+        levels = torch.cat([groups & 15, groups >> 4], dim=2).view(len(codes), -1, BLOCK).float()
+        return ((levels - 8) * scales.float()[..., None] + zeros.float()[..., None]).view(len(codes), -1)
 
     def _tile_rows(self) -> int:
         return QuantizedLinear._tile_rows(self)  # any rows: each is read where it lies
 
     def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
-        return out.copy_(self._levels(self.codes[start:end], self.scales[start:end], self.zeros[start:end]))
-
-    def _levels(self, codes: Tensor, scales: Tensor, zeros: Tensor) -> Tensor:
-        """The weights ``(rows, in)`` fp32 of these rows' codes, scales and zeros."""
-        groups = codes.view(len(codes), -1, 1, _GROUP_BYTES)
-        levels = torch.cat([groups & 15, groups >> 4], dim=2).view(len(codes), -1, BLOCK).float()
-        return ((levels - 8) * scales.float()[..., None] + zeros.float()[..., None]).view(len(codes), -1)
+        """Rows ``start`` to ``end`` widened by the kernel's library: the numbers :meth:`_decoded` gives."""
+        return dequantize(self.codes[start:end], self.scales[start:end], self.zeros[start:end], out)
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
+        """A few rows: the int4 × int8 kernel. From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the same
+        int8-rounded inputs times the weights widened a tile of rows at a time, by PyTorch's float matrix
+        product: equal up to float rounding, and several times faster there (docs/quantization.md)."""
         codes, scales, zeros = self.codes, self.scales, self.zeros
-        return lambda x: linear(x, codes, scales, zeros)
+        tile = max(1, WIDEN_TILE_WEIGHTS // self.in_features)
+
+        def product(x: Tensor) -> Tensor:
+            if x.size(0) < WIDEN_ROWS:
+                return linear(x, codes, scales, zeros)
+            inputs = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
+            y = x.new_empty(len(codes), x.size(0))
+            weights = x.new_empty(min(tile, len(codes)), self.in_features)
+            for start in range(0, len(codes), tile):
+                end = min(start + tile, len(codes))
+                w = dequantize(codes[start:end], scales[start:end], zeros[start:end], weights[: end - start])
+                torch.mm(w, inputs, out=y[start:end])
+            return y.T.contiguous()
+
+        return product
 
     def _format(self) -> str:
         return "int4, group_size=32, qkv's kernel"

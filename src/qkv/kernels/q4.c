@@ -32,6 +32,8 @@
 
 enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
+int qkv_best_variant(void);
+
 /* A bfloat16 (the top half of a float32's bits) as a float. */
 static inline float bf16(uint16_t h)
 {
@@ -87,17 +89,17 @@ __attribute__((target("avx2"))) static inline __m256i codes_avx2(const uint8_t *
     return _mm256_and_si256(both, _mm256_set1_epi8(15));
 }
 
-/* Eight 32-bit partial sums of a block's 32 products. */
-__attribute__((target("avx2"))) static inline __m256i block_avx2(const uint8_t *c, const int8_t *p)
+/* Eight 32-bit partial sums of a block's 32 products: its codes (as codes_avx2 gives them) times 32 activations. */
+__attribute__((target("avx2"))) static inline __m256i products_avx2(__m256i codes, const int8_t *p)
 {
-    __m256i pairs = _mm256_maddubs_epi16(codes_avx2(c), _mm256_loadu_si256((const __m256i *)p));  /* <= 2 * 15 * 127 */
+    __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)p));  /* <= 2 * 15 * 127 */
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i block_vnni(const uint8_t *c,
-                                                                                          const int8_t *p)
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i products_vnni(__m256i codes,
+                                                                                             const int8_t *p)
 {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes_avx2(c), _mm256_loadu_si256((const __m256i *)p));
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, _mm256_loadu_si256((const __m256i *)p));
 }
 
 __attribute__((target("avx2"))) static inline int32_t sum8_epi32(__m256i v)
@@ -116,47 +118,61 @@ __attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* One output: the blocks' integer sums, each turned to a float and scaled by d e, in eight lanes; then m e sum p. */
-#define ROW_DOT(name, block, targets)                                                                                \
-    __attribute__((target(targets))) static float name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,    \
-                                                       const int8_t *p, const float *e, const float *s,              \
-                                                       int64_t blocks)                                               \
+/* One weight row against `count` (1 to TILE) activation rows, `n` apart: each block's codes unpacked once for all
+ * of them; per activation row, the blocks' integer sums turned to floats and scaled by d e in eight lanes, then
+ * m e sum p. A row's arithmetic is the same whatever `count` is, so a row in a batch gets what it gets alone. */
+#define TILE 4
+#define ROWS_DOT(name, products, targets)                                                                            \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,     \
+                                                      const int8_t *p, const float *e, const float *s,               \
+                                                      int64_t blocks, int64_t n, int count, float *out)              \
     {                                                                                                                \
-        __m256 acc = _mm256_setzero_ps();                                                                            \
-        float offsets = 0.0f;                                                                                        \
+        __m256 acc[TILE];                                                                                            \
+        float offsets[TILE];                                                                                         \
+        for (int k = 0; k < TILE; k++) {                                                                             \
+            acc[k] = _mm256_setzero_ps();                                                                            \
+            offsets[k] = 0.0f;                                                                                       \
+        }                                                                                                            \
         for (int64_t b = 0; b < blocks; b++) {                                                                       \
             float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;                                                       \
-            __m256 sums = _mm256_cvtepi32_ps(block(c + b * (BLOCK / 2), p + b * BLOCK));                             \
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(d * e[b]), sums, acc);                                              \
-            offsets += m * s[b];                                                                                     \
+            __m256i codes = codes_avx2(c + b * (BLOCK / 2));                                                         \
+            for (int k = 0; k < count; k++) {                                                                        \
+                __m256 sums = _mm256_cvtepi32_ps(products(codes, p + k * n + b * BLOCK));                            \
+                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k]);                       \
+                offsets[k] += m * s[k * blocks + b];                                                                 \
+            }                                                                                                        \
         }                                                                                                            \
-        return sum8_ps(acc) + offsets;                                                                               \
+        for (int k = 0; k < count; k++)                                                                              \
+            out[k] = sum8_ps(acc[k]) + offsets[k];                                                                   \
     }
 
-ROW_DOT(row_avx2, block_avx2, "avx2,fma")
-ROW_DOT(row_vnni, block_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni")
+ROWS_DOT(rows_avx2, products_avx2, "avx2,fma")
+ROWS_DOT(rows_vnni, products_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni")
 
 __attribute__((target("avx2"))) static int32_t block_sum_avx2(const uint8_t *c, const int8_t *p)
 {
-    return sum8_epi32(block_avx2(c, p));
+    return sum8_epi32(products_avx2(codes_avx2(c), p));
 }
 
 __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_vnni(const uint8_t *c,
                                                                                         const int8_t *p)
 {
-    return sum8_epi32(block_vnni(c, p));
+    return sum8_epi32(products_vnni(codes_avx2(c), p));
 }
 #endif
 
-static float row_portable(const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e,
-                          const float *s, int64_t blocks)
+static void rows_portable(const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e,
+                          const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
-    float acc = 0.0f;
-    for (int64_t b = 0; b < blocks; b++) {
-        float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;
-        acc += d * e[b] * (float)block_sum_portable(c + b * (BLOCK / 2), p + b * BLOCK) + m * s[b];
+    for (int k = 0; k < count; k++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;
+            int32_t sum = block_sum_portable(c + b * (BLOCK / 2), p + k * n + b * BLOCK);
+            acc += d * e[k * blocks + b] * (float)sum + m * s[k * blocks + b];
+        }
+        out[k] = acc;
     }
-    return acc;
 }
 
 /* ---------------------------------------------------------------------------------------------------- the API */
@@ -180,18 +196,18 @@ int qkv_runs_variant(int variant)
     return variant >= PORTABLE && variant <= qkv_best_variant();
 }
 
-typedef float (*row_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
-                         const float *, int64_t);
+typedef void (*rows_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
+                         const float *, int64_t, int64_t, int, float *);
 
-static row_dot variant_row(int variant)
+static rows_dot variant_rows(int variant)
 {
 #if defined(__x86_64__)
     if (variant == AVX512_VNNI)
-        return row_vnni;
+        return rows_vnni;
     if (variant == AVX2)
-        return row_avx2;
+        return rows_avx2;
 #endif
-    return row_portable;
+    return rows_portable;
 }
 
 /* y (batch, rows) = the product of `batch` quantized activation rows and the int4 weights; returns 0, or -1 for a
@@ -201,13 +217,18 @@ int qkv_q4_matmul(int variant, const uint8_t *codes, const uint16_t *s, const ui
 {
     if (!qkv_runs_variant(variant))
         return -1;
-    row_dot dot = variant_row(variant);
+    rows_dot dot = variant_rows(variant);
     int64_t blocks = n / BLOCK;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < batch; i++)
-            y[i * rows + r] = dot(codes + r * (n / 2), s + r * blocks, z + r * blocks, xq + i * n, xd + i * blocks,
-                                  xs + i * blocks, blocks);
+        for (int64_t i = 0; i < batch; i += TILE) {  /* TILE activation rows at a time: the codes unpacked once */
+            int count = batch - i < TILE ? (int)(batch - i) : TILE;
+            float out[TILE];
+            dot(codes + r * (n / 2), s + r * blocks, z + r * blocks, xq + i * n, xd + i * blocks, xs + i * blocks,
+                blocks, n, count, out);
+            for (int k = 0; k < count; k++)
+                y[(i + k) * rows + r] = out[k];
+        }
     return 0;
 }
 
@@ -225,6 +246,61 @@ int qkv_q4_linear(int variant, const uint8_t *codes, const uint16_t *s, const ui
     int status = qkv_q4_matmul(variant, codes, s, z, rows, n, xq, xd, xs, batch, y);
     free(xq);
     return status;
+}
+
+/* One block's 32 weights as floats: (q - 8) s + z, a multiply and an add each rounded (the reference's order). */
+static void widen_block_portable(const uint8_t *c, float scale, float zero, float *w)
+{
+    for (int i = 0; i < BLOCK / 2; i++) {
+        w[i] = ((float)(c[i] & 15) - 8.0f) * scale + zero;
+        w[i + BLOCK / 2] = ((float)(c[i] >> 4) - 8.0f) * scale + zero;
+    }
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, float scale, float zero, float *w)
+{
+    __m256i codes = codes_avx2(c);  /* inputs 0..31, a byte each */
+    __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero), eight = _mm256_set1_ps(8.0f);
+    for (int k = 0; k < 4; k++) {
+        __m128i bytes = k < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
+        __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(bytes, 8) : bytes));
+        _mm256_storeu_ps(w + 8 * k, _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(q, eight), s), z));
+    }
+}
+#endif
+
+/* The weights of `rows` rows as floats, out (rows, n): (q - 8) s + z, rounded as written (the reference
+ * Int4Linear._decoded computes the same). For many input rows at once: widened a tile at a time, then a float
+ * matrix product, which beats taking the rows a few at a time. */
+void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n, float *out)
+{
+    int64_t blocks = n / BLOCK;
+    void (*widen)(const uint8_t *, float, float, float *) = widen_block_portable;
+#if defined(__x86_64__)
+    if (qkv_best_variant() >= AVX2)
+        widen = widen_block_avx2;
+#endif
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < blocks; b++)
+            widen(codes + r * (n / 2) + b * (BLOCK / 2), bf16(s[r * blocks + b]), bf16(z[r * blocks + b]),
+                  out + r * n + b * BLOCK);
+}
+
+/* The activations as the kernel sees them, out (batch, n): each block's codes times its scale, p e. */
+void qkv_q8_rounded(const float *x, int64_t batch, int64_t n, float *out)
+{
+    int64_t blocks = batch * (n / BLOCK);
+    for (int64_t i = 0; i < blocks; i++) {
+        const float *v = x + i * BLOCK;
+        float amax = 0.0f;
+        for (int j = 0; j < BLOCK; j++)
+            amax = fmaxf(amax, fabsf(v[j]));
+        float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, scale = amax / 127.0f;
+        for (int j = 0; j < BLOCK; j++)
+            out[i * BLOCK + j] = nearbyintf(v[j] * inverse) * scale;
+    }
 }
 
 /* The integer sum of every (row, block): sums (rows, n / 32), for the tests (each variant must equal the portable
