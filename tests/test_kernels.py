@@ -151,6 +151,7 @@ def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatc
     from qkv.kernels.layer import KernelInt4Linear
     from qkv.quantize import Int4Linear, _say_once, int4_class
 
+    monkeypatch.delenv("QKV_INT4_KERNEL", raising=False)
     for capability, chosen in (("AVX2", KernelInt4Linear), ("DEFAULT", KernelInt4Linear), ("AVX512", Int4Linear)):
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert int4_class(32) is chosen and int4_class(64) is Int4Linear  # auto: PyTorch's below AVX-512 is slow
