@@ -39,6 +39,7 @@ import time
 
 import torch
 
+from qkv import kernels
 from qkv.device import autocast, resolve_device, resolve_precision
 from qkv.generation import LMDecoder, generate
 from qkv.interop import load_pretrained, smollm2_path
@@ -173,7 +174,8 @@ def main() -> None:
     timed_batch = batch if args.batch8 else []
     n = args.new_tokens
     print(f"torch {torch.__version__}, {where}; SmolLM2-135M-Instruct, {precision.name}"
-          f"{', compiled' if args.compile else ''}; {len(prompt)}-token prompt, {n} new tokens, greedy")
+          f"{', compiled' if args.compile else ''}; {len(prompt)}-token prompt, {n} new tokens, greedy; "
+          f"{kernels.in_use()}")
     with autocast(DEVICE, precision):
         results = measure(runners, prompt, timed_batch, n, args.repeats)
     base = results["transformers fp32"]

@@ -196,6 +196,9 @@ def main() -> None:
 
     bin_dir = args.llama_cpp or (Path(os.environ["LLAMA_CPP_BIN"]) if "LLAMA_CPP_BIN" in os.environ else None)
     os.environ["THREADS"] = str(args.threads)
+    from qkv import kernels
+
+    print(kernels.in_use())
     results = {}
     for size in args.sizes:
         path = smollm2_path() if size == "135M" else smollm2_shaped(size, args.cache)

@@ -156,8 +156,12 @@ def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatc
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
         assert int4_class(32) is chosen and int4_class(64) is Int4Linear  # auto: PyTorch's below AVX-512 is slow
     monkeypatch.setenv("QKV_INT4_KERNEL", "torch")
-    assert int4_class(32) is Int4Linear
+    assert int4_class(32) is Int4Linear and kernels.in_use().endswith("(QKV_INT4_KERNEL=torch)")
+    monkeypatch.setenv("QKV_INT4_KERNEL", "llama")
+    with pytest.raises(ValueError, match="QKV_INT4_KERNEL must be auto, qkv or torch, got 'llama'"):
+        int4_class(32)
     monkeypatch.setenv("QKV_INT4_KERNEL", "qkv")
+    assert kernels.in_use().startswith(f"int4 kernel: qkv's, {kernels.best_variant()}")
     monkeypatch.setattr(kernels, "_HERE", kernels._HERE / "nothing-built-here")
     kernels._loaded.cache_clear()
     _say_once.cache_clear()

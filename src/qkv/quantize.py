@@ -573,7 +573,7 @@ def int4_class(group_size: int = DEFAULT_GROUP_SIZE) -> type[Int4Linear]:
     environment's ``QKV_INT4_KERNEL`` chooses: ``qkv``, ``torch``, or ``auto`` (the default)."""
     from . import kernels
 
-    choice = os.environ.get("QKV_INT4_KERNEL", "auto")
+    choice = os.environ.get("QKV_INT4_KERNEL") or "auto"
     if choice not in ("auto", "qkv", "torch"):
         raise ValueError(f"QKV_INT4_KERNEL must be auto, qkv or torch, got {choice!r}")
     slow_torch = torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -144,6 +145,21 @@ def rounded_activations(x: Tensor) -> Tensor:
     return out
 
 
+def in_use() -> str:
+    """Which kernel int4 layers (groups of 32) multiply with here, and why, in one line: the benchmarks print it
+    beside their figures."""
+    from ..quantize import Int4Linear, int4_class
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    if int4_class(BLOCK) is not Int4Linear:
+        return f"int4 kernel: qkv's, {best_variant()} (PyTorch's CPU capability {capability})"
+    if os.environ.get("QKV_INT4_KERNEL") == "torch":
+        reason = "QKV_INT4_KERNEL=torch"
+    else:
+        reason = why_not() or "PyTorch's kernel has AVX-512 here"
+    return f"int4 kernel: PyTorch's, CPU capability {capability} ({reason})"
+
+
 @functools.cache
 def _best() -> int:
     return _library().qkv_best_variant()
@@ -169,6 +185,7 @@ __all__ = [
     "best_variant",
     "block_sums",
     "dequantize",
+    "in_use",
     "linear",
     "q4_matmul",
     "quantize_activations",
