@@ -127,6 +127,18 @@ __attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
                                                       const int8_t *p, const float *e, const float *s,               \
                                                       int64_t blocks, int64_t n, int count, float *out)              \
     {                                                                                                                \
+        if (count == 1) { /* decoding: the same arithmetic, its sums held in registers */                            \
+            __m256 one = _mm256_setzero_ps();                                                                        \
+            float offset = 0.0f;                                                                                     \
+            for (int64_t b = 0; b < blocks; b++) {                                                                   \
+                float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;                                                   \
+                __m256 sums = _mm256_cvtepi32_ps(products(codes_avx2(c + b * (BLOCK / 2)), p + b * BLOCK));         \
+                one = _mm256_fmadd_ps(_mm256_set1_ps(d * e[b]), sums, one);                                          \
+                offset += m * s[b];                                                                                  \
+            }                                                                                                        \
+            out[0] = sum8_ps(one) + offset;                                                                          \
+            return;                                                                                                  \
+        }                                                                                                            \
         __m256 acc[TILE];                                                                                            \
         float offsets[TILE];                                                                                         \
         for (int k = 0; k < TILE; k++) {                                                                             \
