@@ -123,25 +123,13 @@ __attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
  * m e sum p. A row's arithmetic is the same whatever `count` is, so a row in a batch gets what it gets alone. */
 #define TILE 4
 #define ROWS_DOT(name, products, targets)                                                                            \
-    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,     \
-                                                      const int8_t *p, const float *e, const float *s,               \
-                                                      int64_t blocks, int64_t n, int count, float *out)              \
+    __attribute__((target(targets), always_inline)) static inline void name##_body(                                  \
+        const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e, const float *s,   \
+        int64_t blocks, int64_t n, const int count, float *out)                                                      \
     {                                                                                                                \
-        if (count == 1) { /* decoding: the same arithmetic, its sums held in registers */                            \
-            __m256 one = _mm256_setzero_ps();                                                                        \
-            float offset = 0.0f;                                                                                     \
-            for (int64_t b = 0; b < blocks; b++) {                                                                   \
-                float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;                                                   \
-                __m256 sums = _mm256_cvtepi32_ps(products(codes_avx2(c + b * (BLOCK / 2)), p + b * BLOCK));         \
-                one = _mm256_fmadd_ps(_mm256_set1_ps(d * e[b]), sums, one);                                          \
-                offset += m * s[b];                                                                                  \
-            }                                                                                                        \
-            out[0] = sum8_ps(one) + offset;                                                                          \
-            return;                                                                                                  \
-        }                                                                                                            \
         __m256 acc[TILE];                                                                                            \
         float offsets[TILE];                                                                                         \
-        for (int k = 0; k < TILE; k++) {                                                                             \
+        for (int k = 0; k < count; k++) {                                                                           \
             acc[k] = _mm256_setzero_ps();                                                                            \
             offsets[k] = 0.0f;                                                                                       \
         }                                                                                                            \
@@ -156,6 +144,18 @@ __attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
         }                                                                                                            \
         for (int k = 0; k < count; k++)                                                                              \
             out[k] = sum8_ps(acc[k]) + offsets[k];                                                                   \
+    }                                                                                                                \
+    /* the count a constant in each call below: the loops over rows unrolled, the sums kept in registers */          \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,     \
+                                                      const int8_t *p, const float *e, const float *s,               \
+                                                      int64_t blocks, int64_t n, int count, float *out)              \
+    {                                                                                                                \
+        switch (count) {                                                                                             \
+        case 1: name##_body(c, ws, wz, p, e, s, blocks, n, 1, out); break;                                           \
+        case 2: name##_body(c, ws, wz, p, e, s, blocks, n, 2, out); break;                                           \
+        case 3: name##_body(c, ws, wz, p, e, s, blocks, n, 3, out); break;                                           \
+        default: name##_body(c, ws, wz, p, e, s, blocks, n, TILE, out);                                              \
+        }                                                                                                            \
     }
 
 ROWS_DOT(rows_avx2, products_avx2, "avx2,fma")
