@@ -46,8 +46,6 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_best_variant.restype = _INT
     library.qkv_runs_variant.argtypes = [_INT]
     library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
-    library.qkv_q4_matmul.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _P, _P, _I64, _P]
-    library.qkv_q4_matmul.restype = _INT
     library.qkv_q4_linear.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
     library.qkv_q4_linear.restype = _INT
     library.qkv_q4_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P]

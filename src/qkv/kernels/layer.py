@@ -37,7 +37,6 @@ class KernelInt4Linear(Int4Linear):
         ValueError: ``in_features`` not a multiple of 32 (or a group size other than 32).
     """
 
-    mode = "int4"
     input_dtype = torch.float32  # the kernel quantizes its input to int8 itself: nothing is lost to bf16 first
 
     def __init__(self, in_features: int, out_features: int, *, group_size: int = BLOCK, bias: bool = False,
@@ -79,7 +78,6 @@ class KernelInt4Linear(Int4Linear):
     def _write_groups(self, start: int, scales: Tensor, zeros: Tensor) -> None:
         self.scales[start : start + len(scales)] = scales.to(torch.bfloat16)
         self.zeros[start : start + len(zeros)] = zeros.to(torch.bfloat16)
-        self._product = None
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         """The reference: every weight ``(q - 8) · scale + zero`` from the buffers, in torch."""

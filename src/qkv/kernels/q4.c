@@ -46,6 +46,17 @@ static inline float bf16(uint16_t h)
 
 /* ------------------------------------------------------------------------------------------------- activations */
 
+/* A block of 32 activations' scale e = max|x| / 127, and in `inverse` what p = round(x * inverse) multiplies by,
+ * 127 / max|x| (0 for a block of zeros). */
+static float block_scale(const float *v, float *inverse)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < BLOCK; j++)
+        amax = fmaxf(amax, fabsf(v[j]));
+    *inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    return amax / 127.0f;
+}
+
 /* Quantize `batch` rows of `n` floats to int8 per block of 32: e = max|x| / 127, p = round(x * 127 / max|x|)
  * (halves to even, as torch.round), and the block's e * sum p. */
 void qkv_quantize_q8(const float *x, int64_t batch, int64_t n, int8_t *xq, float *xd, float *xs)
@@ -53,17 +64,14 @@ void qkv_quantize_q8(const float *x, int64_t batch, int64_t n, int8_t *xq, float
     int64_t blocks = batch * (n / BLOCK);
     for (int64_t i = 0; i < blocks; i++) {
         const float *v = x + i * BLOCK;
-        float amax = 0.0f;
-        for (int j = 0; j < BLOCK; j++)
-            amax = fmaxf(amax, fabsf(v[j]));
-        float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float inverse;
+        xd[i] = block_scale(v, &inverse);
         int32_t sum = 0;
         for (int j = 0; j < BLOCK; j++) {
             int32_t p = (int32_t)nearbyintf(v[j] * inverse);
             xq[i * BLOCK + j] = (int8_t)p;
             sum += p;
         }
-        xd[i] = amax / 127.0f;
         xs[i] = xd[i] * (float)sum;
     }
 }
@@ -306,10 +314,7 @@ void qkv_q8_rounded(const float *x, int64_t batch, int64_t n, float *out)
     int64_t blocks = batch * (n / BLOCK);
     for (int64_t i = 0; i < blocks; i++) {
         const float *v = x + i * BLOCK;
-        float amax = 0.0f;
-        for (int j = 0; j < BLOCK; j++)
-            amax = fmaxf(amax, fabsf(v[j]));
-        float inverse = amax > 0.0f ? 127.0f / amax : 0.0f, scale = amax / 127.0f;
+        float inverse, scale = block_scale(v, &inverse);
         for (int j = 0; j < BLOCK; j++)
             out[i * BLOCK + j] = nearbyintf(v[j] * inverse) * scale;
     }
