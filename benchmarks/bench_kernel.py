@@ -2,11 +2,12 @@
 SmolLM2-135M's and a 1.7B model's layers, one input row (a decoding step), each variant the CPU runs; and
 SmolLM2-135M-Instruct's perplexity on tinyshakespeare through each (the cost of int8 activations).
 
-    python benchmarks/bench_kernel.py [--repeats 200] [--skip-perplexity]
+    python benchmarks/bench_kernel.py [--repeats 200] [--skip-perplexity] [--llama-cpp BUILD/bin]
 
-The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity: the first
-2,048 tokens of ``../shared/data/tinyshakespeare/input.txt`` as 4 rows of 512, fp32 weights, then int4 as stored
-(Q4_1) through each kernel (``QKV_INT4_KERNEL=torch`` chooses PyTorch's).
+The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity on
+llama-perplexity's measure (the first 20,000 characters of ``../shared/data/tinyshakespeare/input.txt``, chunks
+of 128 tokens each scored on its second half): fp32 weights, then int4 as stored (Q4_1) through each kernel
+(``QKV_INT4_KERNEL``), and llama.cpp's own with ``--llama-cpp``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ import functools
 import math
 import os
 import platform
+import re
 import statistics
+import subprocess
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -28,6 +32,7 @@ from qkv.kernels.layer import KernelInt4Linear
 from qkv.quantize import Int4Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (2048, 6144), (2048, 16384), (8192, 2048)]
+CHUNK = 128  # tokens per chunk of the perplexity
 TEXT = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare" / "input.txt"
 
 
@@ -67,25 +72,39 @@ def products(repeats: int, rounds: int) -> None:
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(cells))
 
 
-def perplexity() -> None:
-    from qkv.interop import load_pretrained
+def perplexity(llama_cpp: Path | None) -> None:
+    """llama-perplexity's measure on the first 20,000 characters of tinyshakespeare: chunks of 128 tokens, each
+    scored on its second half (SmolLM2 adds no bos token, so the chunks are the text's own tokens)."""
+    from qkv.interop import load_pretrained, smollm2_path
+
+    text = TEXT.read_text(encoding="utf-8")[:20000]
 
     def measure(weights: str) -> float:
         pre = load_pretrained("smollm2", weights=weights)
-        ids = torch.tensor(pre.tokenizer.encode(TEXT.read_text(encoding="utf-8")[:12000])[:2048]).view(4, 512)
+        ids, nll = pre.tokenizer.encode(text), []
         with torch.no_grad():
-            logits = pre.model(ids)
-        nll = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
-        return math.exp(nll.item())
+            for start in range(0, len(ids) // CHUNK * CHUNK, CHUNK):
+                chunk = torch.tensor([ids[start : start + CHUNK]])
+                logp = pre.model(chunk).float().log_softmax(-1)[0]
+                nll += [-logp[j, chunk[0, j + 1]].item() for j in range(CHUNK // 2, CHUNK - 1)]
+        return math.exp(sum(nll) / len(nll))
 
     reference = measure("none")
     print(f"perplexity, fp32 weights: {reference:.4f}")
-    for name, env in (("qkv's kernel (int8 activations)", None), ("PyTorch's int4 kernel (bf16 activations)", "torch")):
-        if env:
-            os.environ["QKV_INT4_KERNEL"] = env
+    kinds = (("qkv's kernel (int8 activations)", "qkv"), ("PyTorch's int4 kernel (bf16 activations)", "torch"))
+    for name, env in kinds:
+        os.environ["QKV_INT4_KERNEL"] = env
         value = measure("auto")
-        os.environ.pop("QKV_INT4_KERNEL", None)
         print(f"perplexity, int4 as stored, {name}: {value:.4f} ({100 * (value / reference - 1):+.2f}%)")
+    os.environ.pop("QKV_INT4_KERNEL")
+    if llama_cpp is not None:  # its own process, one thread: this one's PyTorch threads would steal its cores
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            run = subprocess.run([llama_cpp / "llama-perplexity", "-m", smollm2_path(), "-f", f.name, "-c",
+                                  str(CHUNK), "-b", str(CHUNK), "-t", "1"], capture_output=True, text=True)
+        found = re.search(r"Final estimate: PPL = ([\d.]+)", run.stdout + run.stderr)
+        print(f"perplexity, llama.cpp (its Q4_1 x Q8_1): {found[1] if found else 'not printed'}")
 
 
 def main() -> None:
@@ -93,6 +112,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-perplexity", action="store_true")
+    parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin, for llama-perplexity beside qkv's")
     args = parser.parse_args()
     if not kernels.available():
         raise SystemExit(kernels.why_not())
@@ -100,7 +120,7 @@ def main() -> None:
           f"{kernels.best_variant()}, torch {torch.__version__}, {date.today()}")
     products(args.repeats, args.rounds)
     if not args.skip_perplexity:
-        perplexity()
+        perplexity(args.llama_cpp)
 
 
 if __name__ == "__main__":
