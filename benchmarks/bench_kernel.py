@@ -52,7 +52,8 @@ def _calls(inputs: int, outputs: int) -> dict:
     calls = {"pytorch-int4": functools.partial(theirs, x)}
     for number, variant in enumerate(kernels.VARIANTS):
         if kernels.runs(variant):
-            calls[variant] = functools.partial(kernels.linear, x, ours.codes, ours.scales, ours.zeros, variant=number)
+            calls[variant] = functools.partial(kernels.linear, x, ours.codes, ours.group_scales, ours.offsets,
+                                               variant=number)
     return calls
 
 

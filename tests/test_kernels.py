@@ -1,6 +1,7 @@
-"""qkv's int4 × int8 kernel (qkv.kernels, q4.c): every variant the CPU runs against a reference of the same
-integer arithmetic written here in torch (exactly), against the float product of the dequantized weights (within
-the error int8 activations add, bounded per block), and the variants against one another."""
+"""qkv's block products (qkv.kernels, q4.c), 4-bit and 8-bit weights times int8 activations: every variant the CPU
+runs against a reference of the same integer arithmetic written here in torch (exactly), against the float product
+of the dequantized weights (within the error int8 activations add, bounded per block), and the variants against one
+another."""
 
 from __future__ import annotations
 
@@ -16,17 +17,27 @@ VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(kernels.available() and not
                                                       reason=f"this CPU does not run {v}")) for v in kernels.VARIANTS]
 
 
-def weights(rows: int, n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+BITS = [4, 8]  # the weights' formats: Q4_0/Q4_1 blocks (codes and offsets), Q8_0 blocks (codes, no offsets)
+
+
+def weights(rows: int, n: int, seed: int = 0, bits: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Random codes, fp16 scales (one subnormal) and offsets (4-bit only); 8-bit codes span -128..127."""
     g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 256, (rows, n // 2), dtype=torch.uint8, generator=g)
-    scales = (torch.rand(rows, n // BLOCK, generator=g) * 0.02 + 1e-3).bfloat16()
-    zeros = (torch.randn(rows, n // BLOCK, generator=g) * 1e-2).bfloat16()
-    return codes, scales, zeros
+    if bits == 8:
+        codes = torch.randint(-128, 128, (rows, n), dtype=torch.int8, generator=g)
+    else:
+        codes = torch.randint(0, 256, (rows, n // 2), dtype=torch.uint8, generator=g)
+    scales = (torch.rand(rows, n // BLOCK, generator=g) * 0.02 + 1e-3).half()
+    offsets = (torch.randn(rows, n // BLOCK, generator=g) * 1e-2).half() if bits == 4 else None
+    scales[0, 0] = 2**-20  # subnormal in fp16: every variant widens it exactly
+    return codes, scales, offsets
 
 
 def unpacked(codes: torch.Tensor) -> torch.Tensor:
-    """The 4-bit codes (rows, n) in input order: block b's byte i holds input 32 b + i (low nibble) and
-    32 b + 16 + i (high nibble)."""
+    """The codes (rows, n) in input order, as integers: 8-bit ones as they are; 4-bit ones two a byte, block b's byte
+    i holding input 32 b + i (low nibble) and 32 b + 16 + i (high nibble)."""
+    if codes.dtype == torch.int8:
+        return codes.long()
     rows, half = codes.shape
     blocks = codes.view(rows, half // 16, 16).long()
     return torch.cat([blocks & 15, blocks >> 4], dim=-1).view(rows, 2 * half)
@@ -50,30 +61,32 @@ def test_activations_are_quantized_as_the_reference_does(shape):
         assert torch.equal(ours, theirs)
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("rows", "n"), [(1, 32), (7, 64), (13, 576), (33, 1536)])
-def test_each_block_sum_is_the_exact_integer_sum(variant, rows, n):
-    codes, _, _ = weights(rows, n)
+def test_each_block_sum_is_the_exact_integer_sum(variant, rows, n, bits):
+    codes, _, _ = weights(rows, n, bits=bits)
     xq = torch.randint(-127, 128, (n,), dtype=torch.int8)
     xq[:BLOCK] = torch.tensor([127, -127] * (BLOCK // 2), dtype=torch.int8)  # the extremes: no 16-bit overflow
-    codes[:, :16] = 0xFF
+    codes[:, :16] = 0xFF if bits == 4 else -128  # 15, or -128: |q| is 128, one past int8's positives
     expected = (unpacked(codes) * xq.long()).view(rows, -1, BLOCK).sum(-1)
     assert torch.equal(kernels.block_sums(codes, xq, variant=variant).long(), expected)
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize(("batch", "rows", "n"), [(1, 1, 32), (1, 7, 96), (3, 13, 576), (2, 64, 1536)])
 @pytest.mark.parametrize("threads", [1, 4])
-def test_the_product_is_the_float_product_within_the_int8_activations_error(variant, batch, rows, n, threads):
-    codes, scales, zeros = weights(rows, n, seed=rows)
+def test_the_product_is_the_float_product_within_the_int8_activations_error(variant, batch, rows, n, threads, bits):
+    codes, scales, offsets = weights(rows, n, seed=rows, bits=bits)
     x = torch.randn(batch, n)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        y = kernels.q4_matmul(x, codes, scales, zeros, variant=variant)
+        y = kernels.matmul(x, codes, scales, offsets, variant=variant)
     finally:
         torch.set_num_threads(before)
-    d, m = scales.float(), zeros.float() - 8 * scales.float()  # w = (q - 8) s + z = q d + m
+    d, m = scales.float(), torch.zeros_like(scales.float()) if offsets is None else offsets.float()  # w = q d + m
     w = (unpacked(codes) * d.repeat_interleave(BLOCK, 1) + m.repeat_interleave(BLOCK, 1)).double()  # (rows, n)
     exact = x.double() @ w.T
     # each input is off by at most half a step of its block, max|x| / 254: the bound for each output
@@ -87,31 +100,35 @@ def test_the_product_is_the_float_product_within_the_int8_activations_error(vari
     torch.testing.assert_close(y, reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_gives_the_portable_ones_outputs(variant):
-    codes, scales, zeros = weights(50, 2048, seed=3)
+def test_every_variant_gives_the_portable_ones_outputs(variant, bits):
+    codes, scales, offsets = weights(50, 2048, seed=3, bits=bits)
     x = torch.randn(2, 2048)
-    torch.testing.assert_close(kernels.q4_matmul(x, codes, scales, zeros, variant=variant),
-                               kernels.q4_matmul(x, codes, scales, zeros, variant="portable"), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kernels.matmul(x, codes, scales, offsets, variant=variant),
+                               kernels.matmul(x, codes, scales, offsets, variant="portable"), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_row_in_a_batch_gets_what_it_gets_alone(variant):
+def test_a_row_in_a_batch_gets_what_it_gets_alone(variant, bits):
     """The kernel takes activation rows four at a time (the codes unpacked once for them): each row's arithmetic
     is the same, so a prompt's rows equal the same rows decoded one by one, bit for bit (cached = uncached)."""
-    codes, scales, zeros = weights(24, 256, seed=5)
-    x = torch.randn(7, 256)
-    together = kernels.q4_matmul(x, codes, scales, zeros, variant=variant)
-    alone = torch.cat([kernels.q4_matmul(row[None], codes, scales, zeros, variant=variant) for row in x])
+    codes, scales, offsets = weights(24, 288, seed=5, bits=bits)  # 9 blocks: eight at once, then one alone
+    x = torch.randn(7, 288)
+    together = kernels.matmul(x, codes, scales, offsets, variant=variant)
+    alone = torch.cat([kernels.matmul(row[None], codes, scales, offsets, variant=variant) for row in x])
     assert torch.equal(together, alone)
 
 
 def test_shapes_that_do_not_fit_are_named():
-    codes, scales, zeros = weights(4, 64)
+    codes, scales, offsets = weights(4, 64)
     with pytest.raises(ValueError, match=r"x must be \(batch, 64\)"):
-        kernels.q4_matmul(torch.randn(1, 32), codes, scales, zeros)
-    with pytest.raises(ValueError, match=r"scales must be a contiguous CPU tensor \(4, 2\) of torch.bfloat16"):
-        kernels.q4_matmul(torch.randn(1, 64), codes, scales.float(), zeros)
+        kernels.matmul(torch.randn(1, 32), codes, scales, offsets)
+    with pytest.raises(ValueError, match=r"scales must be a contiguous CPU tensor \(4, 2\) of torch.float16"):
+        kernels.matmul(torch.randn(1, 64), codes, scales.float(), offsets)
+    with pytest.raises(ValueError, match=r"codes must be a contiguous CPU tensor \(4, 64\) of torch.int8"):
+        kernels.matmul(torch.randn(1, 64), codes, scales)  # no offsets: 8-bit codes expected
     with pytest.raises(ValueError, match="a multiple of 32"):
         kernels.quantize_activations(torch.randn(1, 48))
 
@@ -119,29 +136,37 @@ def test_shapes_that_do_not_fit_are_named():
 # ------------------------------------------------------------------------------------- the layer, and without it
 
 
-def test_the_kernels_layer_holds_the_numbers_pytorchs_holds():
-    """The same rows written into both layouts decode to the same weights; a Q4_1 block's bytes (span 16) copied
-    in as they are equal the codes written one by one; the product is the dequantized one within the int8 bound."""
+def test_the_kernels_layer_holds_a_files_blocks_exactly():
+    """Q4_1 blocks (codes, fp16 d and m) written as the GGUF reader gives them (scales d and zero points m + 8 d,
+    float32) are held exactly: the bytes, and d and m bit for bit, also extremes of fp16 (a subnormal scale, an
+    offset of -65504, Q4_0's m = -8 d); the weights are q d + m; rows written from floats decode within half a
+    step, and a product is the dequantized one within the int8 bound."""
     from qkv.kernels.layer import KernelInt4Linear
-    from qkv.quantize import Int4Linear
 
     torch.manual_seed(0)
-    linear = torch.nn.Linear(96, 40)
-    ours, theirs = KernelInt4Linear.from_linear(linear), Int4Linear.from_linear(linear, group_size=32)
-    assert torch.equal(ours.dequantized(), theirs.dequantized())
-    encoded = Int4Linear.encoded(torch.randn(8, 96), 32)
-    codes = encoded["codes"]
-    pairs = (codes.view(8, 3, 2, 16)[:, :, 0] | codes.view(8, 3, 2, 16)[:, :, 1] << 4).reshape(8, 48)
-    ours.write_pairs(8, pairs, 16, encoded["scales"], encoded["zeros"])
-    theirs.write_rows(8, **encoded)
-    assert torch.equal(ours.dequantized(), theirs.dequantized())
+    codes, d, m = weights(8, 96, seed=1)
+    d[0, 0], m[0, 0], m[1, 0], m[2] = 2**-20, -65504, -8 * d[1, 0], 0
+    ours = KernelInt4Linear(96, 16)
+    ours.write_pairs(8, codes, 16, d.float(), m.float() + 8 * d.float())
+    assert torch.equal(ours.codes[8:], codes)
+    assert torch.equal(ours.group_scales[8:].view(torch.int16), d.view(torch.int16))
+    assert torch.equal(ours.offsets[8:].view(torch.int16), m.view(torch.int16))
+    levels = torch.cat([codes.view(8, 3, 16) & 15, codes.view(8, 3, 16) >> 4], -1).float()  # (rows, block, 32)
+    assert torch.equal(ours.dequantized()[8:], (levels * d.float()[..., None] + m.float()[..., None]).view(8, 96))
     out = torch.empty(5, 96)
-    assert torch.equal(ours._decoded_rows(7, 12, out), theirs.dequantized()[7:12])
+    assert torch.equal(ours._decoded_rows(7, 12, out), ours.dequantized()[7:12])
+    linear = torch.nn.Linear(96, 40)
+    ours = KernelInt4Linear.from_linear(linear)
+    steps = (linear.weight.view(40, 3, 32).amax(-1) - linear.weight.view(40, 3, 32).amin(-1)) / 15
+    error = (ours.dequantized() - linear.weight).view(40, 3, 32).abs().amax(-1)
+    assert (error <= steps * (0.5 + 2**-9)).all()  # half a step, and the fp16 rounding of scale and offset
     x = torch.randn(3, 96)
     with torch.no_grad():
-        exact = x.double() @ theirs.dequantized().double().T + linear.bias.double()
+        exact = x.double() @ ours.dequantized().double().T + linear.bias.double()
         half_step = (x.view(3, -1, BLOCK).abs().amax(-1) / 254).repeat_interleave(BLOCK, 1).double()
-        assert ((ours(x).double() - exact).abs() <= half_step @ theirs.dequantized().abs().double().T + 1e-4).all()
+        assert ((ours(x).double() - exact).abs() <= half_step @ ours.dequantized().abs().double().T + 1e-4).all()
+    with pytest.raises(ValueError, match="beyond fp16's range"):
+        ours.write_rows(0, codes=torch.zeros(1, 96), scales=torch.full((1, 3), 1e5), zeros=torch.zeros(1, 3))
 
 
 def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatch, caplog):
@@ -185,7 +210,7 @@ def test_many_rows_take_the_widened_weights_with_the_same_numbers():
     torch.manual_seed(0)
     layer = KernelInt4Linear.from_linear(torch.nn.Linear(96, 4100))  # more rows than one tile of widened weights
     out = torch.empty(layer.out_features, 96)
-    assert torch.equal(kernels.dequantize(layer.codes, layer.scales, layer.zeros, out), layer._decoded())
+    assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, out), layer._decoded())
     x = torch.randn(WIDEN_ROWS + 3, 96)
     xq, xd, _ = reference_quantized(x)
     assert torch.equal(kernels.rounded_activations(x), (xq.float().view(len(x), -1, BLOCK) * xd[..., None]).view_as(x))

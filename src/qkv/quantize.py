@@ -263,7 +263,9 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
         rows = flat.to(self.input_dtype).contiguous()
-        if x.is_cpu:
+        if x.is_cpu and not (rows.requires_grad and torch.is_grad_enabled()):  # no backward: the kernel alone
+            y = self._cpu_product()(rows).to(x.dtype)
+        elif x.is_cpu:
             y = _QuantizedProduct.apply(rows, self).to(x.dtype)
         else:  # the kernels are the CPU's; elsewhere, widen the weights
             y = (rows.float() @ self._decoded().to(x.device).T).to(torch.bfloat16).to(x.dtype)

@@ -372,7 +372,7 @@ def _encode_rows(layer: QuantizedLinear, start: int, values: Tensor) -> None:
     """Rows ``start ...`` of ``layer`` encoded from their float32 ``values``: each row's codes and scales depend
     on that row alone, so a layer is encoded a chunk at a time."""
     if isinstance(layer, Int4Linear):
-        layer.write_rows(start, **Int4Linear.encoded(values, layer.group_size))
+        layer.write_rows(start, **layer.encoded(values, layer.group_size))
     else:
         layer.write_rows(start, **Int8Linear.encoded(values))
 

@@ -1,19 +1,21 @@
-"""qkv's native kernel: the int4 × int8 product of ``q4.c``, loaded through ctypes.
+"""qkv's native kernel: the block products of ``q4.c`` (int4 × int8, int8 × int8), loaded through ctypes.
 
 PyTorch's int4 kernel widens each 4-bit weight to a float; on a CPU with AVX2 and no AVX-512 that makes decoding
 compute-bound at a third of llama.cpp's speed. ``q4.c`` multiplies as llama.cpp does: the activations quantized to
 int8 per block of 32 inputs, each weight block times them in integers, one float multiply per block (the arithmetic
-is written out at the top of ``q4.c``). Three variants — portable C, AVX2, AVX-512 VNNI — the best the CPU runs
+is written out at the top of ``q4.c``). The weights are GGUF's blocks as a file stores them: 4-bit (Q4_0, Q4_1)
+or 8-bit (Q8_0). Three variants — portable C, AVX2, AVX-512 VNNI — the best the CPU runs
 chosen by default; the rows split over PyTorch's own OpenMP threads.
 
 The library is built when qkv is installed (``setup.py``, an optional extension). Where it is missing (no C compiler
 then) or cannot load, :func:`available` is False and :func:`why_not` says why in one line: qkv then multiplies with
 PyTorch's kernel.
 
-Layouts (see ``q4.c``): ``codes`` ``(rows, n / 2)`` uint8, block ``b`` of a row in bytes ``16 b`` to ``16 b + 15``,
-byte ``i`` holding input ``32 b + i`` in its low nibble and ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1
-order); ``scales`` and ``zeros`` ``(rows, n / 32)`` bfloat16, each weight ``(q - 8) · scale + zero``, as
-:class:`qkv.quantize.Int4Linear` holds them.
+Layouts (see ``q4.c``), each weight ``q · scale + offset``: 4-bit ``codes`` ``(rows, n / 2)`` uint8, block ``b``
+of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i`` in its low nibble and
+``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1 order); 8-bit ``codes`` ``(rows, n)`` int8, with no offsets;
+``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
+them), as :mod:`qkv.kernels.layer`'s layers hold them.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -46,12 +49,12 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_best_variant.restype = _INT
     library.qkv_runs_variant.argtypes = [_INT]
     library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
-    library.qkv_q4_linear.argtypes = [_INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
-    library.qkv_q4_linear.restype = _INT
+    library.qkv_linear.argtypes = [_INT, _INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
+    library.qkv_linear.restype = _INT
     library.qkv_q4_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P]
     library.qkv_q8_rounded.argtypes = [_P, _I64, _I64, _P]
-    library.qkv_q4_block_sums.argtypes = [_INT, _P, _I64, _I64, _P, _P]
-    library.qkv_q4_block_sums.restype = _INT
+    library.qkv_block_sums.argtypes = [_INT, _INT, _P, _I64, _I64, _P, _P]
+    library.qkv_block_sums.restype = _INT
     return library, ""
 
 
@@ -101,36 +104,59 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return xq, xd, xs
 
 
-def q4_matmul(x: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor, *, variant: str | None = None) -> Tensor:
-    """``x`` ``(batch, n)`` float32 times the int4 weights' transpose: ``(batch, rows)`` float32, the activations
-    quantized to int8 on the way, as :func:`quantize_activations` does."""
-    rows, n = codes.size(0), 2 * codes.size(1)
-    _check(codes, torch.uint8, (rows, n // 2), "codes")
-    for t, name in ((scales, "scales"), (zeros, "zeros")):
-        _check(t, torch.bfloat16, (rows, n // BLOCK), name)
+def _inputs(codes: Tensor) -> int:
+    """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8)."""
+    return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
+
+
+def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+           variant: str | None = None) -> Tensor:
+    """``x`` ``(batch, n)`` float32 times the weights' transpose: ``(batch, rows)`` float32, the activations
+    quantized to int8 on the way, as :func:`quantize_activations` does. 4-bit weights: ``codes`` uint8 and
+    ``offsets``; 8-bit: ``codes`` int8, no offsets."""
+    rows, n = codes.size(0), _inputs(codes)
+    _check(codes, torch.int8 if offsets is None else torch.uint8, (rows, n if offsets is None else n // 2), "codes")
+    for t, name in ((scales, "scales"), (offsets, "offsets")):
+        if t is not None or name == "scales":
+            _check(t, torch.float16, (rows, n // BLOCK), name)
     if x.dim() != 2 or x.size(1) != n:
         raise ValueError(f"x must be (batch, {n}), got {tuple(x.shape)}")
     number = None if variant is None else VARIANTS.index(variant)
-    return linear(x.float().contiguous(), codes, scales, zeros, variant=number)
+    return linear(x.float().contiguous(), codes, scales, offsets, variant=number)
 
 
-def linear(x: Tensor, codes: Tensor, scales: Tensor, zeros: Tensor, *, variant: int | None = None) -> Tensor:
-    """:func:`q4_matmul` without its checks, for a layer that made its buffers right once: ``x`` contiguous
+def linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+           variant: int | None = None) -> Tensor:
+    """:func:`matmul` without its checks, for a layer that made its buffers right once: ``x`` contiguous
     float32 ``(batch, n)``; ``variant`` a number (:data:`VARIANTS`' index; default the best)."""
-    y = x.new_empty(x.size(0), codes.size(0))
-    status = _library().qkv_q4_linear(_best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
-                                      zeros.data_ptr(), codes.size(0), x.size(1), x.data_ptr(), x.size(0),
-                                      y.data_ptr())
-    if status:
-        raise (ValueError("this CPU does not run that variant") if status == -1 else MemoryError())
-    return y
+    return bound_linear(codes, scales, offsets, variant=variant)(x)
 
 
-def dequantize(codes: Tensor, scales: Tensor, zeros: Tensor, out: Tensor) -> Tensor:
-    """The weights of these rows as float32 into ``out`` ``(rows, n)``: ``(q - 8) · scale + zero``, rounded as
-    :meth:`~qkv.quantize.Int4Linear.dequantized` computes them; returns ``out``. Rows are a slice of a layer's
+def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+                 variant: int | None = None) -> Callable[[Tensor], Tensor]:
+    """:func:`linear` with these weights: what does not depend on the input (the library's function, the buffers'
+    addresses) looked up once, so that a decoding step's call costs a few microseconds. The weights must stay
+    where they are (a layer remakes its function when its buffers move)."""
+    call = _library().qkv_linear
+    fixed = (_format(codes), _best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
+             None if offsets is None else offsets.data_ptr(), codes.size(0))
+    rows = codes.size(0)
+
+    def product(x: Tensor) -> Tensor:
+        y = x.new_empty(x.size(0), rows)
+        status = call(*fixed, x.size(1), x.data_ptr(), x.size(0), y.data_ptr())
+        if status:
+            raise (ValueError("this CPU does not run that variant") if status == -1 else MemoryError())
+        return y
+
+    return product
+
+
+def dequantize(codes: Tensor, scales: Tensor, offsets: Tensor, out: Tensor) -> Tensor:
+    """The weights of these rows as float32 into ``out`` ``(rows, n)``: ``q · scale + offset``, rounded as
+    :meth:`~qkv.quantize.QuantizedLinear.dequantized` computes them; returns ``out``. Rows are a slice of a layer's
     buffers (contiguous)."""
-    _library().qkv_q4_dequantize(codes.data_ptr(), scales.data_ptr(), zeros.data_ptr(), codes.size(0),
+    _library().qkv_q4_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), codes.size(0),
                                  2 * codes.size(1), out.data_ptr())
     return out
 
@@ -163,15 +189,20 @@ def _best() -> int:
     return _library().qkv_best_variant()
 
 
+def _format(codes: Tensor) -> int:
+    """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8)."""
+    return 1 if codes.dtype == torch.int8 else 0
+
+
 def block_sums(codes: Tensor, xq: Tensor, *, variant: str) -> Tensor:
     """The integer sum of every weight block times the activation row ``xq`` ``(n,)`` int8: ``(rows, n / 32)``
-    int32, as ``variant`` computes it (the tests hold each variant to a reference)."""
-    rows, n = codes.size(0), 2 * codes.size(1)
-    _check(codes, torch.uint8, (rows, n // 2), "codes")
+    int32, as ``variant`` computes it (the tests hold each variant to a reference). 4-bit codes uint8, 8-bit int8."""
+    rows, n = codes.size(0), _inputs(codes)
+    _check(codes, codes.dtype, (rows, codes.size(1)), "codes")
     _check(xq, torch.int8, (n,), "xq")
     sums = torch.empty(rows, n // BLOCK, dtype=torch.int32)
-    if _library().qkv_q4_block_sums(VARIANTS.index(variant), codes.data_ptr(), rows, n, xq.data_ptr(),
-                                    sums.data_ptr()):
+    if _library().qkv_block_sums(_format(codes), VARIANTS.index(variant), codes.data_ptr(), rows, n, xq.data_ptr(),
+                                 sums.data_ptr()):
         raise ValueError(f"this CPU does not run the {variant} variant")
     return sums
 
@@ -182,10 +213,11 @@ __all__ = [
     "available",
     "best_variant",
     "block_sums",
+    "bound_linear",
     "dequantize",
     "in_use",
     "linear",
-    "q4_matmul",
+    "matmul",
     "quantize_activations",
     "rounded_activations",
     "runs",

@@ -1,10 +1,13 @@
 """An int4 layer that multiplies with qkv's own kernel (``q4.c``) instead of PyTorch's.
 
 :class:`~qkv.quantize.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
-(rows in blocks of 32 or 64, input by input). :class:`KernelInt4Linear` holds the same numbers — 4-bit codes in
-groups of 32 inputs, a bfloat16 scale and zero point per group, ``W ≈ (q - 8) · s + z`` — in the layout of
-qkv's kernel, which is GGUF's: each row's codes in order, a group's 32 in 16 bytes, byte ``i`` holding input ``i``
-in its low nibble and input ``i + 16`` in its high one. A Q4_0 or Q4_1 file's blocks are copied in as they are.
+(rows in blocks of 32 or 64, input by input), with a bfloat16 scale and zero point per group of 32 inputs,
+``W ≈ (q - 8) · s + z``. :class:`KernelInt4Linear` holds 4-bit codes in groups of 32 too, in the layout of qkv's
+kernel, which is GGUF's: each row's codes in order, a group's 32 in 16 bytes, byte ``i`` holding input ``i`` in its
+low nibble and input ``i + 16`` in its high one; and per group an fp16 scale ``d`` and offset ``m``,
+``W ≈ q · d + m``, GGUF's Q4_1 form. A Q4_0 or Q4_1 file's blocks are so taken over exactly, bytes and fp16
+numbers as stored (Q4_0's offset is ``-8 d``); bfloat16 would round each scale by up to 2⁻⁹ of itself, which costs
+a measurable share of perplexity (docs/quantization.md). fp16 reaches 65504: weights beyond it are refused.
 
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
 of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` picks this
@@ -19,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, QuantizedLinear, check_int4, unpaired
-from . import BLOCK, dequantize, linear, rounded_activations
+from . import BLOCK, bound_linear, dequantize, rounded_activations
 
 _GROUP_BYTES = BLOCK // 2
 WIDEN_ROWS = 16  # from this many input rows on, widened weights and a float product beat the kernel (measured)
@@ -30,11 +33,12 @@ class KernelInt4Linear(Int4Linear):
     """``y = x Ŵᵀ + b`` with Ŵ in 4 bits, multiplied by qkv's int4 × int8 kernel.
 
     Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (GGUF's order, see the module's text),
-    ``group_scales`` and ``group_zeros`` ``(out_features, in_features / 32)`` bfloat16 (``scales`` and ``zeros``,
-    as :class:`~qkv.quantize.Int4Linear` names them).
+    ``scales`` and ``offsets`` ``(out_features, in_features / 32)`` float16, ``W = q · scale + offset``. Rows are
+    written as :class:`~qkv.quantize.Int4Linear`'s are, as scales and zero points ``z = offset + 8 · scale``.
 
     Raises:
-        ValueError: ``in_features`` not a multiple of 32 (or a group size other than 32).
+        ValueError: ``in_features`` not a multiple of 32 (or a group size other than 32); rows written with a
+            scale or offset beyond fp16's range.
     """
 
     input_dtype = torch.float32  # the kernel quantizes its input to int8 itself: nothing is lost to bf16 first
@@ -48,16 +52,28 @@ class KernelInt4Linear(Int4Linear):
         self.group_size = BLOCK
         groups = in_features // BLOCK
         self.register_buffer("codes", torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8))
-        self.register_buffer("group_scales", torch.zeros(out_features, groups, dtype=torch.bfloat16))
-        self.register_buffer("group_zeros", torch.zeros(out_features, groups, dtype=torch.bfloat16))
+        self.register_buffer("group_scales", torch.zeros(out_features, groups, dtype=torch.float16))
+        self.register_buffer("offsets", torch.zeros(out_features, groups, dtype=torch.float16))
 
     @property
-    def scales(self) -> Tensor:
+    def scales(self) -> Tensor:  # a buffer of its own name would clash with Int4Linear's property
         return self.group_scales
 
     @property
     def zeros(self) -> Tensor:
-        return self.group_zeros
+        """The zero points ``offset + 8 · scale`` (float32), as :class:`~qkv.quantize.Int4Linear` states them."""
+        return self.offsets.float() + 8 * self.group_scales.float()
+
+    @staticmethod
+    def encoded(w: Tensor, group_size: int = BLOCK) -> dict[str, Tensor]:
+        """As :meth:`Int4Linear.encoded <qkv.quantize.Int4Linear.encoded>`, the codes chosen against the scales
+        and offsets as fp16 holds them (the group's least weight the offset, its range / 15 the scale)."""
+        groups = w.view(w.size(0), -1, group_size)
+        lows, highs = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((highs - lows) / 15).clamp(min=2**-24).half().float()  # 2⁻²⁴: fp16's least step, never 0
+        offsets = lows.half().float()
+        codes = ((groups - offsets[..., None]) / scales[..., None]).round().clamp(0, 15)
+        return {"codes": codes.to(torch.uint8).view(w.size(0), -1), "scales": scales, "zeros": offsets + 8 * scales}
 
     def write_rows(self, start: int, codes: Tensor, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` in [0, 15], scales and zeros ``(r, n_groups)``."""
@@ -76,47 +92,56 @@ class KernelInt4Linear(Int4Linear):
         self._write_groups(start, scales, zeros)
 
     def _write_groups(self, start: int, scales: Tensor, zeros: Tensor) -> None:
-        self.scales[start : start + len(scales)] = scales.to(torch.bfloat16)
-        self.zeros[start : start + len(zeros)] = zeros.to(torch.bfloat16)
+        """The groups' fp16 scales and offsets ``zeros - 8 · scales``, taken in float64: where the zero point was
+        made in float32 of a file's fp16 offset and scale (:func:`~qkv.interop.ggml_blocks.int4_groups`), that
+        sum was exact and the offset comes back as the file holds it."""
+        scales = scales.double()
+        halves = torch.stack([scales, zeros.double() - 8 * scales]).half()
+        if not torch.isfinite(halves).all():
+            raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's int4 kernel; quantize "
+                             "with QKV_INT4_KERNEL=torch")
+        self.group_scales[start : start + len(scales)] = halves[0]
+        self.offsets[start : start + len(scales)] = halves[1]
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
-        """The reference: every weight ``(q - 8) · scale + zero`` from the buffers, in torch."""
+        """The reference: every weight ``q · scale + offset`` from the buffers, in torch."""
         rows = slice(None) if outputs is None else outputs.to(self.codes.device)
-        codes, scales, zeros = self.codes[rows], self.scales[rows], self.zeros[rows]
+        codes, scales, offsets = self.codes[rows], self.group_scales[rows], self.offsets[rows]
         groups = codes.view(len(codes), -1, 1, _GROUP_BYTES)
         levels = torch.cat([groups & 15, groups >> 4], dim=2).view(len(codes), -1, BLOCK).float()
-        return ((levels - 8) * scales.float()[..., None] + zeros.float()[..., None]).view(len(codes), -1)
+        return (levels * scales.float()[..., None] + offsets.float()[..., None]).view(len(codes), -1)
 
     def _tile_rows(self) -> int:
         return QuantizedLinear._tile_rows(self)  # any rows: each is read where it lies
 
     def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
         """Rows ``start`` to ``end`` widened by the kernel's library: the numbers :meth:`_decoded` gives."""
-        return dequantize(self.codes[start:end], self.scales[start:end], self.zeros[start:end], out)
+        return dequantize(self.codes[start:end], self.group_scales[start:end], self.offsets[start:end], out)
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
         """A few rows: the int4 × int8 kernel. From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the same
         int8-rounded inputs times the weights widened a tile of rows at a time, by PyTorch's float matrix
         product: equal up to float rounding, and several times faster there (docs/quantization.md)."""
-        codes, scales, zeros = self.codes, self.scales, self.zeros
+        codes, scales, offsets = self.codes, self.group_scales, self.offsets
         tile = max(1, WIDEN_TILE_WEIGHTS // self.in_features)
+        kernel = bound_linear(codes, scales, offsets)
 
         def product(x: Tensor) -> Tensor:
             if x.size(0) < WIDEN_ROWS:
-                return linear(x, codes, scales, zeros)
+                return kernel(x)
             inputs = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
             y = x.new_empty(len(codes), x.size(0))
             weights = x.new_empty(min(tile, len(codes)), self.in_features)
             for start in range(0, len(codes), tile):
                 end = min(start + tile, len(codes))
-                w = dequantize(codes[start:end], scales[start:end], zeros[start:end], weights[: end - start])
+                w = dequantize(codes[start:end], scales[start:end], offsets[start:end], weights[: end - start])
                 torch.mm(w, inputs, out=y[start:end])
             return y.T.contiguous()
 
         return product
 
     def _format(self) -> str:
-        return "int4, group_size=32, qkv's kernel"
+        return "int4, group_size=32, fp16 scales, qkv's kernel"
 
 
 __all__ = ["KernelInt4Linear"]

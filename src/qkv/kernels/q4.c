@@ -1,28 +1,32 @@
-/* qkv's int4 x int8 product: y = x W^T for weights of 4 bits and activations quantized to 8 bits, per block of 32.
+/* qkv's block products: y = x W^T for weights of 4 or 8 bits and activations quantized to 8 bits, per block of 32.
  *
  * PyTorch's int4 kernel widens every 4-bit code to a float and multiplies in floats. Here, as llama.cpp does, the
  * activation row is first quantized to int8 per block of 32 inputs (one float scale each), and each block of a
- * weight row is multiplied by it in integers: 32 products of a 4-bit code and an 8-bit value summed exactly in
+ * weight row is multiplied by it in integers: 32 products of a weight code and an 8-bit value summed exactly in
  * 32 bits, then one float multiply per block. With
  *
- *     w_j = d * q_j + m          (q_j in 0..15: the weight block's scale d and offset m, GGUF's Q4_1; qkv's
- *                                 Int4Linear keeps (q_j - 8) s + z in bfloat16, so d = s and m = z - 8 s)
+ *     w_j = d * q_j + m          the weight block: its scale d and offset m both fp16, as GGUF stores them;
+ *                                Q4 (Q4_1): q_j in 0..15; a Q4_0 block is d (q_j - 8): m = -8 d, also exact in fp16;
+ *                                Q8 (Q8_0): q_j in -128..127 and no offset, m = 0
  *     x_j ~ e * p_j              (p_j in -127..127: the activation block's scale e = max|x| / 127)
  *
  * a block contributes  sum_j w_j x_j ~ d e (sum_j q_j p_j) + m e (sum_j p_j),  the integer sum the only work per
  * input; e * sum_j p_j is computed once per activation block, for every row.
  *
  * Layouts (row-major, contiguous):
- *   codes   (rows, n / 2) bytes: for block b of a row, bytes 16 b .. 16 b + 15; byte i holds input 32 b + i in its low
- *           nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order)
- *   s, z    (rows, n / 32) bfloat16: each block's scale s and zero point z, w_j = (q_j - 8) s + z
+ *   codes   Q4: (rows, n / 2) bytes: for block b of a row, bytes 16 b .. 16 b + 15; byte i holds input 32 b + i in
+ *           its low nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order);
+ *           Q8: (rows, n) signed bytes, in input order
+ *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only)
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
  *   y       (batch, rows) floats
  *
  * Variants: portable C, AVX2 (vpmaddubsw: unsigned x signed bytes into 16-bit pairs, then vpmaddwd into 32 bits) and
- * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction), chosen by what the CPU reports. The
- * rows are split over OpenMP threads: the library is built with -fopenmp but not linked to an OpenMP runtime, so it
- * runs on the one PyTorch loaded (its threads, torch.get_num_threads()), never a second pool beside it.
+ * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction), both with F16C for the fp16 scales,
+ * chosen by what the CPU reports. Both instructions take one unsigned operand: Q4's codes are; a Q8 block is taken
+ * as |q_j| times p_j with q_j's sign (vpsignb). The rows are split over OpenMP threads: the library is built with
+ * -fopenmp but not linked to an OpenMP runtime, so it runs on the one PyTorch loaded (its threads,
+ * torch.get_num_threads()), never a second pool beside it.
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,17 +34,27 @@
 
 #define BLOCK 32
 
-enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };
+enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
+enum { Q4 = 0, Q8 = 1 };                            /* the weight blocks' formats */
 
 int qkv_best_variant(void);
 
-/* A bfloat16 (the top half of a float32's bits) as a float. */
-static inline float bf16(uint16_t h)
+/* An IEEE fp16 as a float (exact: every fp16 is a float), without F16C. */
+static float half_portable(uint16_t h)
 {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, exponent = (h >> 10) & 31, mantissa = h & 1023;
     union {
         uint32_t bits;
         float value;
-    } v = {(uint32_t)h << 16};
+    } v;
+    if (exponent == 31)  /* infinity or NaN */
+        v.bits = sign | 0x7f800000u | mantissa << 13;
+    else if (exponent != 0)  /* normal: rebias the exponent from 15 to 127 */
+        v.bits = sign | (exponent + 112) << 23 | mantissa << 13;
+    else {  /* zero or subnormal: mantissa * 2^-24, exact in a float */
+        v.value = (float)mantissa * 0x1p-24f;
+        v.bits |= sign;
+    }
     return v.value;
 }
 
@@ -78,36 +92,59 @@ void qkv_quantize_q8(const float *x, int64_t batch, int64_t n, int8_t *xq, float
 
 /* ------------------------------------------------------------------------------------ one block: the integer sum */
 
-static int32_t block_sum_portable(const uint8_t *c, const int8_t *p)
+static int32_t block_sum_portable(int format, const uint8_t *c, const int8_t *p)
 {
     int32_t sum = 0;
-    for (int i = 0; i < BLOCK / 2; i++)
-        sum += (c[i] & 15) * p[i] + (c[i] >> 4) * p[i + BLOCK / 2];
+    if (format == Q8)
+        for (int i = 0; i < BLOCK; i++)
+            sum += (int8_t)c[i] * p[i];
+    else
+        for (int i = 0; i < BLOCK / 2; i++)
+            sum += (c[i] & 15) * p[i] + (c[i] >> 4) * p[i + BLOCK / 2];
     return sum;
 }
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-/* The 32 codes of a block as bytes 0..15, inputs 0..15 in the low 128 bits and 16..31 in the high ones. */
-__attribute__((target("avx2"))) static inline __m256i codes_avx2(const uint8_t *c)
+/* A Q4 block's 32 codes as bytes 0..15, inputs 0..15 in the low 128 bits and 16..31 in the high ones. */
+__attribute__((target("avx2"))) static inline __m256i codes_q4(const uint8_t *c)
 {
     __m128i packed = _mm_loadu_si128((const __m128i *)c);
     __m256i both = _mm256_set_m128i(_mm_srli_epi16(packed, 4), packed);
     return _mm256_and_si256(both, _mm256_set1_epi8(15));
 }
 
-/* Eight 32-bit partial sums of a block's 32 products: its codes (as codes_avx2 gives them) times 32 activations. */
-__attribute__((target("avx2"))) static inline __m256i products_avx2(__m256i codes, const int8_t *p)
+/* A Q8 block's 32 codes as stored. */
+__attribute__((target("avx2"))) static inline __m256i codes_q8(const uint8_t *c)
 {
-    __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)p));  /* <= 2 * 15 * 127 */
+    return _mm256_loadu_si256((const __m256i *)c);
+}
+
+/* Eight 32-bit partial sums of a block's 32 products: its codes (as codes_q4 or codes_q8 give them) times 32
+ * activations; Q8's as |q| times p with q's sign, |q| <= 128 and |p| <= 127, so that the unsigned x signed
+ * instructions take them. */
+__attribute__((target("avx2"))) static inline __m256i products_avx2(int format, __m256i codes, const int8_t *p)
+{
+    __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    if (format == Q8) {
+        x = _mm256_sign_epi8(x, codes);
+        codes = _mm256_sign_epi8(codes, codes);
+    }
+    __m256i pairs = _mm256_maddubs_epi16(codes, x);  /* <= 2 * 128 * 127: no 16-bit saturation */
     return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
 }
 
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i products_vnni(__m256i codes,
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i products_vnni(int format,
+                                                                                             __m256i codes,
                                                                                              const int8_t *p)
 {
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, _mm256_loadu_si256((const __m256i *)p));
+    __m256i x = _mm256_loadu_si256((const __m256i *)p);
+    if (format == Q8) {
+        x = _mm256_sign_epi8(x, codes);
+        codes = _mm256_sign_epi8(codes, codes);
+    }
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), codes, x);
 }
 
 __attribute__((target("avx2"))) static inline int32_t sum8_epi32(__m256i v)
@@ -126,70 +163,112 @@ __attribute__((target("avx2,fma"))) static inline float sum8_ps(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* An fp16 as a float, by F16C's instruction. */
+__attribute__((target("f16c"))) static inline float half_f16c(uint16_t h)
+{
+    return _cvtsh_ss(h);
+}
+
 /* One weight row against `count` (1 to TILE) activation rows, `n` apart: each block's codes unpacked once for all
- * of them; per activation row, the blocks' integer sums turned to floats and scaled by d e in eight lanes, then
- * m e sum p. A row's arithmetic is the same whatever `count` is, so a row in a batch gets what it gets alone. */
+ * of them; per activation row, the blocks' integer sums turned to floats and scaled by d e in eight lanes (two
+ * accumulators, alternate blocks), then (Q4) m e sum p. The scales and offsets of eight blocks are widened and
+ * multiplied at once, in eight lanes; the last blocks of a row (fewer than eight) one by one. A row's arithmetic is
+ * the same whatever `count` is, so a row in a batch gets what it gets alone. `format` and `count` are constants in
+ * each call below: the branches on them vanish, the loops over rows unroll, the sums stay in registers. */
 #define TILE 4
 #define ROWS_DOT(name, products, targets)                                                                            \
     __attribute__((target(targets), always_inline)) static inline void name##_body(                                  \
-        const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e, const float *s,   \
-        int64_t blocks, int64_t n, const int count, float *out)                                                      \
+        const int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e, \
+        const float *s, int64_t blocks, int64_t n, const int count, float *out)                                      \
     {                                                                                                                \
-        __m256 acc[TILE];                                                                                            \
-        float offsets[TILE];                                                                                         \
+        const int64_t bytes = format == Q8 ? BLOCK : BLOCK / 2; /* a block's codes */                                \
+        __m256 acc[TILE][2], offsets[TILE];                                                                          \
+        float tail[TILE];                                                                                            \
         for (int k = 0; k < count; k++) {                                                                           \
-            acc[k] = _mm256_setzero_ps();                                                                            \
-            offsets[k] = 0.0f;                                                                                       \
+            acc[k][0] = acc[k][1] = offsets[k] = _mm256_setzero_ps();                                                \
+            tail[k] = 0.0f;                                                                                          \
         }                                                                                                            \
-        for (int64_t b = 0; b < blocks; b++) {                                                                       \
-            float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;                                                       \
-            __m256i codes = codes_avx2(c + b * (BLOCK / 2));                                                         \
+        int64_t b = 0;                                                                                               \
+        for (; b + 8 <= blocks; b += 8) {                                                                            \
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));                                 \
+            float scale[TILE][8];                                                                                    \
+            for (int k = 0; k < count; k++)                                                                          \
+                _mm256_storeu_ps(scale[k], _mm256_mul_ps(d, _mm256_loadu_ps(e + k * blocks + b)));                   \
+            if (format == Q4) {                                                                                      \
+                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));                              \
+                for (int k = 0; k < count; k++)                                                                      \
+                    offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);                \
+            }                                                                                                        \
+            for (int j = 0; j < 8; j++) {                                                                            \
+                __m256i codes = format == Q8 ? codes_q8(c + (b + j) * bytes) : codes_q4(c + (b + j) * bytes);       \
+                for (int k = 0; k < count; k++) {                                                                    \
+                    __m256 sums = _mm256_cvtepi32_ps(products(format, codes, p + k * n + (b + j) * BLOCK));          \
+                    acc[k][j & 1] = _mm256_fmadd_ps(_mm256_set1_ps(scale[k][j]), sums, acc[k][j & 1]);               \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (; b < blocks; b++) {                                                                                    \
+            float d = half_f16c(wd[b]);                                                                              \
+            __m256i codes = format == Q8 ? codes_q8(c + b * bytes) : codes_q4(c + b * bytes);                        \
             for (int k = 0; k < count; k++) {                                                                        \
-                __m256 sums = _mm256_cvtepi32_ps(products(codes, p + k * n + b * BLOCK));                            \
-                acc[k] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k]);                       \
-                offsets[k] += m * s[k * blocks + b];                                                                 \
+                __m256 sums = _mm256_cvtepi32_ps(products(format, codes, p + k * n + b * BLOCK));                    \
+                acc[k][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k][b & 1]);         \
+                if (format == Q4)                                                                                    \
+                    tail[k] += half_f16c(wm[b]) * s[k * blocks + b];                                                 \
             }                                                                                                        \
         }                                                                                                            \
         for (int k = 0; k < count; k++)                                                                              \
-            out[k] = sum8_ps(acc[k]) + offsets[k];                                                                   \
+            out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1])) + sum8_ps(offsets[k]) + tail[k];                   \
     }                                                                                                                \
-    /* the count a constant in each call below: the loops over rows unrolled, the sums kept in registers */          \
-    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *ws, const uint16_t *wz,     \
-                                                      const int8_t *p, const float *e, const float *s,               \
-                                                      int64_t blocks, int64_t n, int count, float *out)              \
+    __attribute__((target(targets))) static void name(int format, const uint8_t *c, const uint16_t *wd,             \
+                                                      const uint16_t *wm, const int8_t *p, const float *e,           \
+                                                      const float *s, int64_t blocks, int64_t n, int count,          \
+                                                      float *out)                                                    \
     {                                                                                                                \
+        if (format == Q8) {                                                                                          \
+            switch (count) {                                                                                         \
+            case 1: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                   \
+            case 2: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                   \
+            case 3: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                   \
+            default: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, TILE, out);                                      \
+            }                                                                                                        \
+            return;                                                                                                  \
+        }                                                                                                            \
         switch (count) {                                                                                             \
-        case 1: name##_body(c, ws, wz, p, e, s, blocks, n, 1, out); break;                                           \
-        case 2: name##_body(c, ws, wz, p, e, s, blocks, n, 2, out); break;                                           \
-        case 3: name##_body(c, ws, wz, p, e, s, blocks, n, 3, out); break;                                           \
-        default: name##_body(c, ws, wz, p, e, s, blocks, n, TILE, out);                                              \
+        case 1: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                       \
+        case 2: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                       \
+        case 3: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                       \
+        default: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, TILE, out);                                          \
         }                                                                                                            \
     }
 
-ROWS_DOT(rows_avx2, products_avx2, "avx2,fma")
-ROWS_DOT(rows_vnni, products_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni")
+ROWS_DOT(rows_avx2, products_avx2, "avx2,fma,f16c")
+ROWS_DOT(rows_vnni, products_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 
-__attribute__((target("avx2"))) static int32_t block_sum_avx2(const uint8_t *c, const int8_t *p)
+__attribute__((target("avx2"))) static int32_t block_sum_avx2(int format, const uint8_t *c, const int8_t *p)
 {
-    return sum8_epi32(products_avx2(codes_avx2(c), p));
+    return sum8_epi32(products_avx2(format, format == Q8 ? codes_q8(c) : codes_q4(c), p));
 }
 
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_vnni(const uint8_t *c,
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_vnni(int format,
+                                                                                        const uint8_t *c,
                                                                                         const int8_t *p)
 {
-    return sum8_epi32(products_vnni(codes_avx2(c), p));
+    return sum8_epi32(products_vnni(format, format == Q8 ? codes_q8(c) : codes_q4(c), p));
 }
 #endif
 
-static void rows_portable(const uint8_t *c, const uint16_t *ws, const uint16_t *wz, const int8_t *p, const float *e,
-                          const float *s, int64_t blocks, int64_t n, int count, float *out)
+static void rows_portable(int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p,
+                          const float *e, const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
+    int64_t bytes = format == Q8 ? BLOCK : BLOCK / 2;
     for (int k = 0; k < count; k++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
-            float d = bf16(ws[b]), m = bf16(wz[b]) - 8.0f * d;
-            int32_t sum = block_sum_portable(c + b * (BLOCK / 2), p + k * n + b * BLOCK);
-            acc += d * e[k * blocks + b] * (float)sum + m * s[k * blocks + b];
+            int32_t sum = block_sum_portable(format, c + b * bytes, p + k * n + b * BLOCK);
+            acc += half_portable(wd[b]) * e[k * blocks + b] * (float)sum;
+            if (format == Q4)
+                acc += half_portable(wm[b]) * s[k * blocks + b];
         }
         out[k] = acc;
     }
@@ -202,9 +281,10 @@ int qkv_best_variant(void)
 {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
         return AVX512_VNNI;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (avx2)
         return AVX2;
 #endif
     return PORTABLE;
@@ -216,7 +296,7 @@ int qkv_runs_variant(int variant)
     return variant >= PORTABLE && variant <= qkv_best_variant();
 }
 
-typedef void (*rows_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
+typedef void (*rows_dot)(int, const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
                          const float *, int64_t, int64_t, int, float *);
 
 static rows_dot variant_rows(int variant)
@@ -230,32 +310,38 @@ static rows_dot variant_rows(int variant)
     return rows_portable;
 }
 
-/* y (batch, rows) = the product of `batch` quantized activation rows and the int4 weights; returns 0, or -1 for a
- * variant this CPU does not run. */
-int qkv_q4_matmul(int variant, const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n,
-                  const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+/* A row's bytes of codes. */
+static int64_t row_bytes(int format, int64_t n)
 {
-    if (!qkv_runs_variant(variant))
+    return format == Q8 ? n : n / 2;
+}
+
+/* y (batch, rows) = the product of `batch` quantized activation rows and the weights in `format` (m NULL for Q8);
+ * returns 0, or -1 for a variant this CPU does not run or an unknown format. */
+int qkv_matmul(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
+               int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+{
+    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8))
         return -1;
     rows_dot dot = variant_rows(variant);
-    int64_t blocks = n / BLOCK;
+    int64_t blocks = n / BLOCK, stride = row_bytes(format, n);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t i = 0; i < batch; i += TILE) {  /* TILE activation rows at a time: the codes unpacked once */
             int count = batch - i < TILE ? (int)(batch - i) : TILE;
             float out[TILE];
-            dot(codes + r * (n / 2), s + r * blocks, z + r * blocks, xq + i * n, xd + i * blocks, xs + i * blocks,
-                blocks, n, count, out);
+            dot(format, codes + r * stride, d + r * blocks, format == Q4 ? m + r * blocks : NULL, xq + i * n,
+                xd + i * blocks, xs + i * blocks, blocks, n, count, out);
             for (int k = 0; k < count; k++)
                 y[(i + k) * rows + r] = out[k];
         }
     return 0;
 }
 
-/* y (batch, rows) = x (batch, n) floats times the int4 weights: the activations quantized here, then
- * qkv_q4_matmul; returns 0, -1 for a variant this CPU does not run, -2 out of memory. */
-int qkv_q4_linear(int variant, const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n,
-                  const float *x, int64_t batch, float *y)
+/* y (batch, rows) = x (batch, n) floats times the weights: the activations quantized here, then qkv_matmul;
+ * returns 0, -1 as qkv_matmul does, -2 out of memory. */
+int qkv_linear(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
+               int64_t n, const float *x, int64_t batch, float *y)
 {
     int64_t blocks = batch * (n / BLOCK);
     int8_t *xq = malloc((size_t)(batch * n) + 2 * sizeof(float) * (size_t)blocks + 16);
@@ -263,37 +349,37 @@ int qkv_q4_linear(int variant, const uint8_t *codes, const uint16_t *s, const ui
         return -2;
     float *xd = (float *)(((uintptr_t)(xq + batch * n) + 15) & ~(uintptr_t)15), *xs = xd + blocks;
     qkv_quantize_q8(x, batch, n, xq, xd, xs);
-    int status = qkv_q4_matmul(variant, codes, s, z, rows, n, xq, xd, xs, batch, y);
+    int status = qkv_matmul(format, variant, codes, d, m, rows, n, xq, xd, xs, batch, y);
     free(xq);
     return status;
 }
 
-/* One block's 32 weights as floats: (q - 8) s + z, a multiply and an add each rounded (the reference's order). */
-static void widen_block_portable(const uint8_t *c, float scale, float zero, float *w)
+/* One block's 32 weights as floats: q d + m, a multiply and an add each rounded (the reference's order). */
+static void widen_block_portable(const uint8_t *c, float d, float m, float *w)
 {
     for (int i = 0; i < BLOCK / 2; i++) {
-        w[i] = ((float)(c[i] & 15) - 8.0f) * scale + zero;
-        w[i + BLOCK / 2] = ((float)(c[i] >> 4) - 8.0f) * scale + zero;
+        w[i] = (float)(c[i] & 15) * d + m;
+        w[i + BLOCK / 2] = (float)(c[i] >> 4) * d + m;
     }
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, float scale, float zero, float *w)
+__attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, float d, float m, float *w)
 {
-    __m256i codes = codes_avx2(c);  /* inputs 0..31, a byte each */
-    __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero), eight = _mm256_set1_ps(8.0f);
+    __m256i codes = codes_q4(c);  /* inputs 0..31, a byte each */
+    __m256 scale = _mm256_set1_ps(d), offset = _mm256_set1_ps(m);
     for (int k = 0; k < 4; k++) {
         __m128i bytes = k < 2 ? _mm256_castsi256_si128(codes) : _mm256_extracti128_si256(codes, 1);
         __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(k % 2 ? _mm_srli_si128(bytes, 8) : bytes));
-        _mm256_storeu_ps(w + 8 * k, _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(q, eight), s), z));
+        _mm256_storeu_ps(w + 8 * k, _mm256_add_ps(_mm256_mul_ps(q, scale), offset));
     }
 }
 #endif
 
-/* The weights of `rows` rows as floats, out (rows, n): (q - 8) s + z, rounded as written (the reference
- * Int4Linear._decoded computes the same). For many input rows at once: widened a tile at a time, then a float
+/* The weights of `rows` rows as floats, out (rows, n): q d + m, rounded as written (the reference
+ * KernelInt4Linear._decoded computes the same). For many input rows at once: widened a tile at a time, then a float
  * matrix product, which beats taking the rows a few at a time. */
-void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *s, const uint16_t *z, int64_t rows, int64_t n, float *out)
+void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows, int64_t n, float *out)
 {
     int64_t blocks = n / BLOCK;
     void (*widen)(const uint8_t *, float, float, float *) = widen_block_portable;
@@ -304,8 +390,8 @@ void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *s, const uint16_t *
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++)
-            widen(codes + r * (n / 2) + b * (BLOCK / 2), bf16(s[r * blocks + b]), bf16(z[r * blocks + b]),
-                  out + r * n + b * BLOCK);
+            widen(codes + r * (n / 2) + b * (BLOCK / 2), half_portable(d[r * blocks + b]),
+                  half_portable(m[r * blocks + b]), out + r * n + b * BLOCK);
 }
 
 /* The activations as the kernel sees them, out (batch, n): each block's codes times its scale, p e. */
@@ -322,21 +408,22 @@ void qkv_q8_rounded(const float *x, int64_t batch, int64_t n, float *out)
 
 /* The integer sum of every (row, block): sums (rows, n / 32), for the tests (each variant must equal the portable
  * one and a reference in Python exactly). */
-int qkv_q4_block_sums(int variant, const uint8_t *codes, int64_t rows, int64_t n, const int8_t *xq, int32_t *sums)
+int qkv_block_sums(int format, int variant, const uint8_t *codes, int64_t rows, int64_t n, const int8_t *xq,
+                   int32_t *sums)
 {
-    if (!qkv_runs_variant(variant))
+    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8))
         return -1;
-    int64_t blocks = n / BLOCK;
+    int64_t blocks = n / BLOCK, bytes = row_bytes(format, n) / blocks;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *c = codes + r * (n / 2) + b * (BLOCK / 2);
+            const uint8_t *c = codes + r * row_bytes(format, n) + b * bytes;
             const int8_t *p = xq + b * BLOCK;
-            int32_t sum = block_sum_portable(c, p);
+            int32_t sum = block_sum_portable(format, c, p);
 #if defined(__x86_64__)
             if (variant == AVX2)
-                sum = block_sum_avx2(c, p);
+                sum = block_sum_avx2(format, c, p);
             else if (variant == AVX512_VNNI)
-                sum = block_sum_vnni(c, p);
+                sum = block_sum_vnni(format, c, p);
 #endif
             sums[r * blocks + b] = sum;
         }
