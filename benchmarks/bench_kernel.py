@@ -7,7 +7,7 @@ SmolLM2-135M-Instruct's perplexity on tinyshakespeare through each (the cost of 
 The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity on
 llama-perplexity's measure (the first 20,000 characters of ``../shared/data/tinyshakespeare/input.txt``, chunks
 of 128 tokens each scored on its second half): fp32 weights, then int4 as stored (Q4_1) through each kernel
-(``QKV_INT4_KERNEL``), and llama.cpp's own with ``--llama-cpp``.
+(``QKV_KERNEL``), and llama.cpp's own with ``--llama-cpp``.
 """
 
 from __future__ import annotations
@@ -92,12 +92,13 @@ def perplexity(llama_cpp: Path | None) -> None:
 
     reference = measure("none")
     print(f"perplexity, fp32 weights: {reference:.4f}")
-    kinds = (("qkv's kernel (int8 activations)", "qkv"), ("PyTorch's int4 kernel (bf16 activations)", "torch"))
+    kinds = (("qkv's kernel (Q4_1 and Q8_0 as stored, int8 activations)", "qkv"),
+             ("PyTorch's kernels (int4 with bf16 scales, int8 per row; bf16 activations)", "torch"))
     for name, env in kinds:
-        os.environ["QKV_INT4_KERNEL"] = env
+        os.environ["QKV_KERNEL"] = env
         value = measure("auto")
-        print(f"perplexity, int4 as stored, {name}: {value:.4f} ({100 * (value / reference - 1):+.2f}%)")
-    os.environ.pop("QKV_INT4_KERNEL")
+        print(f"perplexity, {name}: {value:.4f} ({100 * (value / reference - 1):+.2f}%)")
+    os.environ.pop("QKV_KERNEL")
     if llama_cpp is not None:  # its own process, one thread: this one's PyTorch threads would steal its cores
         with tempfile.NamedTemporaryFile("w", suffix=".txt", encoding="utf-8") as f:
             f.write(text)

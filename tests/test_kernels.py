@@ -169,34 +169,33 @@ def test_the_kernels_layer_holds_a_files_blocks_exactly():
         ours.write_rows(0, codes=torch.zeros(1, 96), scales=torch.full((1, 3), 1e5), zeros=torch.zeros(1, 3))
 
 
-def test_pytorchs_kernel_is_chosen_when_asked_or_when_qkvs_is_missing(monkeypatch, caplog):
-    """By default qkv's kernel where PyTorch's CPU code is below AVX-512; QKV_INT4_KERNEL=torch, or a library that
-    was not built: Int4Linear on PyTorch's kernel, the reason said once in one line; groups of 64 are PyTorch's
-    too (the kernel's are 32)."""
-    from qkv.kernels.layer import KernelInt4Linear
-    from qkv.quantize import Int4Linear, _say_once, int4_class
+def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypatch, caplog):
+    """By default qkv's kernel layers wherever the library is built (int4 in groups of 32, int8 on whole blocks of
+    32 inputs); QKV_KERNEL=torch, or a library that was not built: PyTorch's, the reason said once in one line."""
+    from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
+    from qkv.quantize import Int4Linear, Int8Linear, _say_once, int4_class, int8_class
 
-    monkeypatch.delenv("QKV_INT4_KERNEL", raising=False)
-    for capability, chosen in (("AVX2", KernelInt4Linear), ("DEFAULT", KernelInt4Linear), ("AVX512", Int4Linear)):
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
-        assert int4_class(32) is chosen and int4_class(64) is Int4Linear  # auto: PyTorch's below AVX-512 is slow
-    monkeypatch.setenv("QKV_INT4_KERNEL", "torch")
-    assert int4_class(32) is Int4Linear and kernels.in_use().endswith("(QKV_INT4_KERNEL=torch)")
-    monkeypatch.setenv("QKV_INT4_KERNEL", "llama")
-    with pytest.raises(ValueError, match="QKV_INT4_KERNEL must be auto, qkv or torch, got 'llama'"):
+    monkeypatch.delenv("QKV_KERNEL", raising=False)
+    assert int4_class(32) is KernelInt4Linear and int8_class(576) is KernelInt8Linear
+    assert int4_class(64) is Int4Linear and int8_class(100) is Int8Linear  # groups or widths the kernel does not take
+    monkeypatch.setenv("QKV_KERNEL", "torch")
+    assert int4_class(32) is Int4Linear and int8_class(576) is Int8Linear
+    assert kernels.in_use().endswith("(QKV_KERNEL=torch)")
+    monkeypatch.setenv("QKV_KERNEL", "llama")
+    with pytest.raises(ValueError, match="QKV_KERNEL must be auto, qkv or torch, got 'llama'"):
         int4_class(32)
-    monkeypatch.setenv("QKV_INT4_KERNEL", "qkv")
-    assert kernels.in_use().startswith(f"int4 kernel: qkv's, {kernels.best_variant()}")
+    monkeypatch.setenv("QKV_KERNEL", "qkv")
+    assert kernels.in_use().startswith(f"kernel: qkv's, {kernels.best_variant()}")
     monkeypatch.setattr(kernels, "_HERE", kernels._HERE / "nothing-built-here")
     kernels._loaded.cache_clear()
     _say_once.cache_clear()
     try:
         with caplog.at_level("INFO"):
-            assert int4_class(32) is Int4Linear and int4_class(32) is Int4Linear  # asked for, not there
+            assert int4_class(32) is Int4Linear and int8_class(576) is Int8Linear  # asked for, not there
         assert not kernels.available() and "was not built" in kernels.why_not()
-        said = [r.getMessage() for r in caplog.records if "PyTorch's kernel" in r.getMessage()]
-        assert said == ["qkv's int4 kernel was not built when qkv was installed (no working C compiler then?); int4 "
-                        "layers multiply with PyTorch's kernel"]
+        said = [r.getMessage() for r in caplog.records if "PyTorch's kernels" in r.getMessage()]
+        assert said == ["qkv's kernel was not built when qkv was installed (no working C compiler then?); "
+                        "quantized layers multiply with PyTorch's kernels"]
     finally:
         kernels._loaded.cache_clear()
 

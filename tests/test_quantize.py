@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
-from qkv.kernels.layer import KernelInt4Linear
+from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
 from qkv.nn import StackedFeedForward, StackedSelfAttention
 from qkv.quantize import (
     FORMATS,
@@ -22,6 +22,7 @@ from qkv.quantize import (
     int4_block,
     int4_class,
     int4_slots,
+    int8_class,
     quantize,
     quantize_linear,
     unpaired,
@@ -34,18 +35,21 @@ def _reference(layer: QuantizedLinear, x: torch.Tensor, bias) -> torch.Tensor:
     """What a quantized layer computes (see qkv.quantize): the inputs as its kernel takes them (:func:`_as_multiplied`)
     times the dequantized weights (rounded to bf16 too where many rows use widened weights), the product rounded
     to bf16 by PyTorch's kernels."""
-    weights = layer.dequantized()
-    if layer.mode == "int8" and x.numel() // x.size(-1) >= WIDEN_ROWS:
+    weights, ours = layer.dequantized(), _of_qkvs_kernel(layer)
+    if layer.mode == "int8" and not ours and x.numel() // x.size(-1) >= WIDEN_ROWS:
         weights = weights.bfloat16().float()
     product = _as_multiplied(layer, x) @ weights.T
-    return (product if isinstance(layer, KernelInt4Linear) else product.bfloat16().float()) + \
-        (0 if bias is None else bias)
+    return (product if ours else product.bfloat16().float()) + (0 if bias is None else bias)
+
+
+def _of_qkvs_kernel(layer: QuantizedLinear) -> bool:
+    return isinstance(layer, (KernelInt4Linear, KernelInt8Linear))
 
 
 def _as_multiplied(layer: QuantizedLinear, x: torch.Tensor) -> torch.Tensor:
-    """The inputs as the layer's kernel sees them: rounded to bf16 for PyTorch's; for qkv's own int4 kernel,
-    int8 per block of 32 inputs, p = round(x · 127 / max|x|) (tests/test_kernels.py holds the kernel to it)."""
-    if not isinstance(layer, KernelInt4Linear):
+    """The inputs as the layer's kernel sees them: rounded to bf16 for PyTorch's; for qkv's own kernel, int8 per
+    block of 32 inputs, p = round(x · 127 / max|x|) (tests/test_kernels.py holds the kernel to it)."""
+    if not _of_qkvs_kernel(layer):
         return x.bfloat16().float()
     blocks = x.reshape(-1, 32)
     amax = blocks.abs().amax(-1, keepdim=True)
@@ -104,9 +108,14 @@ def test_outlier_columns_count_with_their_fp32_weights(mode):
     x[:, columns] *= 30
     with torch.no_grad():
         exact = linear(x)
-        # the codes' part as the kernel rounds it (bf16 inputs and product), the fp32 columns added exactly
-        product = _as_multiplied(layer, x) @ layer._decoded().T
-        codes_part = product if isinstance(layer, KernelInt4Linear) else product.bfloat16().float()
+        # the codes' part as the kernel rounds it (bf16 inputs and product), the fp32 columns added exactly; qkv's
+        # kernel (int8 inputs per block) takes the outlier inputs as zeros, their codes' share added in fp32
+        if _of_qkvs_kernel(layer):
+            codes = layer._decoded()
+            codes_part = _as_multiplied(layer, x.index_fill(1, columns, 0.0)) @ codes.T
+            codes_part += x[:, columns] @ codes[:, columns].T
+        else:
+            codes_part = (_as_multiplied(layer, x) @ layer._decoded().T).bfloat16().float()
         fp32_part = x[:, columns] @ layer.outlier_weights
         torch.testing.assert_close(layer(x), codes_part + fp32_part + linear.bias, atol=1e-5, rtol=8e-3)
         assert (layer(x) - exact).abs().max() < 0.5 * (plain(x) - exact).abs().max()
@@ -266,7 +275,7 @@ def test_each_format_is_a_class_and_a_quantized_model_keeps_its_layer_names():
     model = _gpt()
     before = {key.rpartition(".")[0] for key in model.state_dict()}
     quantize(model, "int4")
-    assert type(model.lm_head) is Int8Linear and type(model.decoder.layers[0].self_attn.out_proj) is int4_class()
+    assert type(model.lm_head) is int8_class(64) and type(model.decoder.layers[0].self_attn.out_proj) is int4_class()
     after = {key.rpartition(".")[0] for key in model.state_dict()}
     layers = [f"decoder.layers.{i}." for i in range(2)]
     assert after - before == {p + name for p in layers for name in ("self_attn.qkv_proj", "feed_forward.gate_up")}

@@ -94,6 +94,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .nn.attention import StackedSelfAttention
 from .nn.feedforward import FeedForward, StackedFeedForward
 from .nn.layers import DecoderLayer, EncoderLayer
@@ -258,7 +259,21 @@ class QuantizedLinear(nn.Module):
         not depend on the input (repacking, padding, looking up buffers) is done there, not at every call."""
         if self._product is None:
             self._product = self._make_product()
+            if self.outliers and self.input_dtype == torch.float32:
+                self._product = self._without_outlier_inputs(self._product)
         return self._product
+
+    def _without_outlier_inputs(self, product: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        """``product`` for a kernel that quantizes its inputs per block (qkv's): an outlier input would coarsen the
+        other inputs of its block, so the outlier columns go to the kernel as zeros and their codes' share is
+        added in fp32 (the same sum: the codes' values there, times the inputs)."""
+        columns = self.outlier_columns
+        codes_there = self._decoded()[:, columns].T.contiguous()  # (outliers, out_features)
+
+        def without(x: Tensor) -> Tensor:
+            return torch.addmm(product(x.index_fill(1, columns, 0.0)), x.index_select(1, columns), codes_there)
+
+        return without
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
@@ -567,26 +582,44 @@ def int4_block() -> int:
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
-def int4_class(group_size: int = DEFAULT_GROUP_SIZE) -> type[Int4Linear]:
-    """The int4 layer that multiplies fastest here: qkv's own kernel's (:mod:`qkv.kernels`) where PyTorch's CPU
-    code stops below AVX-512 (its int4 kernel then widens codes to floats eight at a time, a third of llama.cpp's
-    speed), where qkv's kernel is built and the groups are its 32 inputs wide; else :class:`Int4Linear` on
-    PyTorch's kernel, which on AVX-512 is as fast or faster at the larger layers (docs/quantization.md). The
-    environment's ``QKV_INT4_KERNEL`` chooses: ``qkv``, ``torch``, or ``auto`` (the default)."""
-    from . import kernels
+KERNEL_CHOICES = ("auto", "qkv", "torch")
 
-    choice = os.environ.get("QKV_INT4_KERNEL") or "auto"
-    if choice not in ("auto", "qkv", "torch"):
-        raise ValueError(f"QKV_INT4_KERNEL must be auto, qkv or torch, got {choice!r}")
-    slow_torch = torch.backends.cpu.get_cpu_capability() not in ("AVX512", "AVX512_BF16", "AMX")
-    if group_size != kernels.BLOCK or choice == "torch" or (choice == "auto" and not slow_torch):
-        return Int4Linear
+
+def _kernel_layers() -> bool:
+    """Whether quantized layers multiply with qkv's own kernel (:mod:`qkv.kernels`) here. The environment's
+    ``QKV_KERNEL`` chooses: ``qkv``, ``torch`` (PyTorch's kernels), or ``auto`` (the default): qkv's wherever it is
+    built, as it is faster than PyTorch's on every CPU measured (AVX2 and AVX-512, docs/quantization.md) and holds
+    a GGUF file's blocks as stored."""
+    choice = os.environ.get("QKV_KERNEL") or "auto"
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"QKV_KERNEL must be {', '.join(KERNEL_CHOICES[:-1])} or torch, got {choice!r}")
+    if choice == "torch":
+        return False
     if not kernels.available():
-        _say_once(f"{kernels.why_not()}; int4 layers multiply with PyTorch's kernel")
+        _say_once(f"{kernels.why_not()}; quantized layers multiply with PyTorch's kernels")
+        return False
+    return True
+
+
+def int4_class(group_size: int = DEFAULT_GROUP_SIZE) -> type[Int4Linear]:
+    """The int4 layer for groups of ``group_size``: qkv's kernel's (:class:`~qkv.kernels.layer.KernelInt4Linear`)
+    for groups of its 32 inputs where :func:`_kernel_layers` says so, else :class:`Int4Linear` on PyTorch's."""
+    if group_size != kernels.BLOCK or not _kernel_layers():
         return Int4Linear
     from .kernels.layer import KernelInt4Linear
 
     return KernelInt4Linear
+
+
+def int8_class(in_features: int) -> type[Int8Linear]:
+    """The int8 layer for ``in_features`` inputs: qkv's kernel's (:class:`~qkv.kernels.layer.KernelInt8Linear`,
+    a scale per 32 inputs) where :func:`_kernel_layers` says so and the inputs are whole blocks of 32, else
+    :class:`Int8Linear` (a scale per row) on PyTorch's."""
+    if in_features % kernels.BLOCK or not _kernel_layers():
+        return Int8Linear
+    from .kernels.layer import KernelInt8Linear
+
+    return KernelInt8Linear
 
 
 @functools.cache
@@ -616,7 +649,7 @@ class QuantizedEmbedding(nn.Module):
         return self.table.in_features
 
     def forward(self, ids: Tensor) -> Tensor:
-        return self.table.codes[ids].float() * self.table.scales[ids].float().unsqueeze(-1)
+        return self.table._decoded(ids.reshape(-1)).view(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, int8"
@@ -634,7 +667,7 @@ def quantize_linear(linear: nn.Linear, mode: str, *, group_size: int = DEFAULT_G
         raise ValueError(f"unknown quantization {mode!r}; choose one of {', '.join(FORMATS)}")
     if mode == "int4":
         return int4_class(group_size).from_linear(linear, outlier_columns=outlier_columns, group_size=group_size)
-    return FORMATS[mode].from_linear(linear, outlier_columns=outlier_columns)
+    return int8_class(linear.in_features).from_linear(linear, outlier_columns=outlier_columns)
 
 
 def _bf16(x: Tensor) -> Tensor:

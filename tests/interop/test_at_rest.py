@@ -17,7 +17,7 @@ from tiny_gguf import VOCAB, gguf_tensors, tiny_llama, write_gguf
 
 from qkv.interop import load_gpt_from_gguf, read_gguf
 from qkv.interop.at_rest import load_quantized_gpt
-from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding, int4_class, quantize
+from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding, int4_class, int8_class, quantize
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 
@@ -53,15 +53,18 @@ def test_float32_layers_are_the_reference_exactly(quantized):
 
 
 def test_4_bit_blocks_are_taken_over_as_stored(quantized):
-    """The int4 layers hold the file's own levels: each weight within the bf16 rounding of its scale and zero
-    point (a wrong nibble order or row order would be off by whole 4-bit steps, a tenth of the range)."""
+    """The layers hold the file's own levels: exactly in qkv's kernel's layers (Q4_0, Q4_1, Q8_0 blocks as stored),
+    else each weight within the bf16 rounding of its scale and zero point, or Q8_0 quantized again per row (a wrong
+    nibble order or row order would be off by whole 4-bit steps, a tenth of the range)."""
     kind, path = quantized
     model, _ = load_quantized_gpt(path, mode="auto")
     attention = model.decoder.layers[1].self_attn
     reference = load_gpt_from_gguf(path).decoder.layers[1].self_attn
-    stored = torch.cat([reference.q_proj.weight, reference.k_proj.weight, reference.v_proj.weight])
-    expected = int4_class() if kind != "Q8_0" else Int8Linear  # qkv's kernel's layer, where it is built
+    stored = torch.cat([reference.q_proj.weight, reference.k_proj.weight, reference.v_proj.weight]).detach()
+    expected = int4_class() if kind != "Q8_0" else int8_class(32)  # qkv's kernel's layers, where it is built
     assert type(attention.qkv_proj) is expected and type(model.decoder.layers[0].feed_forward.down) is expected
+    if expected not in (Int4Linear, Int8Linear):
+        assert torch.equal(attention.qkv_proj.dequantized(), stored)
     error = (attention.qkv_proj.dequantized() - stored).abs().max() / stored.abs().max()
     assert error < 2**-7, f"{kind}: {error:.2e}"
     step = (stored.abs().max() / 7.5).item()  # about one 4-bit step
@@ -81,7 +84,7 @@ def test_quantized_logits_stay_near_the_reference(quantized):
 
 @pytest.mark.parametrize("kernel", ["qkv", "torch"])
 def test_each_int4_kernel_holds_the_files_levels_and_stays_near_the_reference(quantized, monkeypatch, kernel):
-    """Either int4 layer (QKV_INT4_KERNEL: qkv's own kernel's, PyTorch's), whichever this CPU picks by default:
+    """Either int4 layer (QKV_KERNEL: qkv's own kernel's, PyTorch's), whichever this CPU picks by default:
     the file's weights (qkv's kernel's layer exactly, the codes and fp16 numbers as stored; PyTorch's within its
     bf16 scales' rounding), logits as near the float32 reference as the test above asks, and a continuation
     decoded with the cache equal to the one without (measured, largest logit error: qkv 5.2% and 4.8%, PyTorch
@@ -91,7 +94,7 @@ def test_each_int4_kernel_holds_the_files_levels_and_stays_near_the_reference(qu
     kind, path = quantized
     if kind == "Q8_0" or (kernel == "qkv" and not available()):
         pytest.skip("int8 layers" if kind == "Q8_0" else "qkv's kernel is not built")
-    monkeypatch.setenv("QKV_INT4_KERNEL", kernel)
+    monkeypatch.setenv("QKV_KERNEL", kernel)
     model, _ = load_quantized_gpt(path, mode="auto")
     layer = model.decoder.layers[1].self_attn.qkv_proj
     assert type(layer) is int4_class() and (type(layer) is Int4Linear) == (kernel == "torch")
@@ -159,7 +162,10 @@ def test_smollm2_at_rest_stays_within_a_percent_of_float32(smollm2, smollm2_file
 
     assert isinstance(model.decoder.layers[0].self_attn.qkv_proj, Int4Linear)
     ratio = perplexity(model) / perplexity(smollm2.model)
-    assert 0.99 < ratio < 1.01, ratio  # measured: 1.0036
+    # measured: 1.0056 on two threads and 1.0104 on one with qkv's kernel (int8 activations: float rounding that
+    # differs by thread count flips a few codes, and on 373 tokens that moves perplexity by half a percent), 1.0054
+    # with PyTorch's; on 5,000 tokens: docs/quantization.md
+    assert 0.99 < ratio < 1.015, ratio
     assert np.isfinite(ratio)
 
 
@@ -193,7 +199,8 @@ def test_hugging_face_folders_read_a_slice_at_a_time_give_the_reference(tmp_path
             for buffer, value in whole.get_submodule(name).state_dict().items():
                 assert torch.equal(ours.get_submodule(name).state_dict()[buffer], value), (family, mode, name)
     error = (_logits(load_hf_gpt_at_rest(tmp_path, config, mode="int8")) - expected).abs().max()
-    assert error / expected.abs().max() < 0.09, error  # the int8 embedding table: a few percent
+    # the int8 embedding table: a few percent; measured 9.3% through qkv's kernel (its int8 activations add some)
+    assert error / expected.abs().max() < 0.12, error
     bf16 = load_hf_gpt_at_rest(tmp_path, config, mode="bf16")  # the float32 reference's weights, rounded once
     reference_weights = reference.state_dict()
     assert {p.dtype for p in bf16.parameters()} == {torch.bfloat16}

@@ -49,8 +49,8 @@ from ..footprint import check_fits
 from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
-from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class
-from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups
+from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
+from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups, int8_blocks
 from .gguf import (
     PERMUTED_ARCHITECTURES,
     ROPE_FREQS,
@@ -275,7 +275,8 @@ class _Builder:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
         d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
         d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-        per_weight = {"int4": 0.5 + 4 / GROUP, "int8": 1.0, "none": 4.0, "bf16": 2.0}
+        int8 = 1.0 if int8_class(d) is Int8Linear else 1 + 2 / GROUP  # a scale per row, or per block
+        per_weight = {"int4": 0.5 + 4 / GROUP, "int8": int8, "none": 4.0, "bf16": 2.0}
         layer = 0.0
         for names, shape in ((("attn_q", "attn_k", "attn_v"), (d_q + 2 * d_kv) * d), (("attn_output",), d * d_q),
                              (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
@@ -331,15 +332,19 @@ class _Builder:
     def linear(self, sources: list[_Source], fmt: str, *, biases: list[_Source] | None = None) -> QuantizedLinear:
         """One quantized layer whose rows are those of ``sources``, in order (and its bias ``biases``')."""
         inputs, rows = sources[0].inputs, sum(s.rows for s in sources)
+        int8 = int8_class(inputs)
         repack = fmt == "int4" and all(s.kind in REPACKED for s in sources)
+        as_blocks = fmt == "int8" and int8 is not Int8Linear and all(s.kind == "Q8_0" for s in sources)
         for source in sources:
-            self.made[f"{source.kind} -> {fmt} {'as stored' if repack else 'quantized again'}"] += 1
+            self.made[f"{source.kind} -> {fmt} {'as stored' if repack or as_blocks else 'quantized again'}"] += 1
         bias = biases is not None
         if repack:
             layer = _repacked(sources, inputs, rows, bias=bias)
+        elif as_blocks:
+            layer = _q8_blocks(sources, inputs, rows, bias=bias)
         else:
             layer = int4_class(GROUP)(inputs, rows, group_size=GROUP, bias=bias) if fmt == "int4" else \
-                Int8Linear(inputs, rows, bias=bias)
+                int8(inputs, rows, bias=bias)
             offset = 0
             for source in sources:
                 for start, values in source.chunks():
@@ -368,13 +373,26 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     return layer
 
 
+def _q8_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> Int8Linear:
+    """An int8 layer of qkv's kernel holding the Q8_0 blocks of ``sources`` as they are: codes and fp16 scales."""
+    layer = int8_class(inputs)(inputs, rows, bias=bias)
+    offset = 0
+    for source in sources:
+        for start in range(0, source.rows, CHUNK_ROWS):
+            codes, scales = int8_blocks(source.raw(start, min(start + CHUNK_ROWS, source.rows)))
+            check_finite([(source.name, scales)], f"{source.path} holds", "the file is damaged; use another copy")
+            layer.write_rows(offset + start, codes, scales)
+        offset += source.rows
+    return layer
+
+
 def _encode_rows(layer: QuantizedLinear, start: int, values: Tensor) -> None:
     """Rows ``start ...`` of ``layer`` encoded from their float32 ``values``: each row's codes and scales depend
     on that row alone, so a layer is encoded a chunk at a time."""
     if isinstance(layer, Int4Linear):
         layer.write_rows(start, **layer.encoded(values, layer.group_size))
     else:
-        layer.write_rows(start, **Int8Linear.encoded(values))
+        layer.write_rows(start, **layer.encoded(values))
 
 
 def _copy_rows(weight: Tensor, source: _Source) -> None:

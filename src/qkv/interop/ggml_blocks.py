@@ -18,7 +18,8 @@ in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 
 ``i + 32``. :func:`int4_groups` returns the bytes as they are, with that distance (:data:`SPANS`), for
 :meth:`~qkv.quantize.Int4Linear.write_pairs`. The other formats
 (Q8_0, Q5_K, Q6_K, fp16, bf16, fp32) have no int4 form; :func:`dequantized_rows` decodes them, a few rows at a
-time, for a layer that is quantized again (see :mod:`qkv.quantize`).
+time, for a layer that is quantized again (see :mod:`qkv.quantize`). Q8_0's blocks are the form of qkv's int8
+kernel layer (:class:`~qkv.kernels.layer.KernelInt8Linear`): :func:`int8_blocks` gives them as they are.
 """
 
 from __future__ import annotations
@@ -91,14 +92,23 @@ def _q4_k(blocks: np.ndarray, kind: str):
     return pairs, scales, 8 * scales - dmin[..., None] * mins
 
 
+def int8_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of Q8_0 blocks (34 bytes: an fp16 scale d, then 32 int8 codes q; each weight ``d q``) as the codes
+    ``(rows, inputs)`` int8 and the scales ``(rows, inputs / 32)`` float32 (fp16's values, exactly)."""
+    if raw.shape[1] % 34:
+        raise ValueError(f"a row of {raw.shape[1]} bytes is not a whole number of Q8_0 blocks of 34 bytes")
+    blocks = np.ascontiguousarray(raw).reshape(len(raw), -1, 34)
+    codes = torch.from_numpy(blocks[..., 2:]).view(torch.int8).reshape(len(raw), -1)
+    return codes, torch.from_numpy(_fp16(blocks, 0))[..., 0]
+
+
 def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
     """Rows of any format the ``gguf`` package reads, as float32 ``(rows, inputs)``; ``tensor_type`` is its
     ``GGMLQuantizationType``. Q8_0, most files' token table, is decoded here, in PyTorch: each weight is its
     int8 code times its block's fp16 scale, a product float32 holds exactly, so the bits are the package's."""
     if kind == "Q8_0":
-        blocks = np.ascontiguousarray(raw).reshape(len(raw), -1, 34)  # an fp16 scale, 32 int8 codes
-        codes = torch.from_numpy(blocks[..., 2:]).view(torch.int8)
-        return (codes * torch.from_numpy(_fp16(blocks, 0))).view(len(raw), -1).numpy()
+        codes, scales = int8_blocks(raw)
+        return (codes.view(len(raw), -1, GROUP) * scales[..., None]).view(len(raw), -1).numpy()
     from gguf.quants import dequantize
 
     try:
@@ -107,4 +117,4 @@ def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
         raise ValueError(f"tensors stored as {kind} cannot be decoded by the gguf package") from None
 
 
-__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups"]
+__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int8_blocks"]

@@ -41,11 +41,11 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     """The library and "", or None and why it is not there."""
     built = sorted(_HERE.glob("_q4*.so")) + sorted(_HERE.glob("_q4*.pyd"))
     if not built:
-        return None, "qkv's int4 kernel was not built when qkv was installed (no working C compiler then?)"
+        return None, "qkv's kernel was not built when qkv was installed (no working C compiler then?)"
     try:  # torch is imported above: its OpenMP runtime is loaded, which the library's threads are taken from
         library = ctypes.CDLL(str(built[0]))
     except OSError as err:
-        return None, f"qkv's int4 kernel {built[0].name} does not load: {' '.join(str(err).split())}"
+        return None, f"qkv's kernel {built[0].name} does not load: {' '.join(str(err).split())}"
     library.qkv_best_variant.restype = _INT
     library.qkv_runs_variant.argtypes = [_INT]
     library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
@@ -170,18 +170,15 @@ def rounded_activations(x: Tensor) -> Tensor:
 
 
 def in_use() -> str:
-    """Which kernel int4 layers (groups of 32) multiply with here, and why, in one line: the benchmarks print it
-    beside their figures."""
-    from ..quantize import Int4Linear, int4_class
+    """Which kernel quantized layers multiply with here, and why, in one line: the benchmarks print it beside their
+    figures."""
+    from ..quantize import _kernel_layers
 
     capability = torch.backends.cpu.get_cpu_capability()
-    if int4_class(BLOCK) is not Int4Linear:
-        return f"int4 kernel: qkv's, {best_variant()} (PyTorch's CPU capability {capability})"
-    if os.environ.get("QKV_INT4_KERNEL") == "torch":
-        reason = "QKV_INT4_KERNEL=torch"
-    else:
-        reason = why_not() or "PyTorch's kernel has AVX-512 here"
-    return f"int4 kernel: PyTorch's, CPU capability {capability} ({reason})"
+    if _kernel_layers():
+        return f"kernel: qkv's, {best_variant()} (PyTorch's CPU capability {capability})"
+    reason = "QKV_KERNEL=torch" if os.environ.get("QKV_KERNEL") == "torch" else why_not()
+    return f"kernel: PyTorch's, CPU capability {capability} ({reason})"
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""An int4 layer that multiplies with qkv's own kernel (``q4.c``) instead of PyTorch's.
+"""int4 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
 
 :class:`~qkv.quantize.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
 (rows in blocks of 32 or 64, input by input), with a bfloat16 scale and zero point per group of 32 inputs,
@@ -9,9 +9,14 @@ low nibble and input ``i + 16`` in its high one; and per group an fp16 scale ``d
 numbers as stored (Q4_0's offset is ``-8 d``); bfloat16 would round each scale by up to 2⁻⁹ of itself, which costs
 a measurable share of perplexity (docs/quantization.md). fp16 reaches 65504: weights beyond it are refused.
 
+:class:`~qkv.quantize.Int8Linear` keeps one bfloat16 scale per output row, ``W ≈ s · q``. :class:`KernelInt8Linear`
+keeps one fp16 scale per block of 32 inputs, ``W ≈ d · q``, GGUF's Q8_0 form: a Q8_0 tensor (most files' token
+table and output layer) is taken over exactly, and weights quantized again land nearer their values (a step per
+block, not per row), for 6% more memory (two bytes per 32 codes).
+
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
-of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` picks this
-layer wherever the kernel is built and the groups are 32 wide.
+of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` and
+:func:`~qkv.quantize.int8_class` pick these layers wherever the kernel is built (and int4's groups are 32 wide).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..quantize import Int4Linear, QuantizedLinear, check_int4, unpaired
+from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
 from . import BLOCK, bound_linear, dequantize, rounded_activations
 
 _GROUP_BYTES = BLOCK // 2
@@ -99,7 +104,7 @@ class KernelInt4Linear(Int4Linear):
         halves = torch.stack([scales, zeros.double() - 8 * scales]).half()
         if not torch.isfinite(halves).all():
             raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's int4 kernel; quantize "
-                             "with QKV_INT4_KERNEL=torch")
+                             "with QKV_KERNEL=torch")
         self.group_scales[start : start + len(scales)] = halves[0]
         self.offsets[start : start + len(scales)] = halves[1]
 
@@ -119,29 +124,89 @@ class KernelInt4Linear(Int4Linear):
         return dequantize(self.codes[start:end], self.group_scales[start:end], self.offsets[start:end], out)
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
-        """A few rows: the int4 × int8 kernel. From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the same
-        int8-rounded inputs times the weights widened a tile of rows at a time, by PyTorch's float matrix
-        product: equal up to float rounding, and several times faster there (docs/quantization.md)."""
-        codes, scales, offsets = self.codes, self.group_scales, self.offsets
-        tile = max(1, WIDEN_TILE_WEIGHTS // self.in_features)
-        kernel = bound_linear(codes, scales, offsets)
-
-        def product(x: Tensor) -> Tensor:
-            if x.size(0) < WIDEN_ROWS:
-                return kernel(x)
-            inputs = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
-            y = x.new_empty(len(codes), x.size(0))
-            weights = x.new_empty(min(tile, len(codes)), self.in_features)
-            for start in range(0, len(codes), tile):
-                end = min(start + tile, len(codes))
-                w = dequantize(codes[start:end], scales[start:end], offsets[start:end], weights[: end - start])
-                torch.mm(w, inputs, out=y[start:end])
-            return y.T.contiguous()
-
-        return product
+        return _product(self, bound_linear(self.codes, self.group_scales, self.offsets))
 
     def _format(self) -> str:
         return "int4, group_size=32, fp16 scales, qkv's kernel"
 
 
-__all__ = ["KernelInt4Linear"]
+class KernelInt8Linear(Int8Linear):
+    """``y = x Ŵᵀ + b`` with Ŵ in 8 bits, one fp16 scale per block of 32 inputs (GGUF's Q8_0), multiplied by qkv's
+    int8 × int8 kernel.
+
+    Buffers: ``codes`` ``(out_features, in_features)`` int8, ``scales`` ``(out_features, in_features / 32)``
+    float16, ``W = scale · code``. Rows are written with a scale per block, or one per row (as
+    :class:`~qkv.quantize.Int8Linear`'s), which then holds for each of the row's blocks.
+
+    Raises:
+        ValueError: ``in_features`` not a multiple of 32; rows written with a scale beyond fp16's range.
+    """
+
+    input_dtype = torch.float32
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
+        if in_features % BLOCK:
+            raise ValueError(f"qkv's int8 kernel multiplies blocks of {BLOCK} inputs; the layer has {in_features}")
+        QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
+        self.register_buffer("codes", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("scales", torch.zeros(out_features, in_features // BLOCK, dtype=torch.float16))
+
+    @staticmethod
+    def encoded(w: Tensor) -> dict[str, Tensor]:
+        """The codes ``(rows, in)`` int8 and scales ``(rows, in / 32)`` of fp32 rows ``w``: each block's largest
+        weight over 127, rounded to fp16, then each code against that scale."""
+        blocks = w.view(w.size(0), -1, BLOCK)
+        scales = (blocks.abs().amax(dim=-1) / 127).clamp(min=2**-24).half().float()
+        codes = (blocks / scales[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return {"codes": codes.view_as(w), "scales": scales}
+
+    def write_rows(self, start: int, codes: Tensor, scales: Tensor) -> None:
+        """Rows ``start ...``: their codes ``(r, in)`` int8 and scales ``(r, in / 32)``, or ``(r,)`` one a row."""
+        blocks = self.scales.size(1)
+        scales = (scales[:, None] if scales.dim() == 1 else scales).expand(len(codes), blocks)
+        halves = scales.half()
+        if not torch.isfinite(halves).all():
+            raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's int8 kernel; quantize "
+                             "with QKV_KERNEL=torch")
+        self.codes[start : start + len(codes)] = codes
+        self.scales[start : start + len(codes)] = halves
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
+        codes, scales = self.codes[rows], self.scales[rows]
+        return (codes.view(len(codes), -1, BLOCK).float() * scales.float()[..., None]).view(len(codes), -1)
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        blocks = out.view(end - start, -1, BLOCK)
+        blocks.copy_(self.codes[start:end].view(end - start, -1, BLOCK)).mul_(self.scales[start:end].float()[..., None])
+        return out
+
+    def _make_product(self) -> Callable[[Tensor], Tensor]:
+        return _product(self, bound_linear(self.codes, self.scales))
+
+    def _format(self) -> str:
+        return "int8, fp16 scales per 32 inputs, qkv's kernel"
+
+
+def _product(layer: QuantizedLinear, kernel: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A kernel layer's product: for a few rows the kernel. From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the
+    same int8-rounded inputs times the weights widened a tile of rows at a time (``_decoded_rows``), by PyTorch's
+    float matrix product: equal up to float rounding, and several times faster there (docs/quantization.md)."""
+    rows, inputs = layer.out_features, layer.in_features
+    tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
+
+    def product(x: Tensor) -> Tensor:
+        if x.size(0) < WIDEN_ROWS:
+            return kernel(x)
+        rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
+        y = x.new_empty(rows, x.size(0))
+        weights = x.new_empty(min(tile, rows), inputs)
+        for start in range(0, rows, tile):
+            end = min(start + tile, rows)
+            torch.mm(layer._decoded_rows(start, end, weights[: end - start]), rounded, out=y[start:end])
+        return y.T.contiguous()
+
+    return product
+
+
+__all__ = ["KernelInt4Linear", "KernelInt8Linear"]
