@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import platform
 import re
@@ -29,6 +28,7 @@ import torch
 
 from qkv import kernels
 from qkv.kernels.layer import KernelInt4Linear
+from qkv.metrics import chunked_perplexity
 from qkv.quantize import Int4Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (2048, 6144), (2048, 16384), (8192, 2048)]
@@ -82,13 +82,7 @@ def perplexity(llama_cpp: Path | None) -> None:
 
     def measure(weights: str) -> float:
         pre = load_pretrained("smollm2", weights=weights)
-        ids, nll = pre.tokenizer.encode(text), []
-        with torch.no_grad():
-            for start in range(0, len(ids) // CHUNK * CHUNK, CHUNK):
-                chunk = torch.tensor([ids[start : start + CHUNK]])
-                logp = pre.model(chunk).float().log_softmax(-1)[0]
-                nll += [-logp[j, chunk[0, j + 1]].item() for j in range(CHUNK // 2, CHUNK - 1)]
-        return math.exp(sum(nll) / len(nll))
+        return chunked_perplexity(pre.model, pre.tokenizer.encode(text), CHUNK)
 
     reference = measure("none")
     print(f"perplexity, fp32 weights: {reference:.4f}")

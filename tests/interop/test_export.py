@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,12 +17,14 @@ import pytest
 import torch
 from clitools import ok, one_line_error
 from hf_greedy import greedy_hf, greedy_qkv
+from llama_cpp_tools import llama_perplexity
 
 from qkv import GPT, GPTConfig
 from qkv.interop import load_pretrained
 from qkv.interop.export import export_hf
 from qkv.interop.gguf_export import export_gguf
 from qkv.interop.hf_gpt import HF_ARCHITECTURES
+from qkv.metrics import chunked_perplexity
 from qkv.quantize import quantize
 from qkv.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
@@ -239,17 +239,6 @@ def _llama_cpp() -> Path | None:
     return found if found and (found / "llama-perplexity").is_file() and (found / "llama-simple").is_file() else None
 
 
-def _perplexity(logits_of, ids: list[int], n_ctx: int) -> float:
-    """llama-perplexity's measure: the text cut into chunks of ``n_ctx`` tokens, each scored on its second half
-    (every token from ``n_ctx / 2 + 1`` on, predicted from the chunk before it)."""
-    nll = []
-    for start in range(0, len(ids) // n_ctx * n_ctx, n_ctx):
-        chunk = torch.tensor([ids[start : start + n_ctx]])
-        logp = logits_of(chunk).log_softmax(-1)[0]
-        nll += [-logp[j, chunk[0, j + 1]].item() for j in range(n_ctx // 2, n_ctx - 1)]
-    return math.exp(sum(nll) / len(nll))
-
-
 @pytest.mark.skipif(_llama_cpp() is None, reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
 @pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "qwen3"])
 def test_llama_cpp_runs_an_export_as_transformers_and_qkv_do(family, tokenizers, tmp_path):
@@ -261,16 +250,9 @@ def test_llama_cpp_runs_an_export_as_transformers_and_qkv_do(family, tokenizers,
     export_hf(model, tokenizer, tmp_path / "hf")
     text = " ".join(CORPUS[:60])
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
-    for _ in range(5):  # llama.cpp's logger (a thread) now and then loses its last lines at exit: run it again
-        run = subprocess.run([bin_dir / "llama-perplexity", "-m", tmp_path / "m.gguf", "-f", tmp_path / "text.txt",
-                              "-c", "32", "-b", "32", "-t", "2"], capture_output=True, text=True, check=True)
-        found = re.search(r"Final estimate: PPL = ([\d.]+)", run.stdout + run.stderr)
-        if found:
-            break
-    theirs = float(found[1])
+    theirs = llama_perplexity(tmp_path / "m.gguf", tmp_path / "text.txt", 32)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    with torch.no_grad():
-        reference = _perplexity(lambda ids: hf(ids).logits, tokenizer.encode(text), 32)
+    reference = chunked_perplexity(lambda ids: hf(ids).logits, tokenizer.encode(text), 32)
     assert theirs == pytest.approx(reference, rel=0.01)
     prompt = "The robot picked up"
     run = subprocess.run([bin_dir / "llama-simple", "-m", tmp_path / "m.gguf", "-n", "8", prompt],

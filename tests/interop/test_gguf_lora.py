@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import re
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from llama_cpp_tools import llama_cpp, llama_perplexity
 
 from qkv import GPT, GPTConfig
 from qkv.interop.gguf import unpermute_rope_rows
@@ -175,26 +174,7 @@ def test_refusals_leave_no_file(tmp_path):
 # ------------------------------------------------------------------------------------------- llama.cpp
 
 
-def _llama_cpp(tool: str) -> Path | None:
-    """The llama.cpp program ``tool`` in the build that QKV_LLAMA_CPP names, if there is one."""
-    folder = os.environ.get("QKV_LLAMA_CPP")
-    found = Path(folder) / tool if folder else None
-    return found if found is not None and found.is_file() else None
-
-
-def _perplexity(binary: Path, model: Path, text: Path, *extra) -> float:
-    for _ in range(5):  # llama.cpp's logger (a thread) now and then loses its last lines at exit: run it again
-        # one thread: this process's PyTorch threads keep spinning after their work, and llama.cpp's second
-        # thread waits on them (seconds a pass instead of milliseconds)
-        run = subprocess.run([binary, "-m", model, "-f", text, "-c", "32", "-b", "32", "-t", "1", *extra],
-                             capture_output=True, text=True, check=True)
-        found = re.search(r"Final estimate: PPL = ([\d.]+)", run.stdout + run.stderr)
-        if found:
-            return float(found[1])
-    raise AssertionError(f"llama-perplexity printed no estimate:\n{run.stderr[-2000:]}")
-
-
-@pytest.mark.skipif(_llama_cpp("llama-perplexity") is None,
+@pytest.mark.skipif(llama_cpp("llama-perplexity") is None,
                     reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
 @pytest.mark.parametrize("rslora", [False, True])
 def test_llama_cpp_with_the_adapter_is_the_merged_model(rslora, tmp_path):
@@ -210,22 +190,22 @@ def test_llama_cpp_with_the_adapter_is_the_merged_model(rslora, tmp_path):
     export_gguf(merge_lora(copy.deepcopy(model)), tokenizer, tmp_path / "merged.gguf", storage="f32")
     export_gguf_lora(model, tmp_path / "a.gguf")
     (tmp_path / "text.txt").write_text(" ".join(CORPUS), encoding="utf-8")
-    binary, text = _llama_cpp("llama-perplexity"), tmp_path / "text.txt"
-    with_lora = _perplexity(binary, tmp_path / "base.gguf", text, "--lora", tmp_path / "a.gguf")
-    assert with_lora == pytest.approx(_perplexity(binary, tmp_path / "merged.gguf", text), rel=1e-3)
-    assert with_lora != pytest.approx(_perplexity(binary, tmp_path / "base.gguf", text), rel=1e-2)
+    text = tmp_path / "text.txt"
+    with_lora = llama_perplexity(tmp_path / "base.gguf", text, 32, "--lora", tmp_path / "a.gguf")
+    assert with_lora == pytest.approx(llama_perplexity(tmp_path / "merged.gguf", text, 32), rel=1e-3)
+    assert with_lora != pytest.approx(llama_perplexity(tmp_path / "base.gguf", text, 32), rel=1e-2)
 
 
 def _llama_completion(model: Path, prompt: str, *extra) -> str:
     """llama.cpp's greedy continuation of ``prompt`` (16 tokens), as text with the prompt, bytes that are not
     UTF-8 replaced as Python replaces them."""
-    run = subprocess.run([_llama_cpp("llama-completion"), "-m", model, "-p", prompt, "-n", "16",
+    run = subprocess.run([llama_cpp("llama-completion"), "-m", model, "-p", prompt, "-n", "16",
                           "--temp", "0", "--ignore-eos", "-no-cnv", "--simple-io", "--no-warmup", "-c", "32", "-t",
                           "1", *extra], capture_output=True, check=True)
     return run.stdout.decode("utf-8", "replace")
 
 
-@pytest.mark.skipif(_llama_cpp("llama-completion") is None,
+@pytest.mark.skipif(llama_cpp("llama-completion") is None,
                     reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
 def test_llama_cpp_with_the_adapter_continues_a_prompt_as_qkv_does(tmp_path):
     """``llama-completion --lora`` on the base file writes qkv's greedy continuation with the adapter (16 tokens,
