@@ -43,14 +43,16 @@ never through a float32 copy of the model. Which formats are taken over exactly 
 
 * **Q4_0, Q4_1, Q4_K: repacked.** Their blocks are this int4 format with groups of 32 (``W = d (q - 8)``,
   ``W = d q + m``, and per 32-weight sub-block ``W = d·sc q - dmin·m``), so their 4-bit codes are taken over as
-  stored; only the scale and zero point of each group are rounded from fp16 (or fp16 × 6-bit) to bf16: at most
-  2⁻⁹ of each, a weight error under a thirtieth of one 4-bit step.
-* **Q8_0, Q5_K, Q6_K, F16, BF16, F32 matrices: quantized again,** to int8 per output row (or to int4 when asked),
-  from their decoded values a few hundred rows at a time: half an int8 step of the row's largest weight (0.4%
-  of it), against Q8_0's own half-step of each 32-weight block's largest.
-* **The token table**: int8 per row, one copy shared with a tied output layer (:class:`QuantizedEmbedding`);
+  stored. qkv's own kernel (:mod:`qkv.kernels`, the default wherever it is built) keeps each group's scale and
+  offset in fp16, as the file does (Q4_0 and Q4_1 exactly); this class rounds them to bf16: at most 2⁻⁹ of each,
+  a weight error under a thirtieth of one 4-bit step.
+* **Q8_0** is held as stored by qkv's kernel (int8 codes, an fp16 scale per 32 inputs); **Q5_K, Q6_K, F16, BF16,
+  F32 matrices** are quantized again, to int8 per 32 inputs there (per output row with PyTorch's kernel,
+  :class:`Int8Linear`, which also takes Q8_0 again per row), or to int4 when asked, from their decoded values a
+  few hundred rows at a time: half an int8 step of the block's (the row's) largest weight.
+* **The token table**: int8 as above, one copy shared with a tied output layer (:class:`QuantizedEmbedding`);
   looked up, a row is widened to fp32. On SmolLM2-135M the whole model read this way keeps perplexity within
-  0.4% of float32 (tested).
+  1.5% of float32 on a short text (tested), 0.03% on 20,000 characters through qkv's kernel (docs/quantization.md).
 
 A Hugging Face folder's bf16, fp16 or fp32 weights are read the same way, a slice at a time, into float32
 layers or (``--quantize int8|int4``) these formats, the codes those of :func:`quantize` on the whole model.

@@ -9,12 +9,17 @@ rows at a time, and the float32 model is never made:
 ==========================  ==============================  ============================================
 stored as                   ``mode="auto"`` (the default)   what that costs
 ==========================  ==============================  ============================================
-Q4_0, Q4_1, Q4_K            int4, groups of 32: the codes   the scales and zero points rounded to bf16
-                            taken over as they are          (at most 2⁻⁹ of each, see
-                                                            :mod:`qkv.interop.ggml_blocks`)
-Q8_0, Q5_K, Q6_K, F16,      int8 per output row,            half an int8 step of the row's largest
-BF16, F32 (matrices)        quantized again                 weight (about 0.2% of it)
-token embedding             int8 per row (shared with the   as int8; the lookup widens one row a token
+Q4_0, Q4_1                  int4, groups of 32: the codes   nothing with qkv's kernel (fp16 scales and
+                            taken over as they are          offsets as stored); PyTorch's rounds them to
+                                                            bf16 (at most 2⁻⁹ of each)
+Q4_K                        int4, groups of 32, as above    each group's scale d·sc and offset in fp16
+                                                            (bf16 with PyTorch's kernel)
+Q8_0                        int8, its blocks as stored      nothing with qkv's kernel; with PyTorch's,
+                            (qkv's kernel), else per row    per row again as below
+Q5_K, Q6_K, F16, BF16, F32  int8, quantized again: a scale  half an int8 step of the block's (or, with
+(matrices)                  per 32 inputs with qkv's        PyTorch's kernel, the row's) largest weight
+                            kernel, per row with PyTorch's
+token embedding             int8 as above (shared with the  as int8; the lookup widens one row a token
                             output layer when tied)
 norms, biases               fp32                            none
 ==========================  ==============================  ============================================
