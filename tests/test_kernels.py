@@ -5,6 +5,8 @@ another."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -216,3 +218,31 @@ def test_many_rows_take_the_widened_weights_with_the_same_numbers():
     with torch.no_grad():
         together, alone = layer(x), torch.cat([layer(row[None]) for row in x])
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_an_install_without_a_c_compiler_runs_on_pytorchs_kernels(tmp_path):
+    """``CC=false pip wheel .``: the install goes on without the library, and qkv, run from that wheel, multiplies
+    its quantized layers with PyTorch's kernels and says why."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from clitools import HANG
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(root),
+                    "-w", str(tmp_path)], env={**os.environ, "CC": "false"}, check=True, capture_output=True,
+                   timeout=HANG)
+    (wheel,) = tmp_path.glob("qkv-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        assert not [n for n in archive.namelist() if "/_q4" in n]
+        archive.extractall(tmp_path / "site")
+    script = ("import torch, qkv.kernels as k; from qkv.quantize import quantize_linear; "
+              "layer = quantize_linear(torch.nn.Linear(64, 8), 'int4'); "
+              "print(k.available(), type(layer).__name__, tuple(layer(torch.randn(2, 64)).shape)); print(k.in_use())")
+    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+                         capture_output=True, text=True, check=True, timeout=HANG)
+    said, in_use = run.stdout.splitlines()
+    assert said == "False Int4Linear (2, 8)"
+    assert "PyTorch's" in in_use and "was not built" in in_use
