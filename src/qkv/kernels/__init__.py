@@ -116,9 +116,9 @@ def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = No
     ``offsets``; 8-bit: ``codes`` int8, no offsets."""
     rows, n = codes.size(0), _inputs(codes)
     _check(codes, torch.int8 if offsets is None else torch.uint8, (rows, n if offsets is None else n // 2), "codes")
-    for t, name in ((scales, "scales"), (offsets, "offsets")):
-        if t is not None or name == "scales":
-            _check(t, torch.float16, (rows, n // BLOCK), name)
+    _check(scales, torch.float16, (rows, n // BLOCK), "scales")
+    if offsets is not None:
+        _check(offsets, torch.float16, (rows, n // BLOCK), "offsets")
     if x.dim() != 2 or x.size(1) != n:
         raise ValueError(f"x must be (batch, {n}), got {tuple(x.shape)}")
     number = None if variant is None else VARIANTS.index(variant)

@@ -38,8 +38,9 @@ class KernelInt4Linear(Int4Linear):
     """``y = x Ŵᵀ + b`` with Ŵ in 4 bits, multiplied by qkv's int4 × int8 kernel.
 
     Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (GGUF's order, see the module's text),
-    ``scales`` and ``offsets`` ``(out_features, in_features / 32)`` float16, ``W = q · scale + offset``. Rows are
-    written as :class:`~qkv.quantize.Int4Linear`'s are, as scales and zero points ``z = offset + 8 · scale``.
+    ``group_scales`` (read as ``scales``) and ``offsets`` ``(out_features, in_features / 32)`` float16,
+    ``W = q · scale + offset``. Rows are written as :class:`~qkv.quantize.Int4Linear`'s are, as scales and zero
+    points ``z = offset + 8 · scale``.
 
     Raises:
         ValueError: ``in_features`` not a multiple of 32 (or a group size other than 32); rows written with a
@@ -101,10 +102,7 @@ class KernelInt4Linear(Int4Linear):
         made in float32 of a file's fp16 offset and scale (:func:`~qkv.interop.ggml_blocks.int4_groups`), that
         sum was exact and the offset comes back as the file holds it."""
         scales = scales.double()
-        halves = torch.stack([scales, zeros.double() - 8 * scales]).half()
-        if not torch.isfinite(halves).all():
-            raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's int4 kernel; quantize "
-                             "with QKV_KERNEL=torch")
+        halves = _fp16(torch.stack([scales, zeros.double() - 8 * scales]))
         self.group_scales[start : start + len(scales)] = halves[0]
         self.offsets[start : start + len(scales)] = halves[1]
 
@@ -164,12 +162,8 @@ class KernelInt8Linear(Int8Linear):
         """Rows ``start ...``: their codes ``(r, in)`` int8 and scales ``(r, in / 32)``, or ``(r,)`` one a row."""
         blocks = self.scales.size(1)
         scales = (scales[:, None] if scales.dim() == 1 else scales).expand(len(codes), blocks)
-        halves = scales.half()
-        if not torch.isfinite(halves).all():
-            raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's int8 kernel; quantize "
-                             "with QKV_KERNEL=torch")
         self.codes[start : start + len(codes)] = codes
-        self.scales[start : start + len(codes)] = halves
+        self.scales[start : start + len(codes)] = _fp16(scales)
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         rows = slice(None) if outputs is None else outputs.to(self.codes.device)
@@ -186,6 +180,15 @@ class KernelInt8Linear(Int8Linear):
 
     def _format(self) -> str:
         return "int8, fp16 scales per 32 inputs, qkv's kernel"
+
+
+def _fp16(values: Tensor) -> Tensor:
+    """Scales (and offsets) as the kernel's layers hold them, in fp16, or one line on what fp16 cannot hold."""
+    halves = values.half()
+    if not torch.isfinite(halves).all():
+        raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's kernel; quantize with "
+                         "QKV_KERNEL=torch")
+    return halves
 
 
 def _product(layer: QuantizedLinear, kernel: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
