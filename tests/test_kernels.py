@@ -246,3 +246,35 @@ def test_an_install_without_a_c_compiler_runs_on_pytorchs_kernels(tmp_path):
     said, in_use = run.stdout.splitlines()
     assert said == "False Int4Linear (2, 8)"
     assert "PyTorch's" in in_use and "was not built" in in_use
+
+
+def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager():
+    """Under ``torch.compile`` the kernel layers call the registered operator ``qkv::block_linear``: a decoding step
+    of a LLaMA-shaped int4 model is one graph (no break at each product, where the library's ctypes call cannot be
+    traced; the output layer's largest outputs, a count known only from the data, traced as ``--compile`` traces
+    them), its tokens eager's. Inductor's graph of each kernel layer gives eager's numbers too."""
+    from decoding_reference import continue_prompts
+
+    from qkv import GPT, GPTConfig
+    from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
+    from qkv.quantize import quantize
+
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_preset("llama", vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, n_layers=1,
+                                max_seq_len=64)
+    model = quantize(GPT(cfg).eval(), "int4")
+    assert isinstance(model.decoder.layers[0].feed_forward.down, KernelInt4Linear)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
+    eager = continue_prompts(model, prompts, 8)
+    torch._dynamo.reset()
+    model.compile(dynamic=True, backend="aot_eager")
+    counts = torch._dynamo.utils.counters
+    counts.clear()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        assert continue_prompts(model, prompts, 8) == eager
+    assert not counts["graph_break"], dict(counts["graph_break"])
+    x = torch.randn(3, 96)
+    for layer in (KernelInt4Linear.from_linear(torch.nn.Linear(96, 40)),
+                  KernelInt8Linear.from_linear(torch.nn.Linear(96, 40))):
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x), rtol=0, atol=0)

@@ -52,10 +52,12 @@ def test_a_compiled_training_step_equals_an_eager_one():
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
 
 
-def test_compiled_cached_decoding_equals_eager():
-    """Decoding compiles with dynamic shapes: left-padded prompts, then one token at a time into the
-    preallocated KV cache (rotary positions, grouped key/value heads); the same tokens as eager, and one graph
-    for the prompt and one for every later step, not one per step.
+@pytest.mark.parametrize("prompts", [[[5, 6, 7, 8, 9, 10], [11, 12]], [[5, 6, 7, 8, 9, 10]]], ids=["padded", "alone"])
+def test_compiled_cached_decoding_equals_eager(prompts):
+    """Decoding compiles with dynamic shapes: left-padded prompts (the masked path) or one prompt (the fused
+    kernel's own causal mask), then one token at a time into the preallocated KV cache (rotary positions, grouped
+    key/value heads); the same tokens as eager, and one graph for the prompt and one for every later step, not
+    one per step.
 
     Graphs and graph breaks are TorchDynamo's and the traced operations AOTAutograd's, so this runs on the
     ``aot_eager`` backend; the kernels Inductor writes are compared with eager above (a cold Inductor compile
@@ -64,7 +66,6 @@ def test_compiled_cached_decoding_equals_eager():
     cfg = GPTConfig.from_preset("llama", vocab_size=100, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
                                 max_seq_len=64)
     model = GPT(cfg).eval()
-    prompts = [[5, 6, 7, 8, 9, 10], [11, 12]]
     eager = continue_prompts(model, prompts, 20)
     torch._dynamo.reset()
     model.compile(dynamic=True, backend="aot_eager")

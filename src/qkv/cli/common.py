@@ -126,6 +126,11 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
                      magnitudes=magnitudes)
     model.to(device)
     if args.compile:
+        import torch
+
+        # An output layer that recomputes its largest outputs (qkv.quantize) finds them with a count known only
+        # from the data: traced as such, not a graph break at every step.
+        torch._dynamo.config.capture_dynamic_output_shape_ops = True
         model.compile(dynamic=True)  # in place: the module and its state dict stay as they are
     return model
 

@@ -21,20 +21,85 @@ of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quan
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
-from . import BLOCK, bound_linear, dequantize, rounded_activations
+from . import BLOCK, bound_linear, dequantize, linear, rounded_activations
 
 _GROUP_BYTES = BLOCK // 2
 WIDEN_ROWS = 16  # from this many input rows on, widened weights and a float product beat the kernel (measured)
 WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
-class KernelInt4Linear(Int4Linear):
+def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
+    """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones by the kernel's
+    library, 8-bit ones (no offsets) as codes times their blocks' scales."""
+    if offsets is not None:
+        return dequantize(codes[start:end], scales[start:end], offsets[start:end], out)
+    blocks = out.view(end - start, -1, BLOCK)
+    blocks.copy_(codes[start:end].view(end - start, -1, BLOCK)).mul_(scales[start:end].float()[..., None])
+    return out
+
+
+def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
+             kernel: Callable[[Tensor], Tensor] | None = None) -> Callable[[Tensor], Tensor]:
+    """A kernel layer's product, for these buffers: for a few rows the kernel (``kernel``, its addresses bound, or
+    looked up at each call). From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the same int8-rounded inputs
+    times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
+    rounding, and several times faster there (docs/quantization.md)."""
+    rows, inputs = codes.size(0), scales.size(1) * BLOCK
+    tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
+    kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets)
+
+    def product(x: Tensor) -> Tensor:
+        if x.size(0) < WIDEN_ROWS:
+            return kernel(x)
+        rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
+        y = x.new_empty(rows, x.size(0))
+        weights = x.new_empty(min(tile, rows), inputs)
+        for start in range(0, rows, tile):
+            end = min(start + tile, rows)
+            torch.mm(_widened(codes, scales, offsets, start, end, weights[: end - start]), rounded, out=y[start:end])
+        return y.T.contiguous()
+
+    return product
+
+
+@torch.library.custom_op("qkv::block_linear", mutates_args=())
+def block_linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None) -> Tensor:
+    """A kernel layer's product as a registered operator: what a graph made by ``torch.compile`` calls (one
+    node; the library's call through ctypes cannot be traced). ``x`` ``(batch, in)`` contiguous float32."""
+    return _product(codes, scales, offsets)(x)
+
+
+@block_linear.register_fake
+def _(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None) -> Tensor:
+    return x.new_empty(x.size(0), codes.size(0))
+
+
+class _KernelProduct:
+    """What both kernel layers multiply with: in eager PyTorch the product with the buffers' addresses bound once;
+    in a graph being compiled, :func:`block_linear` (the outlier columns' share added around it either way)."""
+
+    def _make_product(self) -> Callable[[Tensor], Tensor]:
+        return _product(*self._blocks(), bound_linear(*self._blocks()))
+
+    def _cpu_product(self) -> Callable[[Tensor], Tensor]:
+        if not torch.compiler.is_compiling():
+            return super()._cpu_product()
+        codes, scales, offsets = self._blocks()
+
+        def product(x: Tensor) -> Tensor:
+            return block_linear(x, codes, scales, offsets)
+
+        return self._without_outlier_inputs(product) if self.outliers else product
+
+
+class KernelInt4Linear(_KernelProduct, Int4Linear):
     """``y = x Ŵᵀ + b`` with Ŵ in 4 bits, multiplied by qkv's int4 × int8 kernel.
 
     Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (GGUF's order, see the module's text),
@@ -119,16 +184,16 @@ class KernelInt4Linear(Int4Linear):
 
     def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
         """Rows ``start`` to ``end`` widened by the kernel's library: the numbers :meth:`_decoded` gives."""
-        return dequantize(self.codes[start:end], self.group_scales[start:end], self.offsets[start:end], out)
+        return _widened(self.codes, self.group_scales, self.offsets, start, end, out)
 
-    def _make_product(self) -> Callable[[Tensor], Tensor]:
-        return _product(self, bound_linear(self.codes, self.group_scales, self.offsets))
+    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.codes, self.group_scales, self.offsets
 
     def _format(self) -> str:
         return "int4, group_size=32, fp16 scales, qkv's kernel"
 
 
-class KernelInt8Linear(Int8Linear):
+class KernelInt8Linear(_KernelProduct, Int8Linear):
     """``y = x Ŵᵀ + b`` with Ŵ in 8 bits, one fp16 scale per block of 32 inputs (GGUF's Q8_0), multiplied by qkv's
     int8 × int8 kernel.
 
@@ -171,12 +236,10 @@ class KernelInt8Linear(Int8Linear):
         return (codes.view(len(codes), -1, BLOCK).float() * scales.float()[..., None]).view(len(codes), -1)
 
     def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
-        blocks = out.view(end - start, -1, BLOCK)
-        blocks.copy_(self.codes[start:end].view(end - start, -1, BLOCK)).mul_(self.scales[start:end].float()[..., None])
-        return out
+        return _widened(self.codes, self.scales, None, start, end, out)
 
-    def _make_product(self) -> Callable[[Tensor], Tensor]:
-        return _product(self, bound_linear(self.codes, self.scales))
+    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.codes, self.scales, None
 
     def _format(self) -> str:
         return "int8, fp16 scales per 32 inputs, qkv's kernel"
@@ -189,27 +252,6 @@ def _fp16(values: Tensor) -> Tensor:
         raise ValueError("weights beyond fp16's range (65504) cannot be held for qkv's kernel; quantize with "
                          "QKV_KERNEL=torch")
     return halves
-
-
-def _product(layer: QuantizedLinear, kernel: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
-    """A kernel layer's product: for a few rows the kernel. From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the
-    same int8-rounded inputs times the weights widened a tile of rows at a time (``_decoded_rows``), by PyTorch's
-    float matrix product: equal up to float rounding, and several times faster there (docs/quantization.md)."""
-    rows, inputs = layer.out_features, layer.in_features
-    tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
-
-    def product(x: Tensor) -> Tensor:
-        if x.size(0) < WIDEN_ROWS:
-            return kernel(x)
-        rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
-        y = x.new_empty(rows, x.size(0))
-        weights = x.new_empty(min(tile, rows), inputs)
-        for start in range(0, rows, tile):
-            end = min(start + tile, rows)
-            torch.mm(layer._decoded_rows(start, end, weights[: end - start]), rounded, out=y[start:end])
-        return y.T.contiguous()
-
-    return product
 
 
 __all__ = ["KernelInt4Linear", "KernelInt8Linear"]

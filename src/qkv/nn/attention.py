@@ -259,9 +259,11 @@ class MultiHeadAttention(nn.Module):
         """Whether the fused kernel applies the causal mask itself: the common square causal case, with no other
         mask or bias and no weights asked for, needs no mask tensor.
 
-        (A Python ``bool``: under torch.compile with dynamic shapes the size test is symbolic, ``bool()`` turns it
-        into a guard, and the kernel gets a plain bool.)"""
-        return bool(self.causal and self.window is None and t_q == t_k > 1 and not need_weights and not other_masks)
+        (A Python ``bool``: under torch.compile with dynamic shapes the size test is symbolic, ``if`` turns it
+        into a guard, and the kernel gets a plain bool: ``bool()`` alone would hand it the symbolic one.)"""
+        if self.causal and self.window is None and t_q == t_k > 1 and not need_weights and not other_masks:  # noqa: SIM103
+            return True
+        return False
 
     def _structural_mask(self, t_q: int, t_k: int, device: torch.device) -> Tensor | None:
         if self.window is not None:
