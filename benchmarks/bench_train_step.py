@@ -1,7 +1,7 @@
 """Training-step throughput on a CPU: qkv's GPT against a nanoGPT-shaped reference at nanoGPT's CPU recipe, and
 the translation Transformer in fp32, bf16 autocast and without dropout.
 
-    python benchmarks/bench_train_step.py [--part nanogpt|translation|all] [--repeats 40] [--json results.json]
+    python benchmarks/bench_train_step.py [--part nanogpt|translation|all] [--repeats 40] [--eager] [--json F]
 
 One process, contenders alternated step by step, medians reported as ms/step, tokens/s and a ratio.
 
@@ -11,8 +11,9 @@ One process, contenders alternated step by step, medians reported as ms/step, to
   ``scaled_dot_product_attention`` with ``is_causal``, exact GELU, no biases, tied embeddings, AdamW with the
   for-each implementation that nanoGPT uses off CUDA. qkv runs what ``qkv train lm --preset tiny`` runs:
   its ``GPT`` (GPT-2 style, biases, tanh GELU, the table padded to 128 rows), its language-model loss and its
-  optimizer (fused AdamW). Both eager, then both compiled (``torch.compile``; compiling is not timed), then
-  qkv compiled in bf16 autocast (``--precision bf16``: faster only on a CPU with AVX512-BF16 or AMX).
+  optimizer (fused AdamW); and the same without biases, nanoGPT's own configuration. Both eager, then both
+  compiled (``torch.compile``; compiling is not timed), then qkv compiled in bf16 autocast (``--precision bf16``:
+  faster only on a CPU with AVX512-BF16 or AMX).
 * translation: the Multi30k configuration of the README (3+3 layers, d=256, 8 heads, FFN 1024, shared 8k
   vocabulary), 2,000 padded tokens a side.
 """
@@ -103,12 +104,14 @@ def reference_step(stream: Tensor, compiled: bool) -> Callable[[], None]:
     return lambda: reference_update(model, opt, stream, g)
 
 
-def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False) -> Callable[[], None]:
+def qkv_step(stream: Tensor, compiled: bool, bf16: bool = False, bias: bool = True) -> Callable[[], None]:
     """What qkv's Trainer does per step for ``qkv train lm --preset tiny --batch-size 12 --dropout 0``
-    (``--compile``, ``--precision bf16``)."""
+    (``--compile``, ``--precision bf16``); without ``bias``, the same at nanoGPT's own configuration, whose layers
+    have no biases (``bias = False`` in its train.py)."""
     torch.manual_seed(0)
     tokenizer = CharTokenizer.train(["".join(chr(33 + i) for i in range(VOCAB))])
-    cfg = GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0, pad_id=None, vocab_multiple=64)
+    cfg = GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size, dropout=0.0, pad_id=None, vocab_multiple=64,
+                                bias=bias)
     model = GPT(cfg)
     if compiled:
         model.compile()
@@ -174,6 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=["nanogpt", "translation", "all"], default="all")
     parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--eager", action="store_true", help="the eager steps only (nothing compiled)")
     parser.add_argument("--json")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
@@ -183,9 +187,11 @@ def main() -> None:
         chars = stream - 4  # the same text without qkv's four special ids
         steps = {"nanoGPT-shaped reference, eager": reference_step(chars, False),
                  "qkv GPT, eager": qkv_step(stream, False),
-                 "nanoGPT-shaped reference, compiled": reference_step(chars, True),
-                 "qkv GPT, compiled": qkv_step(stream, True),
-                 "qkv GPT, compiled, bf16 autocast": qkv_step(stream, True, bf16=True)}
+                 "qkv GPT without biases, eager": qkv_step(stream, False, bias=False)}
+        if not args.eager:
+            steps |= {"nanoGPT-shaped reference, compiled": reference_step(chars, True),
+                      "qkv GPT, compiled": qkv_step(stream, True),
+                      "qkv GPT, compiled, bf16 autocast": qkv_step(stream, True, bf16=True)}
         report("nanoGPT's CPU recipe: 4 x 128, context 64, batch 12 (768 tokens a step)",
                race(steps, args.repeats), BATCH * CONTEXT, "nanoGPT-shaped reference, eager", results)
     if args.part in ("translation", "all"):

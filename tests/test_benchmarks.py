@@ -21,6 +21,7 @@ def test_every_training_step_contender_takes_a_step():
     bench = load("bench_train_step")
     stream = torch.randint(0, bench.VOCAB, (5_000,))
     for step in (bench.reference_step(stream, compiled=False), bench.qkv_step(stream, compiled=False),
+                 bench.qkv_step(stream, compiled=False, bias=False),
                  bench.translation_step("fp32", dropout=0.0, batch=2, length=4, vocab=64)):
         step()
 
