@@ -241,14 +241,15 @@ def test_an_install_without_a_c_compiler_runs_on_pytorchs_kernels(tmp_path):
     script = ("import torch, qkv.kernels as k; from qkv.quantize import quantize_linear; "
               "layer = quantize_linear(torch.nn.Linear(64, 8), 'int4'); "
               "print(k.available(), type(layer).__name__, tuple(layer(torch.randn(2, 64)).shape)); print(k.in_use())")
-    run = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": str(tmp_path / "site")},
+    env = {k: v for k, v in os.environ.items() if k != "QKV_KERNEL"}  # the default choice, whatever runs the tests
+    run = subprocess.run([sys.executable, "-c", script], env={**env, "PYTHONPATH": str(tmp_path / "site")},
                          capture_output=True, text=True, check=True, timeout=HANG)
     said, in_use = run.stdout.splitlines()
     assert said == "False Int4Linear (2, 8)"
     assert "PyTorch's" in in_use and "was not built" in in_use
 
 
-def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager():
+def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager(monkeypatch):
     """Under ``torch.compile`` the kernel layers call the registered operator ``qkv::block_linear``: a decoding step
     of a LLaMA-shaped int4 model is one graph (no break at each product, where the library's ctypes call cannot be
     traced; the output layer's largest outputs, a count known only from the data, traced as ``--compile`` traces
@@ -259,6 +260,7 @@ def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager():
     from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
     from qkv.quantize import quantize
 
+    monkeypatch.setenv("QKV_KERNEL", "qkv")
     torch.manual_seed(0)
     cfg = GPTConfig.from_preset("llama", vocab_size=100, d_model=64, n_heads=4, n_kv_heads=2, n_layers=1,
                                 max_seq_len=64)

@@ -14,6 +14,9 @@ keeps one fp16 scale per block of 32 inputs, ``W ≈ d · q``, GGUF's Q8_0 form:
 table and output layer) is taken over exactly, and weights quantized again land nearer their values (a step per
 block, not per row), for 6% more memory (two bytes per 32 codes).
 
+Both multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product registered
+as the operator ``qkv::block_linear``, one node of the graph.
+
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
 of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` and
 :func:`~qkv.quantize.int8_class` pick these layers wherever the kernel is built (and int4's groups are 32 wide).
