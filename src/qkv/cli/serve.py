@@ -1,0 +1,63 @@
+"""``qkv serve``: a language model behind OpenAI's HTTP API (see :mod:`qkv.serve`).
+
+    qkv serve --pretrained smollm2                           # http://127.0.0.1:8000/v1
+    qkv serve --model runs/lm --port 0                       # any free port
+    qkv serve --pretrained model.gguf --host 0.0.0.0 --api-key "$KEY"
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from .common import add_device_arguments, command, runtime
+from .numbers import integer
+
+log = logging.getLogger("qkv")
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def serve_cmd(args: argparse.Namespace) -> None:
+    if args.host not in LOCAL_HOSTS and not args.api_key:
+        raise ValueError(f"--host {args.host} lets other machines in: give --api-key KEY (clients send it as their "
+                         "API key), or serve on 127.0.0.1")
+    if args.api_key is not None and len(args.api_key) < 16:
+        raise ValueError("--api-key must be at least 16 characters (e.g. python -c \"import secrets; "
+                         "print(secrets.token_urlsafe())\")")
+    try:
+        from ..serve.app import serve
+        from ..serve.engine import Engine
+    except ModuleNotFoundError as err:
+        raise ValueError(f"qkv serve needs {err.name}: pip install 'qkv[serve]'") from None
+    from .lm import load_lm
+
+    device, precision, _ = runtime(args)
+    model, tokenizer, stops, template = load_lm(args, device, precision)
+    name = args.name or _name(args)
+    serve(Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template), host=args.host,
+          port=args.port, api_key=args.api_key)
+
+
+def _name(args: argparse.Namespace) -> str:
+    """The name clients call the model by: --pretrained as given, or the run's folder name."""
+    from pathlib import Path
+
+    return args.pretrained or Path(args.model).resolve().name
+
+
+def add_commands(sub) -> None:
+    p = command(sub, "serve", "serve a language model over OpenAI's HTTP API (chat and completions, streamed)")
+    src = p.add_argument_group("model (one of)")
+    src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
+    src.add_argument("--pretrained", help="'smollm2', a .gguf file or a local Hugging Face folder (as qkv generate)")
+    src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format to run on the model")
+    net = p.add_argument_group("server")
+    net.add_argument("--name", help="the model's name in requests and /v1/models (default: --pretrained as given, "
+                                    "or the run's folder name)")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine "
+                                                         "only; another needs --api-key)")
+    net.add_argument("--port", type=integer(0, 65535), default=8000, help="port (default 8000; 0: any free one)")
+    net.add_argument("--api-key", help="a bearer token every request must send (required off this machine)")
+    add_device_arguments(p, quantize=True)
+    p.set_defaults(run=serve_cmd, stop=[])

@@ -1,0 +1,275 @@
+"""The HTTP side of ``qkv serve``: OpenAI's API on Starlette, run by uvicorn.
+
+    GET  /health                  {"status": "ok"}
+    GET  /v1/models               the one model served
+    POST /v1/completions          continue a prompt
+    POST /v1/chat/completions     reply to a conversation, laid out by the model's own chat template
+
+Both POSTs answer whole, or, with ``"stream": true``, as server-sent events: one ``data: {chunk}`` per piece of
+text as it is decoded, then one with the ``finish_reason`` (and, asked with ``stream_options.include_usage``, one
+with the token counts), then ``data: [DONE]``. A client that goes away mid-stream stops its continuation between
+two tokens, and the model is free for the next request at once.
+
+Every refusal is OpenAI's error object with its status: 400 a bad field (named), 401 a wrong or missing key, 403 a
+foreign Host or Origin, 404 an unknown model or path, 408 a body that does not arrive in time, 413 a body too
+large, 429 too many requests waiting (with ``Retry-After``), 500 a failure inside (its message logged, no traceback
+sent). Requests must name this server in ``Host`` (a loopback name, or the address it was started on), so that a
+web page cannot reach it through a DNS name rebound to 127.0.0.1; a page from another origin cannot POST to it; with
+``api_key`` every /v1 request must carry ``Authorization: Bearer <key>`` (compared in constant time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .engine import Continuation, Engine
+from .protocol import MAX_BODY, APIError, Settings, check_model, messages, parse_body, prompt_text, settings
+
+log = logging.getLogger("qkv")
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+BODY_SECONDS = 30.0  # a request body must arrive whole within this
+MAX_WAITING = 16  # requests waiting for the model or running; one more is answered 429
+
+
+class Server:
+    """The API around one :class:`~qkv.serve.engine.Engine`: ``hosts`` are the names the Host header may give
+    (loopback ones and the address bound), ``api_key`` the bearer token /v1 requests need (None: none)."""
+
+    def __init__(self, engine: Engine, *, hosts: frozenset[str] = LOOPBACK, api_key: str | None = None,
+                 max_waiting: int = MAX_WAITING) -> None:
+        self.engine, self.hosts, self.api_key, self.max_waiting = engine, hosts, api_key, max_waiting
+        self.waiting = 0
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/completions", self.completions, methods=["POST"]),
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                                                            Exception: _internal_error})
+
+    async def health(self, request: Request) -> Response:
+        self._guard(request, key=False)
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request: Request) -> Response:
+        self._guard(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.engine.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
+
+    async def completions(self, request: Request) -> Response:
+        body = await self._body(request)
+        prompt = prompt_text(body)
+        return await self._answer(prompt, settings(body, chat=False), chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        body = await self._body(request)
+        prompt = self.engine.chat_prompt(messages(body))
+        return await self._answer(prompt, settings(body, chat=True), chat=True)
+
+    def _guard(self, request: Request, *, key: bool = True) -> None:
+        """Host and Origin name this server; the key, where one is set."""
+        host = request.headers.get("host", "")
+        if _hostname(host) not in self.hosts:
+            raise APIError(403, f"this server does not answer for Host {host[:100]!r}; call it by its own address",
+                           kind="permission_error")
+        origin = request.headers.get("origin")
+        if origin is not None and _hostname(urlsplit(origin).netloc) not in self.hosts:
+            raise APIError(403, f"requests from pages of {origin[:100]!r} are not accepted", kind="permission_error")
+        if key and self.api_key is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                raise APIError(401, "a missing or wrong API key: send Authorization: Bearer <the --api-key given "
+                                    "to qkv serve>", code="invalid_api_key", kind="authentication_error")
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, read no further than MAX_BODY bytes and within BODY_SECONDS; its model
+        checked."""
+        self._guard(request)
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > MAX_BODY:
+            raise APIError(413, f"the request body is {int(length):,} bytes; at most {MAX_BODY:,} are read")
+        try:
+            raw = await asyncio.wait_for(_read(request), BODY_SECONDS)
+        except TimeoutError:
+            raise APIError(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
+        body = parse_body(raw)
+        check_model(body, self.engine.name)
+        return body
+
+    async def _answer(self, prompt: str, settings: Settings, *, chat: bool) -> Response:
+        ids = self.engine.prompt_ids(prompt)
+        self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
+        if self.waiting >= self.max_waiting:
+            raise APIError(429, f"{self.waiting} requests are already waiting for the model; try again shortly",
+                           kind="rate_limit_error", code="busy")
+        reply = _Reply(self.engine.name, chat, len(ids), settings)
+        if settings.stream:
+            self.waiting += 1
+            return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        self.waiting += 1
+        try:
+            done = await asyncio.get_running_loop().run_in_executor(
+                None, lambda: [self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i))
+                               for i in range(settings.n)])
+        finally:
+            self.waiting -= 1
+        return JSONResponse(reply.whole(done))
+
+    async def _events(self, prompt: str, ids: list[int], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
+        """The server-sent events of a streamed answer; the continuation stops if the client goes away."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancelled = threading.Event()
+
+        def push(item: Any) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                for i in range(settings.n):
+                    push((i, self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i),
+                                                         on_text=lambda text, i=i: push((i, text)),
+                                                         cancelled=cancelled)))
+            except Exception as err:
+                push(err)
+            push(None)
+
+        work_done = loop.run_in_executor(None, work)
+        try:
+            for i in range(settings.n):
+                yield _event(reply.chunk(i, ""))  # the role first, as OpenAI's streams begin
+            finished: list[Continuation] = []
+            while (item := await queue.get()) is not None:
+                if isinstance(item, Exception):
+                    error = item if isinstance(item, APIError) else _logged(item)
+                    yield _event(error.body())
+                    break
+                i, piece = item
+                if isinstance(piece, str):
+                    yield _event(reply.chunk(i, piece))
+                else:
+                    finished.append(piece)
+                    yield _event(reply.chunk(i, None, piece.finish_reason))
+            if settings.include_usage and len(finished) == settings.n:
+                yield _event(reply.usage_chunk(finished))
+            yield "data: [DONE]\n\n"
+        finally:
+            cancelled.set()  # the client went away, or everything was sent: either way the model is free
+            self.waiting -= 1
+            await asyncio.shield(work_done)
+
+
+class _Reply:
+    """The JSON of one answer: the whole object, or its stream's chunks."""
+
+    def __init__(self, model: str, chat: bool, prompt_tokens: int, settings: Settings) -> None:
+        self.model, self.chat, self.prompt_tokens = model, chat, prompt_tokens
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def usage(self, done: list[Continuation]) -> dict[str, int]:
+        completion = sum(c.tokens for c in done)
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
+                "total_tokens": self.prompt_tokens + completion}
+
+    def whole(self, done: list[Continuation]) -> dict[str, Any]:
+        choices = [{"index": i, "finish_reason": c.finish_reason, "logprobs": None,
+                    **({"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text})}
+                   for i, c in enumerate(done)]
+        return {**self._head(self.object), "choices": choices, "usage": self.usage(done)}
+
+    def chunk(self, index: int, text: str | None, finish_reason: str | None = None) -> dict[str, Any]:
+        """A piece of choice ``index``'s text (None: its end, with ``finish_reason``)."""
+        if self.chat:
+            delta = {} if text is None else {"content": text} if text else {"role": "assistant", "content": ""}
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, done: list[Continuation]) -> dict[str, Any]:
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._head(kind), "choices": [], "usage": self.usage(done)}
+
+
+def _seed(settings: Settings, choice: int) -> int | None:
+    """Choice ``choice``'s seed: the request's plus its index, so that n choices differ and each is repeatable."""
+    return None if settings.seed is None else settings.seed + choice
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+async def _read(request: Request) -> bytes:
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise APIError(413, f"the request body is over {MAX_BODY:,} bytes; at most that many are read")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _hostname(host: str) -> str:
+    """``name`` of a Host header ``name:port`` (``[::1]:8000`` gives ``::1``)."""
+    return urlsplit(f"//{host}").hostname or ""
+
+
+def _logged(err: Exception) -> APIError:
+    log.error("qkv serve: %s: %s", type(err).__name__, " ".join(str(err).split())[:300])
+    return APIError(500, "the server failed while answering; its log says why", kind="server_error")
+
+
+async def _api_error(request: Request, err: Exception) -> Response:
+    assert isinstance(err, APIError)
+    headers = {"Retry-After": "1"} if err.status == 429 else None
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+
+async def _http_error(request: Request, err: Exception) -> Response:
+    assert isinstance(err, HTTPException)
+    message = {404: f"no such path: {request.url.path[:100]}", 405: f"{request.method} is not allowed here"}
+    return await _api_error(request, APIError(err.status_code, message.get(err.status_code, str(err.detail))))
+
+
+async def _internal_error(request: Request, err: Exception) -> Response:
+    return await _api_error(request, _logged(err))
+
+
+def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+    """Answer on ``host``:``port`` (0: any free port) until interrupted; says where on stdout."""
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = Server(engine, hosts=LOOPBACK | {host}, api_key=api_key)
+    config = uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5)
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    print(f"qkv serve: {engine.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,197 @@
+"""The OpenAI API's requests as qkv reads them, and its error shape.
+
+A request body is checked field by field before anything runs: every field qkv reads has its type and range
+checked, and a wrong one is answered with status 400 and OpenAI's error object naming the field
+(``{"error": {"message", "type", "param", "code"}}``), as the official clients expect::
+
+    POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
+                                 "stream", "stream_options": {"include_usage"}}
+    POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant", "content"}]
+                                instead of "prompt" ("max_completion_tokens" as well as "max_tokens")
+
+Fields a client may send that would change the answer and that qkv does not compute yet (``logprobs``,
+``tools``, penalties other than 0, ...) are refused by name rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousand characters
+MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
+MAX_CHOICES = 8  # n: continuations of one prompt
+ROLES = ("system", "user", "assistant")
+
+# Fields that change the answer and that qkv does not compute: refused rather than silently ignored (their neutral
+# values pass). Fields that only describe the caller ("user", "metadata", "store", ...) are ignored.
+UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+               "best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
+               "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
+               "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
+               "frequency_penalty": (None, 0, 0.0)}
+
+
+class APIError(Exception):
+    """An answer other than success, in OpenAI's shape: ``status``, and a message that says what was wrong and
+    what to do."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How to continue a prompt: the fields of a request that decoding reads."""
+
+    max_tokens: int | None  # None: as many as the context leaves
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """A request body as a JSON object, or an APIError (413 too large, 400 not a JSON object)."""
+    if len(body) > MAX_BODY:
+        raise APIError(413, f"the request body is {len(body):,} bytes; at most {MAX_BODY:,} are read")
+    try:
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise APIError(400, f"the request body is not JSON ({_short(err)}); send a JSON object") from None
+    if not isinstance(value, dict):
+        raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _short(err: Exception) -> str:
+    return " ".join(str(err).split())[:120]
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    """The request names the served model (404 otherwise, as OpenAI answers an unknown model)."""
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise APIError(400, "model must be a string: the name GET /v1/models lists", param="model")
+    if model != served:
+        raise APIError(404, f"the model {model[:100]!r} is not served here; this server serves {served!r}",
+                       param="model", code="model_not_found")
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt of a completion request: one string (or a list holding one)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str) or not prompt:
+        raise APIError(400, "prompt must be a non-empty string (one prompt a request)", param="prompt")
+    return prompt
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    """The messages of a chat request, each ``{"role", "content"}`` with text content (a string, or a list of
+    ``{"type": "text", "text"}`` parts, joined)."""
+    value = body.get("messages")
+    if not isinstance(value, list) or not value:
+        raise APIError(400, "messages must be a non-empty list of {\"role\", \"content\"}", param="messages")
+    out = []
+    for i, message in enumerate(value):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise APIError(400, f"{param} must be an object with role and content", param=param)
+        role = message.get("role")
+        if role not in ROLES:
+            raise APIError(400, f"{param}.role is {str(role)[:40]!r}; it must be one of {', '.join(ROLES)}",
+                           param=f"{param}.role")
+        out.append({"role": role, "content": _content(message.get("content"), f"{param}.content")})
+    return out
+
+
+def _content(content: Any, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise APIError(400, f"{param} must be text: a string or a list of {{\"type\": \"text\", \"text\"}} parts",
+                   param=param)
+
+
+def settings(body: dict[str, Any], *, chat: bool) -> Settings:
+    """The decoding settings of a request, each field checked (400 naming it)."""
+    for name, neutral in UNSUPPORTED.items():
+        if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
+            raise APIError(400, f"{name} is not supported by this server; leave it out", param=name)
+    length = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    default = None if chat else 16  # OpenAI's: a completion stops at 16 tokens unless told; a chat reply at the end
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else stop
+    if stops is None:
+        stops = ()
+    if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOPS or not all(
+            isinstance(s, str) and s for s in stops):
+        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them",
+                       param="stop")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise APIError(400, "stream_options must be an object", param="stream_options")
+    return Settings(
+        max_tokens=_integer(body, length, default, minimum=1),
+        temperature=_real(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_real(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
+        seed=_integer(body, "seed", None, minimum=-(2**63), maximum=2**63 - 1),
+        stop=tuple(stops),
+        n=_integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES),
+        stream=_flag(body, "stream"),
+        include_usage=_flag(options or {}, "include_usage"),
+    )
+
+
+def _integer(body: dict[str, Any], name: str, default: int | None, *, minimum: int,
+             maximum: int = 2**31 - 1) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+        raise APIError(400, f"{name} must be an integer from {minimum} to {maximum}, got {str(value)[:40]}",
+                       param=name)
+    return value
+
+
+def _real(body: dict[str, Any], name: str, default: float, low: float, high: float, *,
+          open_low: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not (low < value if open_low else low <= value) or value > high:
+        interval = f"{'(' if open_low else '['}{low:g}, {high:g}]"
+        raise APIError(400, f"{name} must be a number in {interval}, got {str(value)[:40]}", param=name)
+    return float(value)
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise APIError(400, f"{name} must be true or false", param=name)
+    return value

