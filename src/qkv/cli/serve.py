@@ -3,6 +3,7 @@
     qkv serve --pretrained smollm2                           # http://127.0.0.1:8000/v1
     qkv serve --model runs/lm --port 0                       # any free port
     qkv serve --pretrained model.gguf --host 0.0.0.0 --api-key "$KEY"
+    qkv serve --pretrained minilm                            # sentence vectors on /v1/embeddings
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 
-from .common import add_device_arguments, command, runtime
+from .common import add_device_arguments, command, place, runtime
 from .numbers import integer
 
 log = logging.getLogger("qkv")
@@ -25,18 +26,58 @@ def serve_cmd(args: argparse.Namespace) -> None:
     if args.api_key is not None and len(args.api_key) < 16:
         raise ValueError("--api-key must be at least 16 characters (e.g. python -c \"import secrets; "
                          "print(secrets.token_urlsafe())\")")
+    if bool(args.model) == bool(args.pretrained):
+        raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|minilm|FILE|DIR")
     try:
         from ..serve.app import serve
-        from ..serve.engine import Engine
     except ModuleNotFoundError as err:
         raise ValueError(f"qkv serve needs {err.name}: pip install 'qkv[serve]'") from None
+    device, precision, _ = runtime(args)
+    name = args.name or _name(args)
+    served = _embedder(args, device, name) if _is_encoder(args) else _engine(args, device, precision, name)
+    serve(served, host=args.host, port=args.port, api_key=args.api_key)
+
+
+def _is_encoder(args: argparse.Namespace) -> bool:
+    """Whether the model is a sentence encoder (MiniLM, a Hugging Face BERT folder, a qkv BERT run), served for
+    /v1/embeddings, rather than a language model."""
+    from pathlib import Path
+
+    from ..interop.sentence import MINILM_NAMES
+
+    if args.pretrained:
+        return args.pretrained.lower() in MINILM_NAMES or _config(Path(args.pretrained)).get("model_type") == "bert"
+    from ..checkpoint import resolve
+
+    return _config(resolve(args.model)).get("arch") not in ("gpt", None)
+
+
+def _config(folder) -> dict:
+    """A folder's config.json ({} where there is none)."""
+    import json
+
+    path = folder / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return config if isinstance(config, dict) else {}
+
+
+def _engine(args: argparse.Namespace, device, precision, name: str):
+    from ..serve.engine import Engine
     from .lm import load_lm
 
-    device, precision, _ = runtime(args)
     model, tokenizer, stops, template = load_lm(args, device, precision)
-    name = args.name or _name(args)
-    serve(Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template), host=args.host,
-          port=args.port, api_key=args.api_key)
+    return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template)
+
+
+def _embedder(args: argparse.Namespace, device, name: str):
+    from ..interop.sentence import load_sentence_encoder
+    from ..serve.embedder import Embedder
+
+    if args.adapter:
+        raise ValueError("--adapter goes on a language model; this is a sentence encoder")
+    encoder = load_sentence_encoder(args.pretrained or args.model)
+    place(encoder.model, device, args)
+    return Embedder(encoder, name=name)
 
 
 def _name(args: argparse.Namespace) -> str:
@@ -47,10 +88,11 @@ def _name(args: argparse.Namespace) -> str:
 
 
 def add_commands(sub) -> None:
-    p = command(sub, "serve", "serve a language model over OpenAI's HTTP API (chat and completions, streamed)")
+    p = command(sub, "serve", "serve a model over OpenAI's HTTP API (chat and completions, streamed; embeddings)")
     src = p.add_argument_group("model (one of)")
     src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
-    src.add_argument("--pretrained", help="'smollm2', a .gguf file or a local Hugging Face folder (as qkv generate)")
+    src.add_argument("--pretrained", help="'smollm2', a .gguf file or a local Hugging Face folder (as qkv generate); "
+                                          "'minilm' or a BERT folder: a sentence encoder, for /v1/embeddings")
     src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format to run on the model")
     net = p.add_argument_group("server")
     net.add_argument("--name", help="the model's name in requests and /v1/models (default: --pretrained as given, "

@@ -4,6 +4,7 @@
     GET  /v1/models               the one model served
     POST /v1/completions          continue a prompt
     POST /v1/chat/completions     reply to a conversation, laid out by the model's own chat template
+    POST /v1/embeddings           sentence vectors (a sentence encoder served instead of a language model)
 
 Both POSTs answer whole, or, with ``"stream": true``, as server-sent events: one ``data: {chunk}`` per piece of
 text as it is decoded, then one with the ``finish_reason`` (and, asked with ``stream_options.include_usage``, one
@@ -21,22 +22,25 @@ web page cannot reach it through a DNS name rebound to 127.0.0.1; a page from an
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
 import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .embedder import Embedder, texts
 from .engine import Continuation, Engine
 from .protocol import MAX_BODY, APIError, Settings, check_model, messages, parse_body, prompt_text, settings
 
@@ -48,18 +52,27 @@ MAX_WAITING = 16  # requests waiting for the model or running; one more is answe
 
 
 class Server:
-    """The API around one :class:`~qkv.serve.engine.Engine`: ``hosts`` are the names the Host header may give
-    (loopback ones and the address bound), ``api_key`` the bearer token /v1 requests need (None: none)."""
+    """The API around one served model, a language model (:class:`~qkv.serve.engine.Engine`) or a sentence encoder
+    (:class:`~qkv.serve.embedder.Embedder`): ``hosts`` are the names the Host header may give (loopback ones and
+    the address bound), ``api_key`` the bearer token /v1 requests need (None: none)."""
 
-    def __init__(self, engine: Engine, *, hosts: frozenset[str] = LOOPBACK, api_key: str | None = None,
+    def __init__(self, served: Engine | Embedder, *, hosts: frozenset[str] = LOOPBACK, api_key: str | None = None,
                  max_waiting: int = MAX_WAITING) -> None:
-        self.engine, self.hosts, self.api_key, self.max_waiting = engine, hosts, api_key, max_waiting
+        self.served, self.hosts, self.api_key, self.max_waiting = served, hosts, api_key, max_waiting
         self.waiting = 0
+
+    @property
+    def engine(self) -> Engine:
+        """The language model, or 400 for a request that needs one when a sentence encoder is served."""
+        if not isinstance(self.served, Engine):
+            raise APIError(400, f"{self.served.name} is a sentence encoder: it answers /v1/embeddings only")
+        return self.served
 
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
-                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"])]
+                  Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+                  Route("/v1/embeddings", self.embeddings, methods=["POST"])]
         return Starlette(routes=routes, exception_handlers={APIError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
 
@@ -70,7 +83,7 @@ class Server:
     async def models(self, request: Request) -> Response:
         self._guard(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": self.engine.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
+            {"id": self.served.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request)
@@ -81,6 +94,24 @@ class Server:
         body = await self._body(request)
         prompt = self.engine.chat_prompt(messages(body))
         return await self._answer(prompt, settings(body, chat=True), chat=True)
+
+    async def embeddings(self, request: Request) -> Response:
+        body = await self._body(request)
+        embedder = self.served
+        if not isinstance(embedder, Embedder):
+            raise APIError(400, f"{embedder.name} is a language model; /v1/embeddings needs a sentence encoder "
+                                "(qkv serve --pretrained minilm)", param="model")
+        items = texts(body)
+        encoding = body.get("encoding_format") or "float"
+        if encoding not in ("float", "base64"):
+            raise APIError(400, "encoding_format must be float or base64", param="encoding_format")
+        if body.get("dimensions") not in (None, embedder.dimensions):
+            raise APIError(400, f"{embedder.name} makes vectors of {embedder.dimensions} dimensions only",
+                           param="dimensions")
+        vectors, tokens = await self._run(lambda: embedder.vectors(items))
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, encoding)} for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": embedder.name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     def _guard(self, request: Request, *, key: bool = True) -> None:
         """Host and Origin name this server; the key, where one is set."""
@@ -109,28 +140,34 @@ class Server:
         except TimeoutError:
             raise APIError(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
         body = parse_body(raw)
-        check_model(body, self.engine.name)
+        check_model(body, self.served.name)
         return body
 
     async def _answer(self, prompt: str, settings: Settings, *, chat: bool) -> Response:
         ids = self.engine.prompt_ids(prompt)
         self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
+        self._check_queue()
+        reply = _Reply(self.engine.name, chat, len(ids), settings)
+        if settings.stream:  # counted once its events begin: a stream that never starts never ends either
+            return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        done = await self._run(lambda: [self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i))
+                                        for i in range(settings.n)])
+        return JSONResponse(reply.whole(done))
+
+    def _check_queue(self) -> None:
         if self.waiting >= self.max_waiting:
             raise APIError(429, f"{self.waiting} requests are already waiting for the model; try again shortly",
                            kind="rate_limit_error", code="busy")
-        reply = _Reply(self.engine.name, chat, len(ids), settings)
-        if settings.stream:
-            self.waiting += 1
-            return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+
+    async def _run(self, work: Callable[[], Any]) -> Any:
+        """``work()`` on a worker thread (the model's turn may be a while coming), counted among those waiting."""
+        self._check_queue()
         self.waiting += 1
         try:
-            done = await asyncio.get_running_loop().run_in_executor(
-                None, lambda: [self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i))
-                               for i in range(settings.n)])
+            return await asyncio.get_running_loop().run_in_executor(None, work)
         finally:
             self.waiting -= 1
-        return JSONResponse(reply.whole(done))
 
     async def _events(self, prompt: str, ids: list[int], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
         """The server-sent events of a streamed answer; the continuation stops if the client goes away."""
@@ -151,7 +188,8 @@ class Server:
                 push(err)
             push(None)
 
-        work_done = loop.run_in_executor(None, work)
+        self.waiting += 1
+        loop.run_in_executor(None, work)
         try:
             for i in range(settings.n):
                 yield _event(reply.chunk(i, ""))  # the role first, as OpenAI's streams begin
@@ -171,9 +209,8 @@ class Server:
                 yield _event(reply.usage_chunk(finished))
             yield "data: [DONE]\n\n"
         finally:
-            cancelled.set()  # the client went away, or everything was sent: either way the model is free
+            cancelled.set()  # the client went away, or everything was sent: the continuation ends at its next token
             self.waiting -= 1
-            await asyncio.shield(work_done)
 
 
 class _Reply:
@@ -218,6 +255,13 @@ def _seed(settings: Settings, choice: int) -> int | None:
     return None if settings.seed is None else settings.seed + choice
 
 
+def _encoded(vector: torch.Tensor, encoding: str) -> list[float] | str:
+    """A vector as JSON numbers, or as base64 of its little-endian float32 bytes (what the openai client asks for)."""
+    if encoding == "float":
+        return vector.tolist()
+    return base64.b64encode(vector.numpy().astype("<f4").tobytes()).decode("ascii")
+
+
 def _event(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
@@ -258,7 +302,7 @@ async def _internal_error(request: Request, err: Exception) -> Response:
     return await _api_error(request, _logged(err))
 
 
-def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
+def serve(served: Engine | Embedder, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
     """Answer on ``host``:``port`` (0: any free port) until interrupted; says where on stdout."""
     import socket
 
@@ -268,8 +312,9 @@ def serve(engine: Engine, *, host: str = "127.0.0.1", port: int = 8000, api_key:
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    server = Server(engine, hosts=LOOPBACK | {host}, api_key=api_key)
+    sock.listen(128)  # from now on a client is queued, not refused, while uvicorn starts
+    server = Server(served, hosts=LOOPBACK | {host}, api_key=api_key)
     config = uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5)
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"qkv serve: {engine.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
+    print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
