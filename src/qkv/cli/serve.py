@@ -9,14 +9,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 
 from .common import add_device_arguments, command, place, runtime
+from .explore import LOCAL_HOSTS
 from .numbers import integer
-
-log = logging.getLogger("qkv")
-
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def serve_cmd(args: argparse.Namespace) -> None:

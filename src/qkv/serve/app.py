@@ -147,7 +147,7 @@ class Server:
         ids = self.engine.prompt_ids(prompt)
         self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
         self._check_queue()
-        reply = _Reply(self.engine.name, chat, len(ids), settings)
+        reply = _Reply(self.engine.name, chat, len(ids))
         if settings.stream:  # counted once its events begin: a stream that never starts never ends either
             return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -216,7 +216,7 @@ class Server:
 class _Reply:
     """The JSON of one answer: the whole object, or its stream's chunks."""
 
-    def __init__(self, model: str, chat: bool, prompt_tokens: int, settings: Settings) -> None:
+    def __init__(self, model: str, chat: bool, prompt_tokens: int) -> None:
         self.model, self.chat, self.prompt_tokens = model, chat, prompt_tokens
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
