@@ -90,23 +90,24 @@ class Engine:
         text = _Text(self.tokenizer, settings.stop, on_text)
         tokens: list[int] = []
 
-        def on_token(row: int, token: int) -> None:
+        def on_token(row: int, token: int) -> None:  # every token but a stop token
             tokens.append(token)
-            if token not in self.stop_ids and text.add(token):  # a stop string
+            if text.add(token):  # a stop string
                 raise _Halt
             if cancelled is not None and cancelled.is_set():
                 raise _Halt
 
+        halted = False
         with self.lock, torch.inference_mode():
             try:
                 complete(self.model, self.tokenizer, [prompt], max_new_tokens=limit, sampling=sampling,
                          stop_ids=self.stop_ids, seed=seed, on_token=on_token)
             except _Halt:
-                pass
+                halted = True
             except ValueError as err:  # what decoding refuses (a cache beyond the memory there is)
                 raise APIError(400, str(err)) from None
-        stopped = text.stopped or (bool(tokens) and tokens[-1] in self.stop_ids)
-        return Continuation(text.finish(), "stop" if stopped else "length", len(tokens))
+        ended = not halted and len(tokens) < limit  # the model wrote a stop token (which on_token is not given)
+        return Continuation(text.finish(), "stop" if text.stopped or ended else "length", len(tokens) + ended)
 
 
 class _Text:
