@@ -82,7 +82,6 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], *, lang
     return Score("tokenized BLEU", result.score, f"lowercase, spacy.blank({language!r}) tokens, sacrebleu tok:none")
 
 
-
 def chunked_perplexity(logits_of, ids: Sequence[int], n_ctx: int) -> float:
     """llama.cpp's ``llama-perplexity`` measure, for comparing with it: the text's tokens ``ids`` cut into chunks of
     ``n_ctx`` (the rest dropped), each chunk scored on its second half (every token from ``n_ctx / 2 + 1`` on,

@@ -146,9 +146,9 @@ class Server:
     async def _answer(self, prompt: str, settings: Settings, *, chat: bool) -> Response:
         ids = self.engine.prompt_ids(prompt)
         self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
-        self._check_queue()
         reply = _Reply(self.engine.name, chat, len(ids))
         if settings.stream:  # counted once its events begin: a stream that never starts never ends either
+            self._check_queue()
             return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         done = await self._run(lambda: [self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i))
