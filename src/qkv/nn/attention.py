@@ -119,6 +119,30 @@ class KVCache:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
 
+    def extend(self, other: KVCache) -> None:
+        """Add ``other``'s rows after these, both right-aligned: the side with fewer positions is padded on the left
+        with zeros, which an attention mask must hide (continuous batching: sequences that join a running batch)."""
+        if other._k is None or other._v is None:
+            return
+        if self._k is None or self._v is None:
+            self._k, self._v, self.length = other._k, other._v, other.length
+            return
+        width = max(self.length, other.length)
+        rows = self._k.size(0) + other._k.size(0)
+        room = max(2 * width, self._k.size(2))  # as _grow doubles: the next positions need no copy
+        k = self._k.new_zeros(rows, self._k.size(1), room, self._k.size(3))
+        v = self._v.new_zeros(rows, self._v.size(1), room, self._v.size(3))
+        for part, start in ((self, 0), (other, self._k.size(0))):
+            end = start + part.k.size(0)
+            k[start:end, :, width - part.length : width] = part.k
+            v[start:end, :, width - part.length : width] = part.v
+        self._k, self._v, self.length = k, v, width
+
+    def drop_left(self, n: int) -> None:
+        """Forget every row's first ``n`` positions (columns that no row uses any more); no copy is made."""
+        if self._k is not None and self._v is not None and n > 0:
+            self._k, self._v, self.length = self._k[:, :, n:], self._v[:, :, n:], self.length - n
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: h heads attend in parallel in subspaces of width d_model / h (or ``head_dim``).

@@ -228,6 +228,17 @@ class DecoderCache:
         for layer in self.layers:
             layer.reorder(index)
 
+    def extend(self, other: DecoderCache) -> None:
+        """Add ``other``'s rows after these, right-aligned (a decoder-only model's self-attention caches: see
+        :meth:`~qkv.nn.attention.KVCache.extend`)."""
+        for mine, theirs in zip(self.layers, other.layers, strict=True):
+            mine.self_attn.extend(theirs.self_attn)
+
+    def drop_left(self, n: int) -> None:
+        """Forget every row's first ``n`` positions."""
+        for layer in self.layers:
+            layer.self_attn.drop_left(n)
+
 
 class Decoder(nn.Module):
     """N decoder layers, then a final norm (or None for Post-Norm).

@@ -1,0 +1,191 @@
+"""Continuous batching: sequences that join a running decode between two steps and leave it as soon as they end.
+
+:func:`~qkv.generation.generate` decodes one batch from start to end. A server's requests come and go: each should
+start at once, share every step with the others (one forward for all of them costs little more than for one), and
+leave the moment it is done. :class:`Batch` keeps the rows decoding now, one KV cache row each, aligned on the
+right as :class:`~qkv.generation.LMDecoder` aligns its left-padded prompts::
+
+    <pad> <pad> The  cat  sat        mask 0 0 1 1 1
+    Once  upon  a    time ,          mask 1 1 1 1 1
+
+Each step feeds every row its newest token in one forward. The mask hides each row's padding and positions count
+its own tokens only, so a row is decoded as it would be alone. Rows that join are read together (their prompts a
+left-padded batch of their own), then appended to the cache with the shorter side padded on the left; a row that
+ends is dropped at once, and columns that no row uses any more are trimmed off the left.
+
+Every row has its own sampling settings, random generator, token limit and stop tokens, so a sampled row draws the
+tokens it would draw alone with the same seed: a request's output never depends on what else is running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .generation import GREEDY, LMDecoder, Sampling, _suppressor, choose
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """A chosen token's log-probability under the model, and the ``top`` most probable tokens with theirs."""
+
+    value: float
+    top: list[tuple[int, float]]
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence to continue: its ``prompt`` tokens and at most ``limit`` new ones.
+
+    ``on_token(token, logprob)`` is called with each new token but a stop token, on the thread that runs the batch;
+    it returns True to end the row there (a stop string found in the text). ``logprobs``: None, or how many of the
+    most probable tokens to report beside each chosen one (its :class:`Logprob` goes to ``on_token``). ``cancel()``
+    ends the row before the next step, from any thread. Once it has ended, ``finish`` says why: ``"stop"`` (a stop
+    token, or ``on_token`` said so), ``"length"`` (``limit`` tokens) or ``"cancelled"``; ``tokens`` are the new
+    tokens, a final stop token included.
+    """
+
+    prompt: Sequence[int]
+    limit: int
+    sampling: Sampling = GREEDY
+    generator: torch.Generator | None = None
+    stop_ids: Collection[int] = ()
+    logprobs: int | None = None
+    on_token: Callable[[int, Logprob | None], bool] | None = None
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None
+    cancelled: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.prompt:
+            raise ValueError("every prompt needs at least one token")
+        if self.limit < 1:
+            raise ValueError(f"a row's limit must be at least one token, got {self.limit}")
+        if self.sampling.repetition_penalty != 1.0:
+            raise ValueError("a batch's rows take no repetition penalty (it needs each row's whole context)")
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Batch:
+    """The rows a decoder-only ``model`` (:class:`~qkv.models.GPT`) is continuing now. :meth:`join` adds rows and
+    reads their prompts; :meth:`step` gives every row one more token; both return the rows that ended.
+    ``suppress_ids``: tokens never to produce (special tokens with no text)."""
+
+    def __init__(self, model, *, suppress_ids: Collection[int] = ()) -> None:
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.max_len = model.config.max_seq_len
+        self.rows: list[Row] = []
+        self.cache = model.new_cache()
+        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (B, W): the cache's real positions
+        self.last = torch.zeros(0, 1, dtype=torch.long, device=self.device)  # (B, 1): each row's newest token
+        self.padded = False  # whether any position of the cache is padding (else no mask is needed)
+        self.suppress = _suppressor(suppress_ids, self.device)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @torch.no_grad()
+    def join(self, rows: Sequence[Row]) -> list[Row]:
+        """Read the rows' prompts in one left-padded batch, choose each one's first token and add the rows."""
+        for row in rows:
+            if len(row.prompt) + row.limit > self.max_len:
+                raise ValueError(f"a prompt of {len(row.prompt):,} tokens and {row.limit:,} new ones do not fit in "
+                                 f"this model's {self.max_len:,} positions")
+        if not rows:
+            return []
+        reader = LMDecoder(self.model, [row.prompt for row in rows])
+        logits = self.suppress(reader.step(reader.start))
+        width = max(self.mask.size(1), reader.mask.size(1))
+        self.mask = torch.cat([_left_padded(self.mask, width), _left_padded(reader.mask, width)])
+        self.padded = not bool(self.mask.all())
+        self.cache.extend(reader.cache)
+        self.rows = [*self.rows, *rows]
+        return self._settle(logits, range(len(self.rows) - len(rows), len(self.rows)), self.last)
+
+    @torch.no_grad()
+    def step(self) -> list[Row]:
+        """One more token for every row (after dropping the rows cancelled since the last step)."""
+        cancelled = [i for i, row in enumerate(self.rows) if row.cancelled]
+        for i in cancelled:
+            self.rows[i].finish = "cancelled"
+        ended = [self.rows[i] for i in cancelled]
+        self._keep([i for i, row in enumerate(self.rows) if not row.cancelled])
+        if not self.rows:
+            return ended
+        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
+        logits = self.model(self.last, attention_mask=self.mask if self.padded else None, cache=self.cache,
+                            last_only=True)[:, -1]
+        return ended + self._settle(self.suppress(logits), range(len(self.rows)), self.last[:0])
+
+    def _settle(self, logits: Tensor, which: range, earlier: Tensor) -> list[Row]:
+        """Choose the next token of rows ``which`` (the last rows; ``earlier``: the newest tokens of those before),
+        hand them on, and drop the rows that ended."""
+        tokens = _chosen(logits, [self.rows[i] for i in which])
+        self.last = torch.cat([earlier, tokens[:, None]])
+        logprobs = _logprobs(logits, tokens, [self.rows[i] for i in which])
+        ended = []
+        for i, token, logprob in zip(which, tokens.tolist(), logprobs, strict=True):
+            row = self.rows[i]
+            row.tokens.append(token)
+            if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)):
+                row.finish = "stop"
+            elif len(row.tokens) >= row.limit:
+                row.finish = "length"
+            if row.finish is not None:
+                ended.append(row)
+        if ended:
+            self._keep([i for i, row in enumerate(self.rows) if row.finish is None])
+        return ended
+
+    def _keep(self, index: list[int]) -> None:
+        """Keep rows ``index`` only, and trim the cache's columns that none of them uses."""
+        if len(index) == len(self.rows):
+            return
+        self.rows = [self.rows[i] for i in index]
+        if not self.rows:  # an empty batch starts afresh
+            self.cache, self.mask, self.last = self.model.new_cache(), self.mask[:0, :0], self.last[:0]
+            self.padded = False
+            return
+        keep = torch.tensor(index, dtype=torch.long, device=self.device)
+        self.cache.reorder(keep)
+        self.mask, self.last = self.mask.index_select(0, keep), self.last.index_select(0, keep)
+        unused = int(self.mask.any(dim=0).long().argmax())
+        self.cache.drop_left(unused)
+        self.mask = self.mask[:, unused:]
+        self.padded = not bool(self.mask.all())
+
+
+def _left_padded(mask: Tensor, width: int) -> Tensor:
+    return torch.cat([mask.new_zeros(mask.size(0), width - mask.size(1)), mask], dim=1)
+
+
+def _chosen(logits: Tensor, rows: Sequence[Row]) -> Tensor:
+    """Each row's next token ``(B,)``: the greedy rows' together, every sampled row by its own settings and generator,
+    as :func:`~qkv.generation.generate` chooses a row decoded alone."""
+    tokens = logits.argmax(dim=-1)
+    for i, row in enumerate(rows):
+        if not row.sampling.greedy:
+            tokens[i] = choose(logits[i : i + 1], row.sampling, generator=row.generator)[0]
+    return tokens
+
+
+def _logprobs(logits: Tensor, tokens: Tensor, rows: Sequence[Row]) -> list[Logprob | None]:
+    """For the rows that asked, the chosen token's log-probability and the most probable tokens'."""
+    if all(row.logprobs is None for row in rows):
+        return [None] * len(rows)
+    logp = logits.float().log_softmax(dim=-1)
+    out: list[Logprob | None] = []
+    for i, row in enumerate(rows):
+        if row.logprobs is None:
+            out.append(None)
+            continue
+        top = logp[i].topk(row.logprobs) if row.logprobs else None
+        pairs = [] if top is None else list(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        out.append(Logprob(float(logp[i, tokens[i]]), pairs))
+    return out

@@ -1,0 +1,136 @@
+"""Continuous batching: rows that join a running decode between steps and leave when done are decoded exactly as
+each would be alone (greedy, or sampled with its own seed), whatever else shares the batch; the cache keeps no
+column no row uses; a cancelled row is gone before the next step; log-probabilities are the model's."""
+
+import pytest
+import torch
+from decoding_reference import continue_prompts
+
+from qkv import GPT, GPTConfig
+from qkv.batching import Batch, Row
+from qkv.generation import GREEDY, Sampling
+
+VOCAB = 50
+STOP = 3
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral"])
+def model(request):
+    torch.manual_seed(0)
+    if request.param == "gpt2":
+        cfg = GPTConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_seq_len=64)
+    else:  # grouped-query attention and rotary positions; mistral's with a sliding window shorter than a row
+        cfg = GPTConfig.from_preset("llama", vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
+                                    d_ff=64, max_seq_len=64, window=6 if request.param == "mistral" else None)
+    model = GPT(cfg).eval()
+    with torch.no_grad():  # sharper, more varied distributions than the initialisation gives
+        for p in model.parameters():
+            p.mul_(3.0)
+    return model
+
+
+def alone(model, row: Row, seed: int | None) -> list[int]:
+    """The row decoded by itself, with generate: its tokens, a final stop token included."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    out = continue_prompts(model, [list(row.prompt)], row.limit, sampling=row.sampling, generator=generator,
+                           stop_ids=set(row.stop_ids))[0]
+    return [*out, STOP] if len(out) < row.limit else out
+
+
+def make_rows(n: int, seed: int) -> tuple[list[Row], list[int | None]]:
+    g = torch.Generator().manual_seed(seed)
+    rows, seeds = [], []
+    for i in range(n):
+        prompt = torch.randint(4, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        sampled = i % 3 == 1
+        seeds.append(100 + i if sampled else None)
+        rows.append(Row(prompt, limit=int(torch.randint(1, 20, (1,), generator=g)),
+                        sampling=Sampling(temperature=0.8, top_p=0.9) if sampled else GREEDY,
+                        generator=torch.Generator().manual_seed(100 + i) if sampled else None,
+                        stop_ids={STOP} if i % 2 else ()))
+    return rows, seeds
+
+
+def run(batch: Batch, arrivals: dict[int, list[Row]]) -> list[int]:
+    """Step the batch, rows joining at the steps ``arrivals`` names; returns the batch's size at every step."""
+    sizes, step = [], 0
+    while len(batch) or any(s >= step for s in arrivals):
+        batch.join(arrivals.get(step, []))
+        sizes.append(len(batch))
+        batch.step()
+        step += 1
+    return sizes
+
+
+def test_rows_joining_and_leaving_decode_as_each_would_alone(model):
+    rows, seeds = make_rows(12, seed=1)
+    arrivals = {0: rows[:3], 1: rows[3:4], 4: rows[4:8], 9: rows[8:11], 15: rows[11:]}
+    sizes = run(Batch(model), arrivals)
+    assert max(sizes) >= 5 and len(set(sizes)) > 3  # rows really shared steps, and came and went
+    for row, seed in zip(rows, seeds, strict=True):
+        assert row.finish in ("stop", "length")
+        assert row.tokens == alone(model, row, seed)
+        assert (row.finish == "stop") == (row.tokens[-1] == STOP and STOP in row.stop_ids)
+
+
+def test_the_cache_keeps_only_columns_a_row_uses_and_starts_afresh_when_empty(model):
+    batch = Batch(model)
+    short, long = Row([5], limit=30), Row(list(range(4, 24)), limit=3)
+    batch.join([short, long])
+    assert batch.mask.shape == (2, 20) and len(batch.cache) == 20
+    for _ in range(3):
+        batch.step()
+    assert batch.rows == [short]  # the long prompt is done: its columns are trimmed
+    assert batch.mask.shape == (1, 4) and bool(batch.mask.all()) and len(batch.cache) == 4 and not batch.padded
+    short.cancel()
+    assert batch.step() == [short] and short.finish == "cancelled" and len(batch) == 0 and len(batch.cache) == 0
+
+
+def test_a_cancelled_row_leaves_before_the_next_step_and_the_others_go_on(model):
+    rows = [Row([5, 6, 7], limit=10), Row([8], limit=10), Row([9, 10], limit=10)]
+    batch = Batch(model)
+    batch.join(rows)
+    batch.step()
+    rows[1].cancel()
+    assert batch.step() == [rows[1]] and len(rows[1].tokens) == 2
+    while len(batch):
+        batch.step()
+    assert [r.tokens for r in (rows[0], rows[2])] == [alone(model, r, None) for r in (rows[0], rows[2])]
+
+
+def test_on_token_sees_every_token_but_a_stop_token_and_can_end_the_row(model):
+    seen = []
+    row = Row([5, 6], limit=10, on_token=lambda token, _: seen.append(token) or len(seen) == 4)
+    batch = Batch(model)
+    batch.join([row])
+    while len(batch):
+        batch.step()
+    assert seen == row.tokens == alone(model, Row([5, 6], limit=4), None) and row.finish == "stop"
+
+
+def test_logprobs_are_the_models_own_and_the_top_ones_are_the_most_probable(model):
+    got = []
+    row = Row([5, 6, 7], limit=4, logprobs=3, on_token=lambda token, logprob: got.append(logprob) and False)
+    batch = Batch(model)
+    batch.join([Row([9], limit=6), row])  # in company: a padded batch
+    while len(batch):
+        batch.step()
+    ids = [5, 6, 7, *row.tokens]
+    with torch.no_grad():
+        logp = model(torch.tensor([ids]))[0].log_softmax(-1)
+    for i, (token, logprob) in enumerate(zip(row.tokens, got, strict=True)):
+        expected = logp[2 + i]
+        assert logprob.value == pytest.approx(float(expected[token]), abs=1e-4)
+        assert [t for t, _ in logprob.top] == expected.topk(3).indices.tolist()
+        assert [v for _, v in logprob.top] == pytest.approx(expected.topk(3).values.tolist(), abs=1e-4)
+
+
+def test_rows_that_do_not_fit_are_refused(model):
+    with pytest.raises(ValueError, match="at least one token"):
+        Row([], limit=3)
+    with pytest.raises(ValueError, match="at least one token"):
+        Row([5], limit=0)
+    with pytest.raises(ValueError, match="repetition penalty"):
+        Row([5], limit=3, sampling=Sampling(temperature=0, repetition_penalty=1.2))
+    with pytest.raises(ValueError, match="do not fit"):
+        Batch(model).join([Row([5] * 60, limit=5)])
