@@ -1,6 +1,7 @@
 """Continuous batching: rows that join a running decode between steps and leave when done are decoded exactly as
 each would be alone (greedy, or sampled with its own seed), whatever else shares the batch; the cache keeps no
-column no row uses; a cancelled row is gone before the next step; log-probabilities are the model's."""
+column no row uses; a cancelled row is gone before the next step; log-probabilities are the model's. (On SmolLM2 as
+stored, where int8-rounded activations turn rounding differences into other tokens, tests/serve holds the same.)"""
 
 import pytest
 import torch
@@ -77,11 +78,12 @@ def test_the_cache_keeps_only_columns_a_row_uses_and_starts_afresh_when_empty(mo
     batch = Batch(model)
     short, long = Row([5], limit=30), Row(list(range(4, 24)), limit=3)
     batch.join([short, long])
-    assert batch.mask.shape == (2, 20) and len(batch.cache) == 20
+    starts = lambda: [layer.self_attn.starts for layer in batch.cache.layers]  # noqa: E731
+    assert len(batch.cache) == 20 and starts() == [[19, 0]] * 2
     for _ in range(3):
         batch.step()
     assert batch.rows == [short]  # the long prompt is done: its columns are trimmed
-    assert batch.mask.shape == (1, 4) and bool(batch.mask.all()) and len(batch.cache) == 4 and not batch.padded
+    assert len(batch.cache) == 4 and starts() == [[0]] * 2 and batch.lengths.tolist() == [4]
     short.cancel()
     assert batch.step() == [short] and short.finish == "cancelled" and len(batch) == 0 and len(batch.cache) == 0
 
@@ -134,3 +136,4 @@ def test_rows_that_do_not_fit_are_refused(model):
         Row([5], limit=3, sampling=Sampling(temperature=0, repetition_penalty=1.2))
     with pytest.raises(ValueError, match="do not fit"):
         Batch(model).join([Row([5] * 60, limit=5)])
+

@@ -5,13 +5,14 @@ start at once, share every step with the others (one forward for all of them cos
 leave the moment it is done. :class:`Batch` keeps the rows decoding now, one KV cache row each, aligned on the
 right as :class:`~qkv.generation.LMDecoder` aligns its left-padded prompts::
 
-    <pad> <pad> The  cat  sat        mask 0 0 1 1 1
-    Once  upon  a    time ,          mask 1 1 1 1 1
+    <pad> <pad> The  cat  sat        starts at column 2
+    Once  upon  a    time ,          starts at column 0
 
-Each step feeds every row its newest token in one forward. The mask hides each row's padding and positions count
-its own tokens only, so a row is decoded as it would be alone. Rows that join are read together (their prompts a
-left-padded batch of their own), then appended to the cache with the shorter side padded on the left; a row that
-ends is dropped at once, and columns that no row uses any more are trimmed off the left.
+Each step feeds every row its newest token in one forward: the products of every layer for all rows at once, the
+attention of each row over its own keys (:meth:`~qkv.nn.attention.MultiHeadAttention._rows_alone`), positions
+counting its own tokens. A row that joins has its prompt read alone, as generate reads it, and its cache appended
+(the shorter side padded on the left); a row that ends is dropped at once, and columns that no row uses any more
+are trimmed off the left. So each row is decoded with the numbers it would get alone, token for token.
 
 Every row has its own sampling settings, random generator, token limit and stop tokens, so a sampled row draws the
 tokens it would draw alone with the same seed: a request's output never depends on what else is running.
@@ -82,9 +83,8 @@ class Batch:
         self.max_len = model.config.max_seq_len
         self.rows: list[Row] = []
         self.cache = model.new_cache()
-        self.mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)  # (B, W): the cache's real positions
+        self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,): each row's positions so far
         self.last = torch.zeros(0, 1, dtype=torch.long, device=self.device)  # (B, 1): each row's newest token
-        self.padded = False  # whether any position of the cache is padding (else no mask is needed)
         self.suppress = _suppressor(suppress_ids, self.device)
 
     def __len__(self) -> int:
@@ -99,14 +99,14 @@ class Batch:
                                  f"this model's {self.max_len:,} positions")
         if not rows:
             return []
-        reader = LMDecoder(self.model, [row.prompt for row in rows])
-        logits = self.suppress(reader.step(reader.start))
-        width = max(self.mask.size(1), reader.mask.size(1))
-        self.mask = torch.cat([_left_padded(self.mask, width), _left_padded(reader.mask, width)])
-        self.padded = not bool(self.mask.all())
-        self.cache.extend(reader.cache)
+        logits = []
+        for row in rows:  # each prompt read alone, as generate reads it: the same products, the same numbers
+            reader = LMDecoder(self.model, [row.prompt])
+            logits.append(self.suppress(reader.step(reader.start)))
+            self.cache.extend(reader.cache)
+        self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([len(row.prompt) for row in rows])])
         self.rows = [*self.rows, *rows]
-        return self._settle(logits, range(len(self.rows) - len(rows), len(self.rows)), self.last)
+        return self._settle(torch.cat(logits), range(len(self.rows) - len(rows), len(self.rows)), self.last)
 
     @torch.no_grad()
     def step(self) -> list[Row]:
@@ -118,9 +118,8 @@ class Batch:
         self._keep([i for i, row in enumerate(self.rows) if not row.cancelled])
         if not self.rows:
             return ended
-        self.mask = torch.cat([self.mask, self.mask.new_ones(len(self.rows), 1)], dim=1)
-        logits = self.model(self.last, attention_mask=self.mask if self.padded else None, cache=self.cache,
-                            last_only=True)[:, -1]
+        logits = self.model(self.last, positions=self.lengths[:, None], cache=self.cache, last_only=True)[:, -1]
+        self.lengths += 1
         return ended + self._settle(self.suppress(logits), range(len(self.rows)), self.last[:0])
 
     def _settle(self, logits: Tensor, which: range, earlier: Tensor) -> list[Row]:
@@ -149,20 +148,12 @@ class Batch:
             return
         self.rows = [self.rows[i] for i in index]
         if not self.rows:  # an empty batch starts afresh
-            self.cache, self.mask, self.last = self.model.new_cache(), self.mask[:0, :0], self.last[:0]
-            self.padded = False
+            self.cache, self.lengths, self.last = self.model.new_cache(), self.lengths[:0], self.last[:0]
             return
         keep = torch.tensor(index, dtype=torch.long, device=self.device)
         self.cache.reorder(keep)
-        self.mask, self.last = self.mask.index_select(0, keep), self.last.index_select(0, keep)
-        unused = int(self.mask.any(dim=0).long().argmax())
-        self.cache.drop_left(unused)
-        self.mask = self.mask[:, unused:]
-        self.padded = not bool(self.mask.all())
-
-
-def _left_padded(mask: Tensor, width: int) -> Tensor:
-    return torch.cat([mask.new_zeros(mask.size(0), width - mask.size(1)), mask], dim=1)
+        self.lengths, self.last = self.lengths.index_select(0, keep), self.last.index_select(0, keep)
+        self.cache.drop_left(len(self.cache) - int(self.lengths.max()))
 
 
 def _chosen(logits: Tensor, rows: Sequence[Row]) -> Tensor:

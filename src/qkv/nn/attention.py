@@ -79,6 +79,8 @@ class KVCache:
         self._k: Tensor | None = None  # (B, H_kv, room, head_dim), filled up to `length`
         self._v: Tensor | None = None
         self.length = 0
+        self.starts: list[int] | None = None  # where each row's positions begin, once rows of different lengths
+        # were joined (extend); None: every row fills the cache (any padding is then an attention mask's business)
 
     def __len__(self) -> int:
         return self.length
@@ -118,6 +120,8 @@ class KVCache:
         if self._k is not None and self._v is not None:
             self._k = self._k.index_select(0, index)
             self._v = self._v.index_select(0, index)
+        if self.starts is not None:
+            self.starts = [self.starts[i] for i in index.tolist()]
 
     def extend(self, other: KVCache) -> None:
         """Add ``other``'s rows after these, both right-aligned: the side with fewer positions is padded on the left
@@ -126,8 +130,10 @@ class KVCache:
             return
         if self._k is None or self._v is None:
             self._k, self._v, self.length = other._k, other._v, other.length
+            self.starts = other.starts or [0] * other._k.size(0)
             return
         width = max(self.length, other.length)
+        self.starts = [s + width - part.length for part in (self, other) for s in part.starts or [0] * part.k.size(0)]
         rows = self._k.size(0) + other._k.size(0)
         room = max(2 * width, self._k.size(2))  # as _grow doubles: the next positions need no copy
         k = self._k.new_zeros(rows, self._k.size(1), room, self._k.size(3))
@@ -142,6 +148,7 @@ class KVCache:
         """Forget every row's first ``n`` positions (columns that no row uses any more); no copy is made."""
         if self._k is not None and self._v is not None and n > 0:
             self._k, self._v, self.length = self._k[:, :, n:], self._v[:, :, n:], self.length - n
+            self.starts = None if self.starts is None else [max(0, s - n) for s in self.starts]
 
 
 class MultiHeadAttention(nn.Module):
@@ -339,6 +346,19 @@ class MultiHeadAttention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=grouped)
         return out.masked_fill(~has_key, 0.0), None
 
+    def _rows_alone(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int]) -> Tensor:
+        """One new query per row, each attending to its own keys from ``starts[row]`` on, as it would alone: the
+        same call on the same numbers, so a row decoded among rows of other lengths (continuous batching) gets the
+        very result it gets alone; a mask over the padding would give the same up to rounding, which int8-rounded
+        activations can turn into other tokens."""
+        heads = []
+        for row, start in enumerate(starts):
+            keys = k.size(2) - start
+            heads.append(self._attend(q[row : row + 1], k[row : row + 1, :, start:], v[row : row + 1, :, start:],
+                                      self._structural_mask(1, keys, q.device), None, fused_causal=False,
+                                      need_weights=False)[0])
+        return torch.cat(heads)
+
     def _output(self, heads: Tensor, query: Tensor) -> Tensor:
         """The heads concatenated ``(B, T_q, H * Dh)``, gated by the query if ``gated``, times W^O."""
         b, t_q, _ = query.shape
@@ -379,6 +399,8 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key_value)
         q, k, v = self._project(query, key_value, positions, cache)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh) twice
         b, t_q, t_k = query.size(0), query.size(1), k.size(2)
+        if cache is not None and cache.starts is not None and any(cache.starts) and t_q == 1:
+            return self._output(self._rows_alone(q, k, v, cache.starts), query), None
         other_masks = key_padding_mask is not None or attn_mask is not None or attn_bias is not None
         fused_causal = self._fused_causal(t_q, t_k, other_masks=other_masks, need_weights=need_weights)
         mask = None if fused_causal else self._mask(b, t_q, t_k, key_padding_mask, attn_mask, query.device)

@@ -26,7 +26,6 @@ import base64
 import hmac
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -41,14 +40,15 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .embedder import Embedder, texts
-from .engine import Continuation, Engine
+from .engine import Continuation, Engine, Entry
 from .protocol import MAX_BODY, APIError, Settings, check_model, messages, parse_body, prompt_text, settings
 
 log = logging.getLogger("qkv")
 
 LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 BODY_SECONDS = 30.0  # a request body must arrive whole within this
-MAX_WAITING = 16  # requests waiting for the model or running; one more is answered 429
+MAX_WAITING = 32  # requests running or waiting for the model; one more is answered 429
+POLL_SECONDS = 0.5  # how often a request answered whole checks that its client is still there
 
 
 class Server:
@@ -88,12 +88,12 @@ class Server:
     async def completions(self, request: Request) -> Response:
         body = await self._body(request)
         prompt = prompt_text(body)
-        return await self._answer(prompt, settings(body, chat=False), chat=False)
+        return await self._answer(request, prompt, settings(body, chat=False), chat=False)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._body(request)
         prompt = self.engine.chat_prompt(messages(body))
-        return await self._answer(prompt, settings(body, chat=True), chat=True)
+        return await self._answer(request, prompt, settings(body, chat=True), chat=True)
 
     async def embeddings(self, request: Request) -> Response:
         body = await self._body(request)
@@ -143,25 +143,27 @@ class Server:
         check_model(body, self.served.name)
         return body
 
-    async def _answer(self, prompt: str, settings: Settings, *, chat: bool) -> Response:
+    async def _answer(self, request: Request, prompt: str, settings: Settings, *, chat: bool) -> Response:
         ids = self.engine.prompt_ids(prompt)
         self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
+        self._check_queue()
         reply = _Reply(self.engine.name, chat, len(ids))
-        if settings.stream:  # counted once its events begin: a stream that never starts never ends either
-            self._check_queue()
-            return StreamingResponse(self._events(prompt, ids, settings, reply), media_type="text/event-stream",
+        if settings.stream:
+            return StreamingResponse(self._events(ids, settings, reply), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        done = await self._run(lambda: [self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i))
-                                        for i in range(settings.n)])
-        return JSONResponse(reply.whole(done))
+        done: dict[int, Continuation] = {}
+        async for i, piece in self._continue(ids, settings, request=request):
+            if isinstance(piece, Continuation):
+                done[i] = piece
+        return JSONResponse(reply.whole([done[i] for i in range(settings.n)]))
 
     def _check_queue(self) -> None:
         if self.waiting >= self.max_waiting:
-            raise APIError(429, f"{self.waiting} requests are already waiting for the model; try again shortly",
-                           kind="rate_limit_error", code="busy")
+            raise APIError(429, f"{self.waiting} requests are already running or waiting for the model; try again "
+                                "shortly", kind="rate_limit_error", code="busy")
 
     async def _run(self, work: Callable[[], Any]) -> Any:
-        """``work()`` on a worker thread (the model's turn may be a while coming), counted among those waiting."""
+        """``work()`` on a worker thread (the encoder may be a while), counted among the requests waiting."""
         self._check_queue()
         self.waiting += 1
         try:
@@ -169,48 +171,58 @@ class Server:
         finally:
             self.waiting -= 1
 
-    async def _events(self, prompt: str, ids: list[int], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
-        """The server-sent events of a streamed answer; the continuation stops if the client goes away."""
+    async def _continue(self, ids: list[int], settings: Settings, *,
+                        request: Request | None = None) -> AsyncIterator[tuple[int, Any]]:
+        """The ``n`` continuations of ``ids`` as they grow: ``(choice, (text, entries))`` for each piece of text and
+        ``(choice, Continuation)`` once it ends. They end early if the consumer stops (a stream's client went away)
+        or, given the ``request`` (an answer sent whole: no pieces, only the ends), once its client disconnects
+        (checked every :data:`POLL_SECONDS`)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
-        cancelled = threading.Event()
 
         def push(item: Any) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
-        def work() -> None:
-            try:
-                for i in range(settings.n):
-                    push((i, self.engine.continue_prompt(prompt, ids, settings, seed=_seed(settings, i),
-                                                         on_text=lambda text, i=i: push((i, text)),
-                                                         cancelled=cancelled)))
-            except Exception as err:
-                push(err)
-            push(None)
-
+        self._check_queue()  # checked again: the stream's events begin a while after its request was accepted
         self.waiting += 1
-        loop.run_in_executor(None, work)
+        rows = [self.engine.start(ids, settings, seed=_seed(settings, i), on_end=lambda end, i=i: push((i, end)),
+                                  on_text=None if request else lambda text, entries, i=i: push((i, (text, entries))))
+                for i in range(settings.n)]
         try:
-            for i in range(settings.n):
-                yield _event(reply.chunk(i, ""))  # the role first, as OpenAI's streams begin
-            finished: list[Continuation] = []
-            while (item := await queue.get()) is not None:
-                if isinstance(item, Exception):
-                    error = item if isinstance(item, APIError) else _logged(item)
-                    yield _event(error.body())
-                    break
-                i, piece = item
-                if isinstance(piece, str):
-                    yield _event(reply.chunk(i, piece))
-                else:
-                    finished.append(piece)
-                    yield _event(reply.chunk(i, None, piece.finish_reason))
-            if settings.include_usage and len(finished) == settings.n:
-                yield _event(reply.usage_chunk(finished))
-            yield "data: [DONE]\n\n"
+            ended = 0
+            while ended < settings.n:
+                try:
+                    i, piece = await asyncio.wait_for(queue.get(), POLL_SECONDS)
+                except TimeoutError:
+                    if request is not None and await request.is_disconnected():
+                        return
+                    continue
+                if isinstance(piece, Exception):
+                    raise piece
+                ended += isinstance(piece, Continuation)
+                yield i, piece
         finally:
-            cancelled.set()  # the client went away, or everything was sent: the continuation ends at its next token
+            for row in rows:  # nothing more is read: whatever still runs ends at its next token
+                row.cancel()
             self.waiting -= 1
+
+    async def _events(self, ids: list[int], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
+        """The server-sent events of a streamed answer; the continuations stop if the client goes away."""
+        for i in range(settings.n):
+            yield _event(reply.chunk(i, ""))  # the role first, as OpenAI's streams begin
+        finished: list[Continuation] = []
+        try:
+            async for i, piece in self._continue(ids, settings):
+                if isinstance(piece, Continuation):
+                    finished.append(piece)
+                    yield _event(reply.chunk(i, None, finish_reason=piece.finish_reason))
+                else:
+                    yield _event(reply.chunk(i, *piece))
+        except Exception as err:
+            yield _event((err if isinstance(err, APIError) else _logged(err)).body())
+        if settings.include_usage and len(finished) == settings.n:
+            yield _event(reply.usage_chunk(finished))
+        yield "data: [DONE]\n\n"
 
 
 class _Reply:
@@ -221,6 +233,7 @@ class _Reply:
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
+        self.offsets: dict[int, int] = {}  # per choice of a streamed completion: characters sent so far
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -231,23 +244,44 @@ class _Reply:
                 "total_tokens": self.prompt_tokens + completion}
 
     def whole(self, done: list[Continuation]) -> dict[str, Any]:
-        choices = [{"index": i, "finish_reason": c.finish_reason, "logprobs": None,
+        choices = [{"index": i, "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.entries, 0),
                     **({"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text})}
                    for i, c in enumerate(done)]
         return {**self._head(self.object), "choices": choices, "usage": self.usage(done)}
 
-    def chunk(self, index: int, text: str | None, finish_reason: str | None = None) -> dict[str, Any]:
-        """A piece of choice ``index``'s text (None: its end, with ``finish_reason``)."""
+    def chunk(self, index: int, text: str | None, entries: list[Entry] | None = None,
+              finish_reason: str | None = None) -> dict[str, Any]:
+        """A piece of choice ``index``'s text with its tokens' log-probabilities (None: its end, with
+        ``finish_reason``)."""
+        logprobs = self._logprobs(entries or None, self.offsets.get(index, 0))
+        self.offsets[index] = self.offsets.get(index, 0) + len(text or "")
         if self.chat:
-            delta = {} if text is None else {"content": text} if text else {"role": "assistant", "content": ""}
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            delta = {} if text is None else {"content": text} if text or entries else {"role": "assistant",
+                                                                                       "content": ""}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, done: list[Continuation]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         return {**self._head(kind), "choices": [], "usage": self.usage(done)}
+
+    def _logprobs(self, entries: list[Entry] | None, offset: int) -> dict[str, Any] | None:
+        """Log-probabilities as OpenAI shapes them: for a chat, ``content``, one object per token; for a completion,
+        parallel lists (``text_offset``: where each token's text begins, counted from ``offset``)."""
+        if entries is None:
+            return None
+        if self.chat:
+            return {"content": [{**_token(e.text, e.logprob), "top_logprobs": [_token(t, v) for t, v in e.top]}
+                                for e in entries]}
+        starts = [offset + sum(len(e.text) for e in entries[:i]) for i in range(len(entries))]
+        return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
+                "top_logprobs": [dict(e.top) for e in entries], "text_offset": starts}
+
+
+def _token(text: str, logprob: float) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
 
 def _seed(settings: Settings, choice: int) -> int | None:
@@ -317,4 +351,8 @@ def serve(served: Engine | Embedder, *, host: str = "127.0.0.1", port: int = 800
     config = uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5)
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if isinstance(served, Engine):
+            served.close()

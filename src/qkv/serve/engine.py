@@ -1,53 +1,92 @@
-"""What the server runs: a language model continuing one prompt at a time, as ``qkv generate`` does.
+"""What the server runs: a language model continuing every request's prompt together, by continuous batching.
 
-Each continuation goes through :func:`qkv.tasks.language_model.complete`, the function ``qkv generate`` and
-``qkv chat`` call, so a greedy answer is theirs token for token. The engine adds what an API needs around it:
+A request's continuation (each of its ``n`` choices) is a :class:`~qkv.batching.Row`: it joins the running
+:class:`~qkv.batching.Batch` between two steps, at most ``rows`` of them decode together, the rest wait in the
+order they came, and a row leaves the moment it ends, freeing its place and its cache. One thread runs the batch;
+the server hands it rows and hears back through callbacks. A row is decoded as it would be alone (greedy: the
+tokens ``qkv generate`` gives; sampled: those of the same seed alone), whatever else is running. The engine adds
+what an API needs around the tokens:
 
-* the text as it grows, decoded from all the tokens so far (a character split over byte-level tokens appears once
-  whole), with stop strings found in the text, not in tokens: nothing after a stop string is sent, and no text
-  that might be the start of one is sent before the next token shows whether it is;
+* the text as it grows, decoded incrementally (each new token with the few before it, so a character split over
+  byte-level tokens appears once whole), with stop strings found in the text, not in tokens: nothing after a stop
+  string is sent, and no text that might be the start of one is sent before the next token shows whether it is;
 * why it ended: ``stop`` (an end-of-turn token or a stop string) or ``length`` (``max_tokens``, or the context);
-* a way to stop it between two tokens (a client that went away), which frees the model at once.
-
-One continuation runs at a time (a lock); requests wait for the model in the order they came.
+* log-probabilities of the chosen tokens and the most probable others, when asked;
+* a way to end it between two tokens (a client that went away), which frees its row at once.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from ..batching import Batch, Logprob, Row
 from ..generation import GREEDY, Sampling
-from ..tasks.language_model import complete
 from ..tokenizers import encode_prompt
 from .protocol import APIError, Settings
+
+log = logging.getLogger("qkv")
+
+ROWS = 8  # sequences decoded together by default (llama.cpp's server: -np)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A chosen token's log-probability, as text: the token's ``text``, its ``logprob``, and the most probable
+    tokens of that step (``top``: text and log-probability)."""
+
+    text: str
+    logprob: float
+    top: list[tuple[str, float]]
 
 
 @dataclass
 class Continuation:
-    """One finished continuation: its text, why it ended and how many tokens it took."""
+    """One finished continuation: its text, why it ended, how many tokens it took, and (asked for) the
+    log-probabilities of its tokens."""
 
     text: str
     finish_reason: str  # "stop" or "length"
     tokens: int
+    entries: list[Entry] | None = None
 
 
-class _Halt(Exception):
-    """Raised between two tokens to end a continuation early (a stop string, or the client went away)."""
+OnText = Callable[[str, list[Entry]], None]  # a piece of text, and the log-probabilities of the tokens it adds
+OnEnd = Callable[[Continuation | Exception], None]
+
+
+@dataclass(eq=False)
+class _Job:
+    row: Row
+    text: _Text
+    on_end: OnEnd
 
 
 class Engine:
     """A language model served: ``model``, its ``tokenizer``, the token ids that end a reply (``stop_ids``), its chat
-    template (None: completions only) and the ``name`` clients call it by."""
+    template (None: completions only), the ``name`` clients call it by, and how many sequences decode together
+    (``rows``)."""
 
-    def __init__(self, model, tokenizer, *, name: str, stop_ids: set[int], chat_template: str | None) -> None:
+    def __init__(self, model, tokenizer, *, name: str, stop_ids: set[int], chat_template: str | None,
+                 rows: int = ROWS) -> None:
+        if rows < 1:
+            raise ValueError(f"rows must be at least 1, got {rows}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.stop_ids, self.chat_template = set(stop_ids), chat_template
+        self.stop_ids, self.chat_template, self.rows = frozenset(stop_ids), chat_template, rows
         self.context = model.config.max_seq_len
-        self.lock = threading.Lock()
+        # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled
+        self.suppress = frozenset(getattr(tokenizer, "special_ids", ())) - self.stop_ids
+        self.batch = Batch(model, suppress_ids=self.suppress)  # the rows decoding now (run by the engine's thread)
+        self._waiting: deque[_Job] = deque()
+        self._running: dict[Row, _Job] = {}
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         """The conversation laid out by the model's own chat template, ready for the assistant's turn."""
@@ -79,56 +118,116 @@ class Engine:
         left = self.context - len(ids)
         return left if settings.max_tokens is None else min(settings.max_tokens, left)
 
-    def continue_prompt(self, prompt: str, ids: list[int], settings: Settings, *, seed: int | None,
-                        on_text: Callable[[str], None] | None = None,
-                        cancelled: threading.Event | None = None) -> Continuation:
-        """Continue ``prompt`` (whose tokens are ``ids``), handing each new piece of text to ``on_text`` as it is
-        final; stops between two tokens once ``cancelled`` is set."""
-        limit = self.room(ids, settings)
+    def start(self, ids: list[int], settings: Settings, *, seed: int | None, on_end: OnEnd,
+              on_text: OnText | None = None) -> Row:
+        """Queue a continuation of the prompt ``ids``: ``on_text`` gets each piece of its text once it is final,
+        ``on_end`` the whole :class:`Continuation` (or the exception that ended it). Both are called on the engine's
+        thread. The row returned can be cancelled (``row.cancel()``) from any thread."""
         sampling = GREEDY if settings.greedy else Sampling(temperature=settings.temperature,
                                                            top_p=None if settings.top_p == 1 else settings.top_p)
+        generator = torch.Generator(next(self.model.parameters()).device)
+        if seed is None:
+            generator.seed()  # a fresh random seed: unseeded requests must not all draw alike
+        else:
+            generator.manual_seed(seed)
         text = _Text(self.tokenizer, settings.stop, on_text)
-        tokens: list[int] = []
+        row = Row(ids, self.room(ids, settings), sampling, generator, self.stop_ids, settings.logprobs,
+                  on_token=lambda token, logprob: text.add(token, self._entry(token, logprob)))
+        with self._wake:
+            if self._closed:
+                raise APIError(503, "the server is shutting down", kind="server_error")
+            self._waiting.append(_Job(row, text, on_end))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="qkv-batch", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return row
 
-        def on_token(row: int, token: int) -> None:  # every token but a stop token
-            tokens.append(token)
-            if text.add(token):  # a stop string
-                raise _Halt
-            if cancelled is not None and cancelled.is_set():
-                raise _Halt
+    @property
+    def busy(self) -> int:
+        """Continuations running or waiting to."""
+        with self._wake:
+            return len(self._waiting) + len(self._running)
 
-        halted = False
-        with self.lock, torch.inference_mode():
+    def close(self) -> None:
+        """End every continuation and the engine's thread (the server is shutting down)."""
+        with self._wake:
+            self._closed = True
+            for job in [*self._waiting, *self._running.values()]:
+                job.row.cancel()
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _entry(self, token: int, logprob: Logprob | None) -> Entry | None:
+        if logprob is None:
+            return None
+        return Entry(self.tokenizer.decode([token]), logprob.value,
+                     [(self.tokenizer.decode([t]), value) for t, value in logprob.top])
+
+    def _serve(self) -> None:
+        """The engine's thread: admit waiting rows between steps, step the batch, report the rows that end."""
+        batch = self.batch
+        while True:
+            with self._wake:
+                while not self._waiting and not batch.rows and not self._closed:
+                    self._wake.wait()
+                if self._closed and not batch.rows and not self._waiting:
+                    return
+                joining = [self._waiting.popleft() for _ in range(min(len(self._waiting), self.rows - len(batch)))]
+                self._running.update((job.row, job) for job in joining)
+            gone = [job.row for job in joining if job.row.cancelled]  # cancelled while they waited
+            for row in gone:
+                row.finish = "cancelled"
             try:
-                complete(self.model, self.tokenizer, [prompt], max_new_tokens=limit, sampling=sampling,
-                         stop_ids=self.stop_ids, seed=seed, on_token=on_token)
-            except _Halt:
-                halted = True
-            except ValueError as err:  # what decoding refuses (a cache beyond the memory there is)
-                raise APIError(400, str(err)) from None
-        ended = not halted and len(tokens) < limit  # the model wrote a stop token (which on_token is not given)
-        return Continuation(text.finish(), "stop" if text.stopped or ended else "length", len(tokens) + ended)
+                with torch.inference_mode():
+                    ended = gone + batch.join([job.row for job in joining if not job.row.cancelled])
+                    ended += batch.step() if batch.rows else []
+            except Exception as err:  # the batch is lost: every row in it ends with the error, the engine goes on
+                log.error("qkv serve: decoding failed: %s: %s", type(err).__name__, str(err)[:300])
+                ended = [*self._running]
+                batch = self.batch = Batch(self.model, suppress_ids=self.suppress)
+                for row in ended:
+                    row.finish = "error"
+                    self._running[row].on_end(err)
+            for row in ended:
+                with self._wake:
+                    job = self._running.pop(row)
+                if row.finish != "error":
+                    job.on_end(job.text.finish(row))
 
 
 class _Text:
-    """A continuation's text, decoded from all its tokens so far, with the stop strings applied; ``on_text`` gets
-    each piece once it is final."""
+    """A continuation's text, decoded incrementally, with the stop strings applied; ``on_text`` gets each piece once
+    it is final, with the log-probability entries of the tokens that came with it."""
 
-    def __init__(self, tokenizer, stops: tuple[str, ...], on_text: Callable[[str], None] | None) -> None:
+    def __init__(self, tokenizer, stops: tuple[str, ...], on_text: OnText | None) -> None:
         self.tokenizer, self.stops, self.on_text = tokenizer, stops, on_text
         self.ids: list[int] = []
+        self.start = self.read = 0  # ids[start:read] are decoded already: decoded again before a new token, they
+        # give the context the new one needs (a leading space, a character split over tokens)
         self.text, self.sent, self.stopped = "", 0, False
+        self.entries: list[Entry] = []
+        self.entries_sent = 0
+        self.logprobs = False
 
-    def add(self, token: int) -> bool:
+    def add(self, token: int, entry: Entry | None) -> bool:
         """Take one more token; True once a stop string has been reached."""
         self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # a character split over tokens: wait for the rest
+        if entry is not None:
+            self.entries.append(entry)
+            self.logprobs = True
+        before = self.tokenizer.decode(self.ids[self.start : self.read])
+        now = self.tokenizer.decode(self.ids[self.start :])
+        if now.endswith("\ufffd"):  # a character split over tokens: wait for the rest
             return False
-        self.text = text
-        cuts = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        seen = len(self.text)
+        self.text += now[len(before) :]
+        self.start, self.read = self.read, len(self.ids)
+        longest = max(map(len, self.stops), default=0)
+        cuts = [i for i in (self.text.find(s, max(0, seen - longest)) for s in self.stops) if i >= 0]
         if cuts:
-            self.text, self.stopped = text[: min(cuts)], True
+            self.text, self.stopped = self.text[: min(cuts)], True
         self._send(len(self.text) if self.stopped else len(self.text) - self._held())
         return self.stopped
 
@@ -136,13 +235,14 @@ class _Text:
         """How many characters at the end might begin a stop string: kept back until the next token."""
         return max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
 
-    def _send(self, upto: int) -> None:
-        if upto > self.sent:
+    def _send(self, upto: int, *, last: bool = False) -> None:
+        if upto > self.sent or (last and self.entries_sent < len(self.entries)):
             if self.on_text is not None:
-                self.on_text(self.text[self.sent : upto])
-            self.sent = upto
+                self.on_text(self.text[self.sent : upto], self.entries[self.entries_sent :])
+            self.sent, self.entries_sent = upto, len(self.entries)
 
-    def finish(self) -> str:
-        """The whole text; whatever was held back is sent."""
-        self._send(len(self.text))
-        return self.text
+    def finish(self, row: Row) -> Continuation:
+        """The whole continuation of ``row``, ended; whatever was held back is sent."""
+        self._send(len(self.text), last=True)
+        reason = "length" if row.finish == "length" else "stop"
+        return Continuation(self.text, reason, len(row.tokens), self.entries if self.logprobs else None)

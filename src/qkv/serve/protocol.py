@@ -5,12 +5,13 @@ checked, and a wrong one is answered with status 400 and OpenAI's error object n
 (``{"error": {"message", "type", "param", "code"}}``), as the official clients expect::
 
     POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
-                                 "stream", "stream_options": {"include_usage"}}
+                                 "logprobs" (0-5), "stream", "stream_options": {"include_usage"}}
     POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant", "content"}]
-                                instead of "prompt" ("max_completion_tokens" as well as "max_tokens")
+                                instead of "prompt" ("max_completion_tokens" as well as "max_tokens"), and
+                                "logprobs": true with "top_logprobs" (0-20)
 
-Fields a client may send that would change the answer and that qkv does not compute yet (``logprobs``,
-``tools``, penalties other than 0, ...) are refused by name rather than ignored.
+Fields a client may send that would change the answer and that qkv does not compute (``tools``, ``echo``,
+penalties other than 0, ...) are refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousand characters
 MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
 MAX_CHOICES = 8  # n: continuations of one prompt
+MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
 ROLES = ("system", "user", "assistant")
 
 # Fields that change the answer and that qkv does not compute: refused rather than silently ignored (their neutral
 # values pass). Fields that only describe the caller ("user", "metadata", "store", ...) are ignored.
-UNSUPPORTED = {"logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+UNSUPPORTED = {"echo": (None, False),
                "best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
                "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
                "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
@@ -59,6 +61,7 @@ class Settings:
     n: int = 1
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None  # None: none; k: each token's log-probability and the k most probable tokens'
 
     @property
     def greedy(self) -> bool:
@@ -162,7 +165,21 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
         n=_integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES),
         stream=_flag(body, "stream"),
         include_usage=_flag(options or {}, "include_usage"),
+        logprobs=_logprobs(body, chat=chat),
     )
+
+
+def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
+    """How many of the most probable tokens to report beside each chosen one: a chat request asks with ``logprobs:
+    true`` and ``top_logprobs`` (0 to 20), a completion with ``logprobs`` (0 to 5); None when not asked."""
+    if not chat:
+        return _integer(body, "logprobs", None, minimum=0, maximum=MAX_TOP_COMPLETION)
+    top = _integer(body, "top_logprobs", None, minimum=0, maximum=MAX_TOP_CHAT)
+    if not _flag(body, "logprobs"):
+        if top:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    return top or 0
 
 
 def _integer(body: dict[str, Any], name: str, default: int | None, *, minimum: int,
