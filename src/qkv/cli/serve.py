@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..serve.protocol import ROWS
 from .common import add_device_arguments, command, place, runtime
 from .explore import LOCAL_HOSTS
 from .numbers import integer
@@ -62,7 +63,7 @@ def _engine(args: argparse.Namespace, device, precision, name: str):
     from .lm import load_lm
 
     model, tokenizer, stops, template = load_lm(args, device, precision)
-    return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template)
+    return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template, rows=args.parallel)
 
 
 def _embedder(args: argparse.Namespace, device, name: str):
@@ -97,5 +98,7 @@ def add_commands(sub) -> None:
                                                          "only; another needs --api-key)")
     net.add_argument("--port", type=integer(0, 65535), default=8000, help="port (default 8000; 0: any free one)")
     net.add_argument("--api-key", help="a bearer token every request must send (required off this machine)")
+    net.add_argument("--parallel", "-np", type=integer(1, 256), default=ROWS,
+                     help=f"sequences decoded together; more requests wait their turn (default {ROWS})")
     add_device_arguments(p, quantize=True)
     p.set_defaults(run=serve_cmd, stop=[])

@@ -28,11 +28,9 @@ import torch
 from ..batching import Batch, Logprob, Row
 from ..generation import GREEDY, Sampling
 from ..tokenizers import encode_prompt
-from .protocol import APIError, Settings
+from .protocol import ROWS, APIError, Settings
 
 log = logging.getLogger("qkv")
-
-ROWS = 8  # sequences decoded together by default (llama.cpp's server: -np)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from typing import Any
 MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousand characters
 MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
 MAX_CHOICES = 8  # n: continuations of one prompt
+ROWS = 8  # sequences a server decodes together unless told (llama.cpp's server: -np)
 MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
 ROLES = ("system", "user", "assistant")
 
