@@ -26,6 +26,8 @@ import base64
 import hmac
 import json
 import logging
+import signal
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -60,6 +62,7 @@ class Server:
                  max_waiting: int = MAX_WAITING) -> None:
         self.served, self.hosts, self.api_key, self.max_waiting = served, hosts, api_key, max_waiting
         self.waiting = 0
+        self._mailbox: _Mailbox | None = None  # made on the event loop's first continuation
 
     @property
     def engine(self) -> Engine:
@@ -177,11 +180,12 @@ class Server:
         ``(choice, Continuation)`` once it ends. They end early if the consumer stops (a stream's client went away)
         or, given the ``request`` (an answer sent whole: no pieces, only the ends), once its client disconnects
         (checked every :data:`POLL_SECONDS`)."""
-        loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
+        mailbox = self._mailbox or _Mailbox(asyncio.get_running_loop())
+        self._mailbox = mailbox
 
         def push(item: Any) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            mailbox.put(queue, item)
 
         self._check_queue()  # checked again: the stream's events begin a while after its request was accepted
         self.waiting += 1
@@ -223,6 +227,28 @@ class Server:
         if settings.include_usage and len(finished) == settings.n:
             yield _event(reply.usage_chunk(finished))
         yield "data: [DONE]\n\n"
+
+
+class _Mailbox:
+    """What the engine's thread hands to requests (pieces of text, ends), delivered on the event loop: everything
+    one decoding step hands over arrives in one wake-up of the loop, not one per request."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop, self.lock = loop, threading.Lock()
+        self.items: list[tuple[asyncio.Queue, Any]] = []
+
+    def put(self, queue: asyncio.Queue, item: Any) -> None:
+        with self.lock:
+            self.items.append((queue, item))
+            if len(self.items) > 1:  # a delivery is on its way already
+                return
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self.lock:
+            items, self.items = self.items, []
+        for queue, item in items:
+            queue.put_nowait(item)
 
 
 class _Reply:
@@ -348,11 +374,25 @@ def serve(served: Engine | Embedder, *, host: str = "127.0.0.1", port: int = 800
     sock.bind((host, port))
     sock.listen(128)  # from now on a client is queued, not refused, while uvicorn starts
     server = Server(served, hosts=LOOPBACK | {host}, api_key=api_key)
-    config = uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5)
+    http = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5))
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
+    if not isinstance(served, Engine):
+        http.run(sockets=[sock])
+        return
+    # The model decodes on this, the main thread (PyTorch's fastest); HTTP is answered on another.
+    answering = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="qkv-http", daemon=True)
+    answering.start()
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        served.run()
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every continuation ends, its client told so
+        served.close()
+        served.run()
     finally:
-        if isinstance(served, Engine):
-            served.close()
+        http.should_exit = True
+        answering.join(BODY_SECONDS)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt

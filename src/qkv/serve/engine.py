@@ -147,14 +147,23 @@ class Engine:
         with self._wake:
             return len(self._waiting) + len(self._running)
 
+    def run(self) -> None:
+        """Decode on this thread (rather than one of the engine's own) until :meth:`close`: ``qkv serve`` gives the
+        model its main thread, where PyTorch runs fastest, and answers HTTP on another."""
+        with self._wake:
+            if self._thread not in (None, threading.current_thread()):
+                raise RuntimeError("the engine is running on another thread already")
+            self._thread = threading.current_thread()
+        self._serve()
+
     def close(self) -> None:
-        """End every continuation and the engine's thread (the server is shutting down)."""
+        """End every continuation; the engine's thread ends once they have (waited for, unless it is this one)."""
         with self._wake:
             self._closed = True
             for job in [*self._waiting, *self._running.values()]:
                 job.row.cancel()
             self._wake.notify()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def _entry(self, token: int, logprob: Logprob | None) -> Entry | None:
