@@ -185,6 +185,19 @@ def test_chat_messages_are_checked_and_sizes_hosts_and_paths_refused(url):
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def test_while_the_model_loads_every_request_gets_503_and_then_the_model_answers(engine):
+    server = Server(None)
+    with live(server) as base:
+        for answer in (httpx.get(f"{base}/health"), httpx.get(f"{base}/v1/models"),
+                       httpx.post(f"{base}/v1/completions", json={"model": NAME, "prompt": "Hi"})):
+            assert answer.status_code == 503 and answer.json()["error"]["code"] == "model_loading"
+        server.served = engine
+        assert httpx.get(f"{base}/health").json() == {"status": "ok"}
+        answer = httpx.post(f"{base}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2},
+                            timeout=HANG)
+        assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+
+
 def test_an_api_key_is_required_when_set(engine):
     with live(Server(engine, api_key=KEY)) as base:
         assert httpx.get(f"{base}/v1/models").status_code == 401

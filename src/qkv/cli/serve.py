@@ -31,8 +31,9 @@ def serve_cmd(args: argparse.Namespace) -> None:
         raise ValueError(f"qkv serve needs {err.name}: pip install 'qkv[serve]'") from None
     device, precision, _ = runtime(args)
     name = args.name or _name(args)
-    served = _embedder(args, device, name) if _is_encoder(args) else _engine(args, device, precision, name)
-    serve(served, host=args.host, port=args.port, api_key=args.api_key)
+    encoder = _is_encoder(args)
+    serve(lambda: _embedder(args, device, name) if encoder else _engine(args, device, precision, name),
+          host=args.host, port=args.port, api_key=args.api_key)
 
 
 def _is_encoder(args: argparse.Namespace) -> bool:

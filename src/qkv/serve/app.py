@@ -58,8 +58,8 @@ class Server:
     (:class:`~qkv.serve.embedder.Embedder`): ``hosts`` are the names the Host header may give (loopback ones and
     the address bound), ``api_key`` the bearer token /v1 requests need (None: none)."""
 
-    def __init__(self, served: Engine | Embedder, *, hosts: frozenset[str] = LOOPBACK, api_key: str | None = None,
-                 max_waiting: int = MAX_WAITING) -> None:
+    def __init__(self, served: Engine | Embedder | None, *, hosts: frozenset[str] = LOOPBACK,
+                 api_key: str | None = None, max_waiting: int = MAX_WAITING) -> None:
         self.served, self.hosts, self.api_key, self.max_waiting = served, hosts, api_key, max_waiting
         self.waiting = 0
         self._mailbox: _Mailbox | None = None  # made on the event loop's first continuation
@@ -67,9 +67,9 @@ class Server:
     @property
     def engine(self) -> Engine:
         """The language model, or 400 for a request that needs one when a sentence encoder is served."""
-        if not isinstance(self.served, Engine):
-            raise APIError(400, f"{self.served.name} is a sentence encoder: it answers /v1/embeddings only")
-        return self.served
+        if not isinstance(self.model, Engine):
+            raise APIError(400, f"{self.model.name} is a sentence encoder: it answers /v1/embeddings only")
+        return self.model
 
     def app(self) -> Starlette:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
@@ -81,12 +81,21 @@ class Server:
 
     async def health(self, request: Request) -> Response:
         self._guard(request, key=False)
+        self.model  # noqa: B018 -- 503 while loading
         return JSONResponse({"status": "ok"})
 
     async def models(self, request: Request) -> Response:
         self._guard(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": self.served.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
+            {"id": self.model.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
+
+    @property
+    def model(self) -> Engine | Embedder:
+        """What is served, or 503 while it is still loading."""
+        if self.served is None:
+            raise APIError(503, "the model is still loading; try again shortly", kind="server_error",
+                           code="model_loading")
+        return self.served
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request)
@@ -100,7 +109,7 @@ class Server:
 
     async def embeddings(self, request: Request) -> Response:
         body = await self._body(request)
-        embedder = self.served
+        embedder = self.model
         if not isinstance(embedder, Embedder):
             raise APIError(400, f"{embedder.name} is a language model; /v1/embeddings needs a sentence encoder "
                                 "(qkv serve --pretrained minilm)", param="model")
@@ -143,7 +152,7 @@ class Server:
         except TimeoutError:
             raise APIError(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
         body = parse_body(raw)
-        check_model(body, self.served.name)
+        check_model(body, self.model.name)
         return body
 
     async def _answer(self, request: Request, prompt: str, settings: Settings, *, chat: bool) -> Response:
@@ -362,8 +371,11 @@ async def _internal_error(request: Request, err: Exception) -> Response:
     return await _api_error(request, _logged(err))
 
 
-def serve(served: Engine | Embedder, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None) -> None:
-    """Answer on ``host``:``port`` (0: any free port) until interrupted; says where on stdout."""
+def serve(load: Callable[[], Engine | Embedder], *, host: str = "127.0.0.1", port: int = 8000,
+          api_key: str | None = None) -> None:
+    """Answer on ``host``:``port`` (0: any free port) until interrupted: 503 while ``load()`` makes the model, then the
+    model; says where on stdout once it is ready. A language model decodes on this, the main thread (PyTorch's
+    fastest); HTTP is answered on another."""
     import socket
 
     import uvicorn
@@ -373,25 +385,33 @@ def serve(served: Engine | Embedder, *, host: str = "127.0.0.1", port: int = 800
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)  # from now on a client is queued, not refused, while uvicorn starts
-    server = Server(served, hosts=LOOPBACK | {host}, api_key=api_key)
+    server = Server(None, hosts=LOOPBACK | {host}, api_key=api_key)
     http = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5))
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
-    print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
-    if not isinstance(served, Engine):
-        http.run(sockets=[sock])
-        return
-    # The model decodes on this, the main thread (PyTorch's fastest); HTTP is answered on another.
     answering = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="qkv-http", daemon=True)
     answering.start()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        served.run()
-    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: every continuation ends, its client told so
-        served.close()
-        served.run()
+        served = server.served = load()
+        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
+        if isinstance(served, Engine):
+            _decode(served)
+        else:
+            threading.Event().wait()  # the encoder runs on the HTTP side's worker threads
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+        pass
     finally:
         http.should_exit = True
         answering.join(BODY_SECONDS)
+
+
+def _decode(engine: Engine) -> None:
+    """Run the engine until interrupted; then every continuation ends, its client told so."""
+    try:
+        engine.run()
+    except KeyboardInterrupt:
+        engine.close()
+        engine.run()
 
 
 def _interrupt(signum: int, frame: Any) -> None:
