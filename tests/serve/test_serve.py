@@ -381,3 +381,30 @@ def test_embeddings_are_qkv_embeds_in_either_encoding_and_only_an_encoder_makes_
             assert answer.status_code == 400 and answer.json()["error"]["param"] == param, answer.text
     answer = httpx.post(f"{url}/v1/embeddings", json={"model": NAME, "input": "Hi"})  # a language model served
     assert answer.status_code == 400 and "sentence encoder" in answer.json()["error"]["message"]
+
+
+def test_a_streamed_client_that_stops_reading_is_cut_off_and_its_continuation_ends(monkeypatch):
+    import asyncio
+
+    from qkv.serve import app
+
+    monkeypatch.setattr(app, "SEND_SECONDS", 0.2)
+    closed = []
+
+    async def events():
+        try:
+            for i in range(1000):
+                yield f"data: {i}\n\n"
+        finally:  # where the server's events end the continuation
+            closed.append(True)
+
+    async def send(message):
+        if message["type"] == "http.response.body":
+            await asyncio.sleep(3600)  # a client that reads nothing: its connection's buffers are full
+
+    async def main():
+        stream = app._Stream(events(), media_type="text/event-stream")
+        await asyncio.wait_for(stream({"type": "http", "asgi": {"spec_version": "2.4"}}, None, send), HANG)
+
+    asyncio.run(main())
+    assert closed == [True]

@@ -8,15 +8,17 @@
 
 Both POSTs answer whole, or, with ``"stream": true``, as server-sent events: one ``data: {chunk}`` per piece of
 text as it is decoded, then one with the ``finish_reason`` (and, asked with ``stream_options.include_usage``, one
-with the token counts), then ``data: [DONE]``. A client that goes away mid-stream stops its continuation between
-two tokens, and the model is free for the next request at once.
+with the token counts), then ``data: [DONE]``. Requests are decoded together (the engine's continuous batching);
+a client that goes away, mid-stream or before a whole answer, ends its continuation between two tokens and frees
+its place in the batch.
 
 Every refusal is OpenAI's error object with its status: 400 a bad field (named), 401 a wrong or missing key, 403 a
 foreign Host or Origin, 404 an unknown model or path, 408 a body that does not arrive in time, 413 a body too
-large, 429 too many requests waiting (with ``Retry-After``), 500 a failure inside (its message logged, no traceback
-sent). Requests must name this server in ``Host`` (a loopback name, or the address it was started on), so that a
-web page cannot reach it through a DNS name rebound to 127.0.0.1; a page from another origin cannot POST to it; with
-``api_key`` every /v1 request must carry ``Authorization: Bearer <key>`` (compared in constant time).
+large, 429 too many requests running or waiting (with ``Retry-After``), 500 a failure inside (its message logged,
+no traceback sent), 503 the model still loading. Requests must name this server in ``Host`` (a loopback name, or
+the address it was started on), so that a web page cannot reach it through a DNS name rebound to 127.0.0.1; a page
+from another origin cannot POST to it; with ``api_key`` every /v1 request must carry ``Authorization: Bearer <key>``
+(compared in constant time). A body must arrive within 30 s, and a streamed client take each piece within 30 s.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,6 +53,7 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 BODY_SECONDS = 30.0  # a request body must arrive whole within this
 MAX_WAITING = 32  # requests running or waiting for the model; one more is answered 429
 POLL_SECONDS = 0.5  # how often a request answered whole checks that its client is still there
+SEND_SECONDS = 30.0  # a streamed client must take each piece within this (its buffers full), or it is cut off
 
 
 class Server:
@@ -161,12 +164,14 @@ class Server:
         self._check_queue()
         reply = _Reply(self.engine.name, chat, len(ids))
         if settings.stream:
-            return StreamingResponse(self._events(ids, settings, reply), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return _Stream(self._events(ids, settings, reply), media_type="text/event-stream",
+                           headers={"Cache-Control": "no-cache"})
         done: dict[int, Continuation] = {}
         async for i, piece in self._continue(ids, settings, request=request):
             if isinstance(piece, Continuation):
                 done[i] = piece
+        if len(done) < settings.n:  # the client went away: nobody reads an answer
+            return Response(status_code=499)
         return JSONResponse(reply.whole([done[i] for i in range(settings.n)]))
 
     def _check_queue(self) -> None:
@@ -236,6 +241,22 @@ class Server:
         if settings.include_usage and len(finished) == settings.n:
             yield _event(reply.usage_chunk(finished))
         yield "data: [DONE]\n\n"
+
+
+class _Stream(StreamingResponse):
+    """Server-sent events to a client that reads them: one that takes more than :data:`SEND_SECONDS` to take the next
+    piece (its connection's buffers full) is cut off, and its continuation ends."""
+
+    async def stream_response(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        async def timed(message: dict[str, Any]) -> None:
+            await asyncio.wait_for(send(message), SEND_SECONDS)
+
+        try:
+            await super().stream_response(timed)
+        except TimeoutError:
+            log.warning("qkv serve: a client read nothing for %g s; its stream was cut off", SEND_SECONDS)
+        finally:
+            await self.body_iterator.aclose()
 
 
 class _Mailbox:
