@@ -326,6 +326,7 @@ def test_the_command_serves_until_interrupted_and_refuses_an_open_address_withou
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", cwd=tmp_path), "--api-key")
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", "--api-key", "short", cwd=tmp_path),
                    "at least 16 characters")
+    one_line_error(qkv("serve", "--pretrained", "smollm2", "--compile", cwd=tmp_path), "leave --compile out")
     for name, path in (("smollm2", "completions"), ("minilm", "embeddings")):  # a language model, an encoder
         proc = subprocess.Popen(command("serve", "--pretrained", name, "--port", "0"), cwd=tmp_path, env=ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

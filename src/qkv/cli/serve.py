@@ -23,6 +23,9 @@ def serve_cmd(args: argparse.Namespace) -> None:
     if args.api_key is not None and len(args.api_key) < 16:
         raise ValueError("--api-key must be at least 16 characters (e.g. python -c \"import secrets; "
                          "print(secrets.token_urlsafe())\")")
+    if args.compile:
+        raise ValueError("--compile does not suit qkv serve: its batch changes size and shape at every request, "
+                         "which would compile again each time; leave --compile out")
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|minilm|FILE|DIR")
     try:
