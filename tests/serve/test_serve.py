@@ -409,3 +409,28 @@ def test_a_streamed_client_that_stops_reading_is_cut_off_and_its_continuation_en
 
     asyncio.run(main())
     assert closed == [True]
+
+
+def test_decoding_runs_in_the_precision_context_on_the_engines_thread(engine):
+    """--precision's autocast is entered where the model runs (autocast is per thread), as qkv generate runs in it."""
+    import queue
+
+    from qkv.serve.protocol import Settings
+
+    threads = set()
+
+    class Recording:  # a context that notes the threads that enter it
+        def __enter__(self):
+            threads.add(threading.current_thread().name)
+
+        def __exit__(self, *exc):
+            return False
+
+    served = Engine(engine.model, engine.tokenizer, name=NAME, stop_ids=set(engine.stop_ids),
+                    chat_template=engine.chat_template, autocast=Recording())
+    ended = queue.Queue()
+    served.start(served.prompt_ids("Hello"), Settings(max_tokens=3, temperature=0.0), seed=None, on_end=ended.put)
+    try:
+        assert ended.get(timeout=HANG).tokens == 3 and threads == {"qkv-batch"}
+    finally:
+        served.close()

@@ -32,10 +32,10 @@ def serve_cmd(args: argparse.Namespace) -> None:
         from ..serve.app import serve
     except ModuleNotFoundError as err:
         raise ValueError(f"qkv serve needs {err.name}: pip install 'qkv[serve]'") from None
-    device, precision, _ = runtime(args)
+    device, precision, amp = runtime(args)
     name = args.name or _name(args)
     encoder = _is_encoder(args)
-    serve(lambda: _embedder(args, device, name) if encoder else _engine(args, device, precision, name),
+    serve(lambda: _embedder(args, device, name) if encoder else _engine(args, device, precision, amp, name),
           host=args.host, port=args.port, api_key=args.api_key)
 
 
@@ -62,12 +62,13 @@ def _config(folder) -> dict:
     return config if isinstance(config, dict) else {}
 
 
-def _engine(args: argparse.Namespace, device, precision, name: str):
+def _engine(args: argparse.Namespace, device, precision, amp, name: str):
     from ..serve.engine import Engine
     from .lm import load_lm
 
     model, tokenizer, stops, template = load_lm(args, device, precision)
-    return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template, rows=args.parallel)
+    return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template, rows=args.parallel,
+                  autocast=amp)
 
 
 def _embedder(args: argparse.Namespace, device, name: str):

@@ -17,6 +17,7 @@ what an API needs around the tokens:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -67,16 +68,17 @@ class _Job:
 
 class Engine:
     """A language model served: ``model``, its ``tokenizer``, the token ids that end a reply (``stop_ids``), its chat
-    template (None: completions only), the ``name`` clients call it by, and how many sequences decode together
-    (``rows``)."""
+    template (None: completions only), the ``name`` clients call it by, how many sequences decode together
+    (``rows``) and the autocast context decoding runs in (``--precision``'s; entered on the engine's thread)."""
 
     def __init__(self, model, tokenizer, *, name: str, stop_ids: set[int], chat_template: str | None,
-                 rows: int = ROWS) -> None:
+                 rows: int = ROWS, autocast: contextlib.AbstractContextManager | None = None) -> None:
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.stop_ids, self.chat_template, self.rows = frozenset(stop_ids), chat_template, rows
         self.context = model.config.max_seq_len
+        self.autocast = autocast or contextlib.nullcontext()  # --precision's, as qkv generate decodes under it
         # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled
         self.suppress = frozenset(getattr(tokenizer, "special_ids", ())) - self.stop_ids
         self.batch = Batch(model, suppress_ids=self.suppress)  # the rows decoding now (run by the engine's thread)
@@ -187,7 +189,7 @@ class Engine:
             for row in gone:
                 row.finish = "cancelled"
             try:
-                with torch.inference_mode():
+                with self.autocast, torch.inference_mode():
                     ended = gone + batch.join([job.row for job in joining if not job.row.cancelled])
                     ended += batch.step() if batch.rows else []
             except Exception as err:  # the batch is lost: every row in it ends with the error, the engine goes on
