@@ -272,7 +272,10 @@ class _Mailbox:
             self.items.append((queue, item))
             if len(self.items) > 1:  # a delivery is on its way already
                 return
-        self.loop.call_soon_threadsafe(self._deliver)
+        try:
+            self.loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop has closed (the server stopped): nobody is waiting any more
+            pass
 
     def _deliver(self) -> None:
         with self.lock:
