@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hmac
 import json
 import logging
@@ -272,10 +273,8 @@ class _Mailbox:
             self.items.append((queue, item))
             if len(self.items) > 1:  # a delivery is on its way already
                 return
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed (the server stopped): nobody waits any more
             self.loop.call_soon_threadsafe(self._deliver)
-        except RuntimeError:  # the loop has closed (the server stopped): nobody is waiting any more
-            pass
 
     def _deliver(self) -> None:
         with self.lock:
