@@ -279,6 +279,8 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         flat = x.reshape(-1, self.in_features)
+        if self._plain(x):  # decoding's common case: the product alone, nothing converted or added
+            return self._cpu_product()(flat.contiguous()).view(*x.shape[:-1], self.out_features)
         rows = flat.to(self.input_dtype).contiguous()
         if x.is_cpu and not (rows.requires_grad and torch.is_grad_enabled()):  # no backward: the kernel alone
             y = self._cpu_product()(rows).to(x.dtype)
@@ -293,6 +295,12 @@ class QuantizedLinear(nn.Module):
         if self.exact_largest:
             y = self._exact_largest(flat.float(), y.float()).to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _plain(self, x: Tensor) -> bool:
+        """Whether ``x``'s product is the kernel's alone: on the CPU, in the kernel's input type, no backward, no
+        bias, outlier columns or exact largest outputs to add."""
+        return (x.dtype == self.input_dtype and x.is_cpu and self.bias is None and not self.outliers
+                and not self.exact_largest and not (x.requires_grad and torch.is_grad_enabled()))
 
     def _format(self) -> str:
         return self.mode
