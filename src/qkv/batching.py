@@ -92,7 +92,7 @@ class Batch:
 
     @torch.no_grad()
     def join(self, rows: Sequence[Row]) -> list[Row]:
-        """Read the rows' prompts in one left-padded batch, choose each one's first token and add the rows."""
+        """Read each row's prompt (alone, as generate reads it), choose its first token and add the rows."""
         for row in rows:
             if len(row.prompt) + row.limit > self.max_len:
                 raise ValueError(f"a prompt of {len(row.prompt):,} tokens and {row.limit:,} new ones do not fit in "

@@ -434,3 +434,15 @@ def test_decoding_runs_in_the_precision_context_on_the_engines_thread(engine):
         assert ended.get(timeout=HANG).tokens == 3 and threads == {"qkv-batch"}
     finally:
         served.close()
+
+
+def test_a_request_whose_cache_would_not_fit_in_memory_is_refused(url, monkeypatch):
+    import qkv.footprint
+
+    monkeypatch.setattr(qkv.footprint, "available_memory", lambda device=None: 1 << 20)  # 1 MiB left
+    answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 500})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "max_tokens"
+    assert "fewer max_tokens" in answer.json()["error"]["message"]
+    monkeypatch.undo()
+    assert httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2},
+                      timeout=HANG).status_code == 200

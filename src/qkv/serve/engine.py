@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..batching import Batch, Logprob, Row
+from ..footprint import check_decoding
 from ..generation import GREEDY, Sampling
 from ..tokenizers import encode_prompt
 from .protocol import ROWS, APIError, Settings
@@ -130,8 +131,13 @@ class Engine:
             generator.seed()  # a fresh random seed: unseeded requests must not all draw alike
         else:
             generator.manual_seed(seed)
+        limit = self.room(ids, settings)
+        try:  # its cache must fit, as qkv generate checks it
+            check_decoding(self.model.config, sequences=1, beams=1, length=len(ids) + limit, device=self.batch.device)
+        except ValueError as err:
+            raise APIError(400, f"{err}; ask for fewer max_tokens", param="max_tokens") from None
         text = _Text(self.tokenizer, settings.stop, on_text)
-        row = Row(ids, self.room(ids, settings), sampling, generator, self.stop_ids, settings.logprobs,
+        row = Row(ids, limit, sampling, generator, self.stop_ids, settings.logprobs,
                   on_token=lambda token, logprob: text.add(token, self._entry(token, logprob)))
         with self._wake:
             if self._closed:
