@@ -273,3 +273,21 @@ def test_a_135m_parameter_file_runs_within_the_memory_bound(smollm2_file):
     bound = 1.25 * smollm2_file.stat().st_size + kv_cache + 150 * 2**20
     peak = int(proc.stdout.split()[-1])
     assert peak < bound, f"{peak / 2**20:.0f} MiB above the import, bound {bound / 2**20:.0f} MiB"
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_a_block_scale_that_is_not_finite_is_caught_at_load(tmp_path, kind):
+    """A damaged block (its fp16 scale NaN, or Q4_1's offset infinite) is refused by name before any kernel runs,
+    on either layer (qkv's kernel takes the halves as stored, PyTorch's widens them)."""
+    torch.manual_seed(0)
+    tensors = gguf_tensors(tiny_llama(tie=False))
+    name = "blk.1.ffn_down.weight"
+    blocks = gguf.quants.quantize(tensors[name], gguf.GGMLQuantizationType[kind])
+    blocks = blocks.reshape(len(blocks), -1, 18 if kind == "Q4_0" else 20).copy()
+    blocks[3, 0, 2 * (kind == "Q4_1") : 2 * (kind == "Q4_1") + 2] = np.frombuffer(
+        np.float16(np.inf if kind == "Q4_1" else np.nan).tobytes(), np.uint8)
+    tensors[name] = (blocks.reshape(len(blocks), -1), gguf.GGMLQuantizationType[kind])
+    path = write_gguf(tmp_path / "damaged.gguf", {k: v if isinstance(v, tuple) else (v, None)
+                                                  for k, v in tensors.items()})
+    with pytest.raises(ValueError, match=r"damaged\.gguf holds weights that are not finite.*ffn_down"):
+        load_quantized_gpt(path, mode="auto")

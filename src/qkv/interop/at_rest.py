@@ -55,7 +55,7 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
-from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups, int8_blocks
+from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups, int4_halves, int8_blocks
 from .gguf import (
     PERMUTED_ARCHITECTURES,
     ROPE_FREQS,
@@ -370,6 +370,12 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
             raw = source.raw(start, min(start + CHUNK_ROWS, source.rows))
+            if hasattr(layer, "write_halves") and source.kind in ("Q4_0", "Q4_1"):  # the kernel's own blocks
+                pairs, d, m = int4_halves(source.kind, raw)
+                check_finite([(source.name, d), (source.name, m)], f"{source.path} holds",
+                             "the file is damaged; use another copy")
+                layer.write_halves(offset + start, pairs, d, m)
+                continue
             pairs, scales, zeros = (torch.from_numpy(a) for a in int4_groups(source.kind, raw))
             check_finite([(source.name, scales), (source.name, zeros)], f"{source.path} holds",
                          "the file is damaged; use another copy")

@@ -60,6 +60,25 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     return pairs, scales.reshape(rows, -1), zeros.reshape(rows, -1)
 
 
+def int4_halves(kind: str, raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_0 or Q4_1 rows as qkv's kernel holds them, nothing widened: ``pairs`` as :func:`int4_groups` gives them
+    (a view of ``raw``), and each block's scale ``d`` and offset ``m`` ``(rows, blocks)`` float16, each weight
+    ``code · d + m``: Q4_1's two halves as stored (views), Q4_0's ``d`` and ``-8 d`` (exact in fp16, or infinite
+    where it overflows: the caller checks them)."""
+    if kind not in ("Q4_0", "Q4_1"):
+        raise ValueError(f"{kind} blocks have no fp16 scale and offset per 32 weights; expected Q4_0 or Q4_1")
+    size = BLOCKS[kind][1]
+    rows, width = raw.shape
+    if width % size:
+        raise ValueError(f"a row of {width} bytes is not a whole number of {kind} blocks of {size} bytes")
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(rows, width // size, size)
+    if kind == "Q4_1":
+        halves = blocks[..., :4].view(torch.float16)  # (rows, blocks, 2): d, m
+        return blocks[..., 4:20], halves[..., 0], halves[..., 1]
+    d = blocks[..., :2].view(torch.float16)[..., 0]
+    return blocks[..., 2:18], d, -8 * d
+
+
 def _fp16(blocks: np.ndarray, at: int, count: int = 1) -> np.ndarray:
     """The ``count`` (1 or 2) little-endian fp16s from byte ``at`` of each block, as float32 ``(..., count)``.
     They are gathered as whole integers (two fp16s as one 4-byte word where the blocks allow) into one
@@ -117,4 +136,4 @@ def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
         raise ValueError(f"tensors stored as {kind} cannot be decoded by the gguf package") from None
 
 
-__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int8_blocks"]
+__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int4_halves", "int8_blocks"]

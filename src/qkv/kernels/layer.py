@@ -165,6 +165,15 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
         self.codes[start : start + len(pairs)] = pairs.reshape(len(pairs), -1)
         self._write_groups(start, scales, zeros)
 
+    def write_halves(self, start: int, pairs: Tensor, d: Tensor, m: Tensor) -> None:
+        """Rows ``start ...`` from a file's Q4_0 or Q4_1 blocks as this layer holds them
+        (:func:`~qkv.interop.ggml_blocks.int4_halves`): the code bytes ``(r, blocks, 16)`` and each block's fp16
+        scale and offset ``(r, blocks)``, copied as they are."""
+        rows = slice(start, start + len(pairs))
+        self.codes[rows].view(len(pairs), -1, _GROUP_BYTES).copy_(pairs)
+        self.group_scales[rows] = d
+        self.offsets[rows] = m
+
     def _write_groups(self, start: int, scales: Tensor, zeros: Tensor) -> None:
         """The groups' fp16 scales and offsets ``zeros - 8 · scales``, taken in float64: where the zero point was
         made in float32 of a file's fp16 offset and scale (:func:`~qkv.interop.ggml_blocks.int4_groups`), that
