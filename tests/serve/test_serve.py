@@ -446,3 +446,15 @@ def test_a_request_whose_cache_would_not_fit_in_memory_is_refused(url, monkeypat
     monkeypatch.undo()
     assert httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2},
                       timeout=HANG).status_code == 200
+
+
+def test_a_failure_while_decoding_ends_its_requests_with_500_and_the_engine_goes_on(url, engine, monkeypatch):
+    def broken():
+        raise RuntimeError("a kernel failed")
+
+    monkeypatch.setattr(engine.batch, "step", broken)  # the engine makes itself a new batch after the failure
+    answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 5}, timeout=HANG)
+    assert answer.status_code == 500 and answer.json()["error"]["type"] == "server_error"
+    assert "Traceback" not in answer.text and "kernel failed" not in answer.text
+    answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2}, timeout=HANG)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2

@@ -210,7 +210,16 @@ class Engine:
                 with self._wake:
                     job = self._running.pop(row)
                 if row.finish != "error":
-                    job.on_end(job.text.finish(row))
+                    self._end(job)
+
+    @staticmethod
+    def _end(job: _Job) -> None:
+        """Hand a finished row's continuation on; a failure there ends that request alone (500), not the engine."""
+        try:
+            job.on_end(job.text.finish(job.row))
+        except Exception as err:
+            log.error("qkv serve: ending a continuation failed: %s: %s", type(err).__name__, str(err)[:300])
+            job.on_end(err)
 
 
 class _Text:
