@@ -58,8 +58,13 @@ def engine():
 
 
 @pytest.fixture(scope="module")
-def url(engine):
-    with live(Server(engine)) as base:
+def server(engine):
+    return Server(engine)
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    with live(server) as base:
         yield base
 
 
@@ -436,13 +441,17 @@ def test_decoding_runs_in_the_precision_context_on_the_engines_thread(engine):
         served.close()
 
 
-def test_a_request_whose_cache_would_not_fit_in_memory_is_refused(url, monkeypatch):
+def test_a_request_whose_cache_would_not_fit_in_memory_is_refused(url, server, engine, monkeypatch):
     import qkv.footprint
 
     monkeypatch.setattr(qkv.footprint, "available_memory", lambda device=None: 1 << 20)  # 1 MiB left
     answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 500})
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "max_tokens"
     assert "fewer max_tokens" in answer.json()["error"]["message"]
+    answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 500, "n": 2,
+                                                       "stream": True})
+    assert answer.status_code == 200 and "fewer max_tokens" in answer.text  # an error event, the stream ended
+    wait_until(lambda: engine.busy == 0 and server.waiting == 0)  # nothing left running or counted
     monkeypatch.undo()
     assert httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2},
                       timeout=HANG).status_code == 200

@@ -204,10 +204,12 @@ class Server:
 
         self._check_queue()  # checked again: the stream's events begin a while after its request was accepted
         self.waiting += 1
-        rows = [self.engine.start(ids, settings, seed=_seed(settings, i), on_end=lambda end, i=i: push((i, end)),
-                                  on_text=None if request else lambda text, entries, i=i: push((i, (text, entries))))
-                for i in range(settings.n)]
+        rows = []
         try:
+            for i in range(settings.n):  # a choice refused (400) ends those already started
+                rows.append(self.engine.start(
+                    ids, settings, seed=_seed(settings, i), on_end=lambda end, i=i: push((i, end)),
+                    on_text=None if request else lambda text, entries, i=i: push((i, (text, entries)))))
             ended = 0
             while ended < settings.n:
                 try:
