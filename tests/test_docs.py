@@ -210,3 +210,13 @@ def test_strict_build_fails_on_a_broken_link(tmp_path):
     (tmp_path / "docs" / "orphan.md").write_text("# Not in the nav\n", encoding="utf-8")
     result = build(config, tmp_path / "site")
     assert result.returncode != 0, "mkdocs build --strict passed a page missing from the nav"
+
+
+def test_the_python_pages_examples_run_as_written():
+    """docs/python.md says every line runs as written: its blocks run in order, in one namespace."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (DOCS / "python.md").read_text(encoding="utf-8"), re.S | re.M)
+    assert len(blocks) >= 2
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/python.md", "exec"), namespace)  # the project's own page
+    assert namespace["first"].finish == "length" and len(namespace["second"].tokens) == 5
