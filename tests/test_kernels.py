@@ -112,6 +112,19 @@ def test_every_variant_gives_the_portable_ones_outputs(variant, bits):
 
 
 @pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize(("batch", "n"), [(1, 32), (3, 96), (8, 288), (5, 2048)])
+def test_the_avx512_variant_gives_the_avx2_ones_outputs_bit_for_bit(batch, n, bits):
+    """AVX-512 VNNI takes two blocks at a time in 512-bit registers, the even blocks' and the odd ones' sums in the
+    two halves, in AVX2's order: the same floats, bit for bit, at every block count (eight at once, then the rest)."""
+    if not (kernels.available() and kernels.runs("avx512-vnni")):
+        pytest.skip("this CPU does not run the AVX-512 VNNI variant")
+    codes, scales, offsets = weights(40, n, seed=7, bits=bits)
+    x = torch.randn(batch, n)
+    assert torch.equal(kernels.matmul(x, codes, scales, offsets, variant="avx512-vnni"),
+                       kernels.matmul(x, codes, scales, offsets, variant="avx2"))
+
+
+@pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_row_in_a_batch_gets_what_it_gets_alone(variant, bits):
     """The kernel takes activation rows four at a time (the codes unpacked once for them): each row's arithmetic

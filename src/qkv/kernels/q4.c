@@ -22,7 +22,7 @@
  *   y       (batch, rows) floats
  *
  * Variants: portable C, AVX2 (vpmaddubsw: unsigned x signed bytes into 16-bit pairs, then vpmaddwd into 32 bits) and
- * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction; Q4 two blocks at a time in 512-bit
+ * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction; two blocks at a time in 512-bit
  * registers), both with F16C for the fp16 scales, chosen by what the CPU reports. Both instructions take one unsigned operand: Q4's codes are; a Q8 block is taken
  * as |q_j| times p_j with q_j's sign (vpsignb). The rows are split over OpenMP threads: the library is built with
  * -fopenmp but not linked to an OpenMP runtime, so it runs on the one PyTorch loaded (its threads,
@@ -243,17 +243,18 @@ __attribute__((target("f16c"))) static inline float half_f16c(uint16_t h)
     }
 
 ROWS_DOT(rows_avx2, products_avx2, "avx2,fma,f16c")
-ROWS_DOT(rows_vnni, products_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 
-/* The VNNI variant's Q4 product in 512-bit registers: two blocks at a time, one vpdpbusd for the 64 products of
- * both (block b's sums in lanes 0..7, block b + 1's in lanes 8..15), each half scaled by its own block's d e. Lanes
- * 0..7 so gather the even blocks and 8..15 the odd ones, one multiply-add each as rows_vnni's two accumulators do,
- * in the same order: the sums are rows_vnni's, bit for bit, with half the instructions. */
-#define VNNI_TARGETS "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
-__attribute__((target(VNNI_TARGETS), always_inline)) static inline void q4_vnni512_body(
-    const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e, const float *s,
-    int64_t blocks, int64_t n, const int count, float *out)
+/* The VNNI variant's products in 512-bit registers: two blocks at a time, one vpdpbusd for the 64 products of both
+ * (block b's sums in lanes 0..7, block b + 1's in lanes 8..15), each half scaled by its own block's d e. Lanes 0..7
+ * so gather the even blocks and 8..15 the odd ones, one multiply-add each as ROWS_DOT's two accumulators do, in the
+ * same order: the sums are the AVX2 variant's, bit for bit, with half the instructions. A Q8 pair is taken as |q|
+ * times p with q's sign, as there, the sign put on p by a masked subtraction (AVX-512 has no vpsignb). */
+#define VNNI_TARGETS "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+__attribute__((target(VNNI_TARGETS), always_inline)) static inline void vnni512_body(
+    const int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e,
+    const float *s, int64_t blocks, int64_t n, const int count, float *out)
 {
+    const int64_t bytes = format == Q8 ? BLOCK : BLOCK / 2; /* a block's codes */
     __m512 acc[TILE];
     __m256 offsets[TILE], even[TILE], odd[TILE];
     float tail[TILE];
@@ -265,19 +266,31 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q4_vnni5
     int64_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));
-        __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));
         __m256 scale[TILE];
-        for (int k = 0; k < count; k++) {
+        for (int k = 0; k < count; k++)
             scale[k] = _mm256_mul_ps(d, _mm256_loadu_ps(e + k * blocks + b));
-            offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);
+        if (format == Q4) {
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));
+            for (int k = 0; k < count; k++)
+                offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);
         }
         for (int j = 0; j < 8; j += 2) {
-            __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(codes_q4(c + (b + j) * BLOCK / 2)),
-                                               codes_q4(c + (b + j + 1) * BLOCK / 2), 1);
+            __m512i codes;
+            __mmask64 negative = 0;
+            if (format == Q8) {
+                codes = _mm512_loadu_si512((const void *)(c + (b + j) * bytes));
+                negative = _mm512_movepi8_mask(codes);
+                codes = _mm512_abs_epi8(codes);  /* -128 stays 0x80: 128 read unsigned */
+            } else {
+                codes = _mm512_inserti64x4(_mm512_castsi256_si512(codes_q4(c + (b + j) * bytes)),
+                                           codes_q4(c + (b + j + 1) * bytes), 1);
+            }
             /* lanes 0..7 take scale j, lanes 8..15 scale j + 1 */
             __m512i pick = _mm512_set_epi32(j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j, j, j, j, j, j, j, j);
             for (int k = 0; k < count; k++) {
                 __m512i x = _mm512_loadu_si512((const void *)(p + k * n + (b + j) * BLOCK));
+                if (format == Q8)
+                    x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
                 __m512 sums = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), codes, x));
                 __m512 both = _mm512_permutexvar_ps(pick, _mm512_castps256_ps512(scale[k]));
                 acc[k] = _mm512_fmadd_ps(both, sums, acc[k]);
@@ -288,35 +301,41 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q4_vnni5
         even[k] = _mm512_castps512_ps256(acc[k]);
         odd[k] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
     }
-    for (; b < blocks; b++) {  /* the last blocks (fewer than eight) one by one, as rows_vnni takes them */
+    for (; b < blocks; b++) {  /* the last blocks (fewer than eight) one by one, as ROWS_DOT takes them */
         float d = half_f16c(wd[b]);
-        __m256i codes = codes_q4(c + b * BLOCK / 2);
+        __m256i codes = format == Q8 ? codes_q8(c + b * bytes) : codes_q4(c + b * bytes);
         for (int k = 0; k < count; k++) {
-            __m256 sums = _mm256_cvtepi32_ps(products_vnni(Q4, codes, p + k * n + b * BLOCK));
+            __m256 sums = _mm256_cvtepi32_ps(products_vnni(format, codes, p + k * n + b * BLOCK));
             __m256 *into = b & 1 ? &odd[k] : &even[k];
             *into = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, *into);
-            tail[k] += half_f16c(wm[b]) * s[k * blocks + b];
+            if (format == Q4)
+                tail[k] += half_f16c(wm[b]) * s[k * blocks + b];
         }
     }
     for (int k = 0; k < count; k++)
         out[k] = sum8_ps(_mm256_add_ps(even[k], odd[k])) + sum8_ps(offsets[k]) + tail[k];
 }
 
-/* rows_vnni, with its Q4 products in 512-bit registers (q4_vnni512_body). */
+/* The VNNI variant: vnni512_body, each format and count a constant of its own call. */
 __attribute__((target(VNNI_TARGETS))) static void rows_vnni_wide(int format, const uint8_t *c, const uint16_t *wd,
                                                                 const uint16_t *wm, const int8_t *p, const float *e,
                                                                 const float *s, int64_t blocks, int64_t n, int count,
                                                                 float *out)
 {
     if (format == Q8) {
-        rows_vnni(format, c, wd, wm, p, e, s, blocks, n, count, out);
+        switch (count) {
+        case 1: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 1, out); break;
+        case 2: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 2, out); break;
+        case 3: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 3, out); break;
+        default: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, TILE, out);
+        }
         return;
     }
     switch (count) {
-    case 1: q4_vnni512_body(c, wd, wm, p, e, s, blocks, n, 1, out); break;
-    case 2: q4_vnni512_body(c, wd, wm, p, e, s, blocks, n, 2, out); break;
-    case 3: q4_vnni512_body(c, wd, wm, p, e, s, blocks, n, 3, out); break;
-    default: q4_vnni512_body(c, wd, wm, p, e, s, blocks, n, TILE, out);
+    case 1: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 1, out); break;
+    case 2: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 2, out); break;
+    case 3: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 3, out); break;
+    default: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, TILE, out);
     }
 }
 
@@ -357,7 +376,8 @@ int qkv_best_variant(void)
 #if defined(__x86_64__)
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-    if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl"))
+    if (avx2 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw"))
         return AVX512_VNNI;
     if (avx2)
         return AVX2;
