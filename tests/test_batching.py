@@ -137,3 +137,16 @@ def test_rows_that_do_not_fit_are_refused(model):
     with pytest.raises(ValueError, match="do not fit"):
         Batch(model).join([Row([5] * 60, limit=5)])
 
+
+
+def test_a_cache_of_rows_of_different_lengths_refuses_what_it_cannot_do(model):
+    """Its attention reads each row's own keys, one new token a row: a mask, weights or several tokens are refused
+    rather than run over the padding."""
+    batch = Batch(model)
+    batch.join([Row([5, 6, 7], limit=5), Row([8], limit=5)])
+    ids = torch.tensor([[9], [10]])
+    with pytest.raises(ValueError, match="rows of different lengths"):
+        model(ids, positions=batch.lengths[:, None], cache=batch.cache, return_attention=True)
+    with pytest.raises(ValueError, match="rows of different lengths"):
+        model(torch.tensor([[9, 9], [10, 10]]), cache=batch.cache)
+    assert len(batch.cache) == 3  # nothing was written into it

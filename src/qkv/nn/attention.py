@@ -125,7 +125,8 @@ class KVCache:
 
     def extend(self, other: KVCache) -> None:
         """Add ``other``'s rows after these, both right-aligned: the side with fewer positions is padded on the left
-        with zeros, which an attention mask must hide (continuous batching: sequences that join a running batch)."""
+        with zeros, and ``starts`` says where each row begins, so that attention reads each row's own keys only
+        (:meth:`MultiHeadAttention._rows_alone`; continuous batching: sequences that join a running batch)."""
         if other._k is None or other._v is None:
             return
         if self._k is None or self._v is None:
@@ -397,12 +398,16 @@ class MultiHeadAttention(nn.Module):
             ``(output, weights)``, ``weights`` None unless requested.
         """
         self._check_inputs(query, key_value)
+        ragged = cache is not None and cache.starts is not None and any(cache.starts)  # rows of different lengths
+        masks = key_padding_mask is not None or attn_mask is not None or attn_bias is not None
+        if ragged and (query.size(1) != 1 or need_weights or masks):
+            raise ValueError("a cache of rows of different lengths (qkv.batching) takes one new token a row, no mask "
+                             "or bias, and gives no attention weights")
         q, k, v = self._project(query, key_value, positions, cache)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh) twice
-        b, t_q, t_k = query.size(0), query.size(1), k.size(2)
-        if cache is not None and cache.starts is not None and any(cache.starts) and t_q == 1:
+        if ragged:
             return self._output(self._rows_alone(q, k, v, cache.starts), query), None
-        other_masks = key_padding_mask is not None or attn_mask is not None or attn_bias is not None
-        fused_causal = self._fused_causal(t_q, t_k, other_masks=other_masks, need_weights=need_weights)
+        b, t_q, t_k = query.size(0), query.size(1), k.size(2)
+        fused_causal = self._fused_causal(t_q, t_k, other_masks=masks, need_weights=need_weights)
         mask = None if fused_causal else self._mask(b, t_q, t_k, key_padding_mask, attn_mask, query.device)
         heads, weights = self._attend(q, k, v, mask, attn_bias, fused_causal=fused_causal, need_weights=need_weights)
         return self._output(heads, query), weights
