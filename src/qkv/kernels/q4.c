@@ -23,8 +23,8 @@
  *
  * Variants: portable C, AVX2 (vpmaddubsw: unsigned x signed bytes into 16-bit pairs, then vpmaddwd into 32 bits) and
  * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction; two blocks at a time in 512-bit
- * registers), both with F16C for the fp16 scales, chosen by what the CPU reports. Both instructions take one unsigned operand: Q4's codes are; a Q8 block is taken
- * as |q_j| times p_j with q_j's sign (vpsignb). The rows are split over OpenMP threads: the library is built with
+ * registers), both with F16C for the fp16 scales, chosen by what the CPU reports. Both instructions take one
+ * unsigned operand: Q4's codes are; a Q8 block is taken as |q_j| times p_j with q_j's sign. The rows are split over OpenMP threads: the library is built with
  * -fopenmp but not linked to an OpenMP runtime, so it runs on the one PyTorch loaded (its threads,
  * torch.get_num_threads()), never a second pool beside it.
  */
@@ -173,53 +173,56 @@ __attribute__((target("f16c"))) static inline float half_f16c(uint16_t h)
  * of them; per activation row, the blocks' integer sums turned to floats and scaled by d e in eight lanes (two
  * accumulators, alternate blocks), then (Q4) m e sum p. The scales and offsets of eight blocks are widened and
  * multiplied at once, in eight lanes; the last blocks of a row (fewer than eight) one by one. A row's arithmetic is
- * the same whatever `count` is, so a row in a batch gets what it gets alone. `format` and `count` are constants in
- * each call below: the branches on them vanish, the loops over rows unroll, the sums stay in registers. */
+ * the same whatever `count` is, so a row in a batch gets what it gets alone (the AVX2 variant; ROWS below makes
+ * its function). */
 #define TILE 4
-#define ROWS_DOT(name, products, targets)                                                                            \
-    __attribute__((target(targets), always_inline)) static inline void name##_body(                                  \
-        const int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e, \
-        const float *s, int64_t blocks, int64_t n, const int count, float *out)                                      \
-    {                                                                                                                \
-        const int64_t bytes = format == Q8 ? BLOCK : BLOCK / 2; /* a block's codes */                                \
-        __m256 acc[TILE][2], offsets[TILE];                                                                          \
-        float tail[TILE];                                                                                            \
-        for (int k = 0; k < count; k++) {                                                                           \
-            acc[k][0] = acc[k][1] = offsets[k] = _mm256_setzero_ps();                                                \
-            tail[k] = 0.0f;                                                                                          \
-        }                                                                                                            \
-        int64_t b = 0;                                                                                               \
-        for (; b + 8 <= blocks; b += 8) {                                                                            \
-            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));                                 \
-            float scale[TILE][8];                                                                                    \
-            for (int k = 0; k < count; k++)                                                                          \
-                _mm256_storeu_ps(scale[k], _mm256_mul_ps(d, _mm256_loadu_ps(e + k * blocks + b)));                   \
-            if (format == Q4) {                                                                                      \
-                __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));                              \
-                for (int k = 0; k < count; k++)                                                                      \
-                    offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);                \
-            }                                                                                                        \
-            for (int j = 0; j < 8; j++) {                                                                            \
-                __m256i codes = format == Q8 ? codes_q8(c + (b + j) * bytes) : codes_q4(c + (b + j) * bytes);       \
-                for (int k = 0; k < count; k++) {                                                                    \
-                    __m256 sums = _mm256_cvtepi32_ps(products(format, codes, p + k * n + (b + j) * BLOCK));          \
-                    acc[k][j & 1] = _mm256_fmadd_ps(_mm256_set1_ps(scale[k][j]), sums, acc[k][j & 1]);               \
-                }                                                                                                    \
-            }                                                                                                        \
-        }                                                                                                            \
-        for (; b < blocks; b++) {                                                                                    \
-            float d = half_f16c(wd[b]);                                                                              \
-            __m256i codes = format == Q8 ? codes_q8(c + b * bytes) : codes_q4(c + b * bytes);                        \
-            for (int k = 0; k < count; k++) {                                                                        \
-                __m256 sums = _mm256_cvtepi32_ps(products(format, codes, p + k * n + b * BLOCK));                    \
-                acc[k][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k][b & 1]);         \
-                if (format == Q4)                                                                                    \
-                    tail[k] += half_f16c(wm[b]) * s[k * blocks + b];                                                 \
-            }                                                                                                        \
-        }                                                                                                            \
-        for (int k = 0; k < count; k++)                                                                              \
-            out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1])) + sum8_ps(offsets[k]) + tail[k];                   \
-    }                                                                                                                \
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void avx2_body(
+    const int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e,
+    const float *s, int64_t blocks, int64_t n, const int count, float *out)
+{
+    const int64_t bytes = format == Q8 ? BLOCK : BLOCK / 2; /* a block's codes */
+    __m256 acc[TILE][2], offsets[TILE];
+    float tail[TILE];
+    for (int k = 0; k < count; k++) {
+        acc[k][0] = acc[k][1] = offsets[k] = _mm256_setzero_ps();
+        tail[k] = 0.0f;
+    }
+    int64_t b = 0;
+    for (; b + 8 <= blocks; b += 8) {
+        __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));
+        float scale[TILE][8];
+        for (int k = 0; k < count; k++)
+            _mm256_storeu_ps(scale[k], _mm256_mul_ps(d, _mm256_loadu_ps(e + k * blocks + b)));
+        if (format == Q4) {
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b)));
+            for (int k = 0; k < count; k++)
+                offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i codes = format == Q8 ? codes_q8(c + (b + j) * bytes) : codes_q4(c + (b + j) * bytes);
+            for (int k = 0; k < count; k++) {
+                __m256 sums = _mm256_cvtepi32_ps(products_avx2(format, codes, p + k * n + (b + j) * BLOCK));
+                acc[k][j & 1] = _mm256_fmadd_ps(_mm256_set1_ps(scale[k][j]), sums, acc[k][j & 1]);
+            }
+        }
+    }
+    for (; b < blocks; b++) {
+        float d = half_f16c(wd[b]);
+        __m256i codes = format == Q8 ? codes_q8(c + b * bytes) : codes_q4(c + b * bytes);
+        for (int k = 0; k < count; k++) {
+            __m256 sums = _mm256_cvtepi32_ps(products_avx2(format, codes, p + k * n + b * BLOCK));
+            acc[k][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k][b & 1]);
+            if (format == Q4)
+                tail[k] += half_f16c(wm[b]) * s[k * blocks + b];
+        }
+    }
+    for (int k = 0; k < count; k++)
+        out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1])) + sum8_ps(offsets[k]) + tail[k];
+}
+
+/* A variant's function: its body called with the format and the count as constants, so that the branches on them
+ * vanish, the loops over rows unroll and the sums stay in registers. */
+#define ROWS(name, body, targets)                                                                                    \
     __attribute__((target(targets))) static void name(int format, const uint8_t *c, const uint16_t *wd,             \
                                                       const uint16_t *wm, const int8_t *p, const float *e,           \
                                                       const float *s, int64_t blocks, int64_t n, int count,          \
@@ -227,26 +230,26 @@ __attribute__((target("f16c"))) static inline float half_f16c(uint16_t h)
     {                                                                                                                \
         if (format == Q8) {                                                                                          \
             switch (count) {                                                                                         \
-            case 1: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                   \
-            case 2: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                   \
-            case 3: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                   \
-            default: name##_body(Q8, c, wd, wm, p, e, s, blocks, n, TILE, out);                                      \
+            case 1: body(Q8, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                          \
+            case 2: body(Q8, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                          \
+            case 3: body(Q8, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                          \
+            default: body(Q8, c, wd, wm, p, e, s, blocks, n, TILE, out);                                             \
             }                                                                                                        \
             return;                                                                                                  \
         }                                                                                                            \
         switch (count) {                                                                                             \
-        case 1: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                       \
-        case 2: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                       \
-        case 3: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                       \
-        default: name##_body(Q4, c, wd, wm, p, e, s, blocks, n, TILE, out);                                          \
+        case 1: body(Q4, c, wd, wm, p, e, s, blocks, n, 1, out); break;                                              \
+        case 2: body(Q4, c, wd, wm, p, e, s, blocks, n, 2, out); break;                                              \
+        case 3: body(Q4, c, wd, wm, p, e, s, blocks, n, 3, out); break;                                              \
+        default: body(Q4, c, wd, wm, p, e, s, blocks, n, TILE, out);                                                 \
         }                                                                                                            \
     }
 
-ROWS_DOT(rows_avx2, products_avx2, "avx2,fma,f16c")
+ROWS(rows_avx2, avx2_body, "avx2,fma,f16c")
 
 /* The VNNI variant's products in 512-bit registers: two blocks at a time, one vpdpbusd for the 64 products of both
  * (block b's sums in lanes 0..7, block b + 1's in lanes 8..15), each half scaled by its own block's d e. Lanes 0..7
- * so gather the even blocks and 8..15 the odd ones, one multiply-add each as ROWS_DOT's two accumulators do, in the
+ * so gather the even blocks and 8..15 the odd ones, one multiply-add each as avx2_body's two accumulators do, in the
  * same order: the sums are the AVX2 variant's, bit for bit, with half the instructions. A Q8 pair is taken as |q|
  * times p with q's sign, as there, the sign put on p by a masked subtraction (AVX-512 has no vpsignb). */
 #define VNNI_TARGETS "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
@@ -301,7 +304,7 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void vnni512_
         even[k] = _mm512_castps512_ps256(acc[k]);
         odd[k] = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
     }
-    for (; b < blocks; b++) {  /* the last blocks (fewer than eight) one by one, as ROWS_DOT takes them */
+    for (; b < blocks; b++) {  /* the last blocks (fewer than eight) one by one, as avx2_body takes them */
         float d = half_f16c(wd[b]);
         __m256i codes = format == Q8 ? codes_q8(c + b * bytes) : codes_q4(c + b * bytes);
         for (int k = 0; k < count; k++) {
@@ -316,28 +319,7 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void vnni512_
         out[k] = sum8_ps(_mm256_add_ps(even[k], odd[k])) + sum8_ps(offsets[k]) + tail[k];
 }
 
-/* The VNNI variant: vnni512_body, each format and count a constant of its own call. */
-__attribute__((target(VNNI_TARGETS))) static void rows_vnni_wide(int format, const uint8_t *c, const uint16_t *wd,
-                                                                const uint16_t *wm, const int8_t *p, const float *e,
-                                                                const float *s, int64_t blocks, int64_t n, int count,
-                                                                float *out)
-{
-    if (format == Q8) {
-        switch (count) {
-        case 1: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 1, out); break;
-        case 2: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 2, out); break;
-        case 3: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, 3, out); break;
-        default: vnni512_body(Q8, c, wd, wm, p, e, s, blocks, n, TILE, out);
-        }
-        return;
-    }
-    switch (count) {
-    case 1: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 1, out); break;
-    case 2: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 2, out); break;
-    case 3: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, 3, out); break;
-    default: vnni512_body(Q4, c, wd, wm, p, e, s, blocks, n, TILE, out);
-    }
-}
+ROWS(rows_vnni, vnni512_body, VNNI_TARGETS)
 
 __attribute__((target("avx2"))) static int32_t block_sum_avx2(int format, const uint8_t *c, const int8_t *p)
 {
@@ -398,7 +380,7 @@ static rows_dot variant_rows(int variant)
 {
 #if defined(__x86_64__)
     if (variant == AVX512_VNNI)
-        return rows_vnni_wide;
+        return rows_vnni;
     if (variant == AVX2)
         return rows_avx2;
 #endif
