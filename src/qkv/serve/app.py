@@ -162,9 +162,9 @@ class Server:
     async def _answer(self, request: Request, prompt: str, settings: Settings, *, chat: bool) -> Response:
         ids = self.engine.prompt_ids(prompt)
         self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
-        self._check_queue()
         reply = _Reply(self.engine.name, chat, len(ids))
         if settings.stream:
+            self._check_queue()  # a 429 as the answer's status; its events check again when they begin
             return _Stream(self._events(ids, settings, reply), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"})
         done: dict[int, Continuation] = {}
@@ -202,7 +202,7 @@ class Server:
         def push(item: Any) -> None:
             mailbox.put(queue, item)
 
-        self._check_queue()  # checked again: the stream's events begin a while after its request was accepted
+        self._check_queue()
         self.waiting += 1
         rows = []
         try:

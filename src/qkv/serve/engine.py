@@ -234,14 +234,12 @@ class _Text:
         self.text, self.sent, self.stopped = "", 0, False
         self.entries: list[Entry] = []
         self.entries_sent = 0
-        self.logprobs = False
 
     def add(self, token: int, entry: Entry | None) -> bool:
         """Take one more token; True once a stop string has been reached."""
         self.ids.append(token)
         if entry is not None:
             self.entries.append(entry)
-            self.logprobs = True
         before = self.tokenizer.decode(self.ids[self.start : self.read])
         now = self.tokenizer.decode(self.ids[self.start :])
         if now.endswith("\ufffd"):  # a character split over tokens: wait for the rest
@@ -270,4 +268,4 @@ class _Text:
         """The whole continuation of ``row``, ended; whatever was held back is sent."""
         self._send(len(self.text), last=True)
         reason = "length" if row.finish == "length" else "stop"
-        return Continuation(self.text, reason, len(row.tokens), self.entries if self.logprobs else None)
+        return Continuation(self.text, reason, len(row.tokens), None if row.logprobs is None else self.entries)
