@@ -92,21 +92,21 @@ class Batch:
 
     @torch.no_grad()
     def join(self, rows: Sequence[Row]) -> list[Row]:
-        """Read each row's prompt (alone, as generate reads it), choose its first token and add the rows."""
+        """Read each row's prompt (alone, as generate reads it), choose its first token and add it: one row at a
+        time, so each hands on its first token as soon as its own prompt is read."""
         for row in rows:
             if len(row.prompt) + row.limit > self.max_len:
                 raise ValueError(f"a prompt of {len(row.prompt):,} tokens and {row.limit:,} new ones do not fit in "
                                  f"this model's {self.max_len:,} positions")
-        if not rows:
-            return []
-        logits = []
+        ended = []
         for row in rows:  # each prompt read alone, as generate reads it: the same products, the same numbers
             reader = LMDecoder(self.model, [row.prompt])
-            logits.append(self.suppress(reader.step(reader.start)))
+            logits = self.suppress(reader.step(reader.start))
             self.cache.extend(reader.cache)
-        self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([len(row.prompt) for row in rows])])
-        self.rows = [*self.rows, *rows]
-        return self._settle(torch.cat(logits), range(len(self.rows) - len(rows), len(self.rows)), self.last)
+            self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([len(row.prompt)])])
+            self.rows = [*self.rows, row]
+            ended += self._settle(logits, range(len(self.rows) - 1, len(self.rows)), self.last)
+        return ended
 
     @torch.no_grad()
     def step(self) -> list[Row]:
