@@ -98,12 +98,12 @@ def valid_batches(task) -> list:
 
 
 def real_tokens(batch) -> int:
-    """Tokens that are not padding (one example a row: the row's segment 0)."""
-    return int((batch.segments == 0).sum())
+    """Tokens that are not padding."""
+    return batch.real.numel()
 
 
 def as_tensors(batches: list) -> list:
-    return [(b.ids, b.segments, b.targets) for b in batches]
+    return [(b.ids, b.segments, b.targets, b.real) for b in batches]
 
 
 def from_tensors(saved: list) -> list:

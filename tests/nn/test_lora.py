@@ -48,6 +48,34 @@ def test_merged_equals_unmerged_on_a_float_base(rslora):
     torch.testing.assert_close(adapted.merged()(x), adapted(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("parts", [None, (("q", 32), ("k", 16), ("v", 16))], ids=["one", "stacked"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_float_layers_fused_product_gives_the_separate_products_and_their_gradients(parts, bias):
+    """The forward and backward written out (``_Adapted``) against autograd over the products as the docstring
+    writes them, ``x Wᵀ + b + s · (x Aᵀ) Bᵀ``; a stacked layer with one part not adapted; and an input that
+    needs no gradient (a model's first layer) gets none."""
+    torch.manual_seed(0)
+    adapted = _randomized(LoRALinear(nn.Linear(48, 64, bias=bias), rank=4, alpha=8, parts=parts,
+                                     targets=None if parts is None else ("q", "v")))
+    x = torch.randn(2, 5, 48, requires_grad=True)
+    assert adapted._fusable(x)
+    fused = adapted(x)
+    g = torch.randn_like(fused)
+    fused.backward(g)
+    got = [t.grad.clone() for t in (x, adapted.lora_A, adapted.lora_B)]
+    for t in (x, adapted.lora_A, adapted.lora_B):
+        t.grad = None
+    base = adapted.base
+    explicit = nn.functional.linear(x, base.weight, base.bias) + adapted.scale * (
+        x @ adapted.lora_A.T) @ adapted._up(adapted.lora_B).T
+    explicit.backward(g)
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(got, (x.grad, adapted.lora_A.grad, adapted.lora_B.grad), strict=True):
+        assert theirs.abs().sum() > 0
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+    adapted(x.detach()).sum().backward()  # no gradient asked for the input: none made
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_qlora_gradients_equal_lora_over_the_dequantized_weights(mode):
     torch.manual_seed(0)
@@ -140,7 +168,7 @@ def test_an_adapted_model_compiled_block_by_block_trains_as_eager():
     """What ``qkv finetune --compile`` does: each block compiled with dynamic shapes, here whole (no graph breaks:
     ``fullgraph``), traced into forward and backward graphs as inductor compiles them but run by PyTorch's own
     kernels (``aot_eager``: seconds, where inductor's C++ takes a minute of these two cores); the loss and every
-    adapter's gradient are eager's, at two lengths, with one graph for both. (One block: each graph takes
+    adapter's gradient are eager's, at two lengths of padded rows, with one graph for both. (One block: each graph takes
     seconds to trace, and a model's first block, whose input needs no gradient, has a graph of its own.)"""
     import copy
 
@@ -154,12 +182,15 @@ def test_an_adapted_model_compiled_block_by_block_trains_as_eager():
     torch._dynamo.reset()
     counters.clear()
     compiled = compile_blocks(copy.deepcopy(eager), dynamic=True, fullgraph=True, backend="aot_eager")
-    for length in (12, 17):
+    for length in (12, 17):  # padded rows, the products on their real tokens alone, as FineTuneTask runs them
         ids = torch.randint(0, 64, (3, length), generator=torch.Generator().manual_seed(length))
+        real = (torch.arange(length) < torch.tensor([length, length - 3, length - 5])[:, None]).flatten()
+        index = real.nonzero().squeeze(1)
         losses = []
         for model in (eager, compiled):
             model.zero_grad()
-            loss = nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+            logits = model(ids, real=index, logits_at=index)
+            loss = nn.functional.cross_entropy(logits, ids.flatten()[index])
             loss.backward()
             losses.append(loss.item())
         assert losses[1] == pytest.approx(losses[0], rel=1e-5)

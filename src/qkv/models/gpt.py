@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from ..config import GPTConfig
 from ..nn import Decoder, DecoderCache, padding_mask, segment_mask, segment_positions
+from ..nn.unpadded import first_in_rows, spread, take, unpadded
 from . import common
 from .common import WithAttention
 
@@ -51,11 +52,13 @@ class GPT(common.Model):
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                logits_at: Tensor | None = None, return_attention: Literal[False] = False) -> Tensor: ...
+                logits_at: Tensor | None = None, real: Tensor | None = None,
+                return_attention: Literal[False] = False) -> Tensor: ...
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                logits_at: Tensor | None = None, return_attention: Literal[True]) -> WithAttention: ...
+                logits_at: Tensor | None = None, real: Tensor | None = None,
+                return_attention: Literal[True]) -> WithAttention: ...
 
     def forward(
         self,
@@ -67,6 +70,7 @@ class GPT(common.Model):
         cache: DecoderCache | None = None,
         last_only: bool = False,
         logits_at: Tensor | None = None,
+        real: Tensor | None = None,
         return_attention: bool = False,
     ) -> Tensor | WithAttention:
         """Next-token logits for every position.
@@ -85,6 +89,11 @@ class GPT(common.Model):
             logits_at: the logits of these positions only, flat indices into the ``B · T`` positions ``(N,)``:
                 training that learns a few tokens of each row (a chat's answers) needs no others, and the
                 ``(B, T, vocab_size)`` logits are most of such a step's memory. The result is ``(N, vocab_size)``.
+            real: the flat indices ``(N,)`` of the batch's real tokens among its ``B · T`` positions, found on the
+                host (as ``logits_at``): every layer but attention then runs on those ``N`` tokens alone, none of
+                its products on padding (:mod:`qkv.nn.unpadded`), and the other positions are padding; positions
+                count the real tokens, as ``attention_mask`` has them. No ``attention_mask``, cache,
+                ``last_only`` or attention weights.
             return_attention: also return the attention weights.
 
         Returns:
@@ -97,30 +106,48 @@ class GPT(common.Model):
         common.check_ids(ids, cfg.vocab_size)
         past = 0 if cache is None else len(cache)
         b, t = ids.shape
-        if attention_mask is None and cfg.pad_id is not None and cache is None:
+        where = rows = None
+        if real is not None:
+            if attention_mask is not None or cache is not None or last_only or return_attention:
+                raise ValueError("real (the batch's real tokens) takes no attention_mask, cache, last_only or "
+                                 "return_attention")
+            where = unpadded(real, (b, t))
+            rows = first_in_rows(where)  # where attention lays them out: each row's first, the padding after
+        elif attention_mask is None and cfg.pad_id is not None and cache is None:
             attention_mask = padding_mask(ids, cfg.pad_id)
         if attention_mask is not None:
             attention_mask = common.check_mask(attention_mask, ids.new_empty(b, past + t), "attention_mask")
-            if positions is None:
-                positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
+        counted = attention_mask if where is None else where.real  # positions count the real tokens
+        if counted is not None and positions is None and segments is None:
+            positions = (counted.long().cumsum(-1) - 1).clamp(min=0)[:, past:]  # (B, T)
         attn_mask = None
         if segments is not None:
             if cache is not None or segments.shape != ids.shape:
                 raise ValueError(f"segments must have the shape of ids {tuple(ids.shape)}, without a cache; got "
                                  f"{tuple(segments.shape)}")
-            attn_mask = segment_mask(segments)  # (B, 1, T, T)
             positions = segment_positions(segments) if positions is None else positions
+            if rows is not None:  # the segments as attention lays the tokens out
+                segments = spread(rows, take(where, segments[..., None]))[..., 0]
+            attn_mask = segment_mask(segments)  # (B, 1, T, T)
         if positions is None:
             positions = torch.arange(past, past + t, device=ids.device)
 
         x = self.tok_emb(ids)  # (B, T, D)
         if self.positions is not None:
             x = x + self.positions(positions)
+        if where is not None:  # (1, N, D): the real tokens end to end; their positions as attention lays them out
+            x, positions = take(where, x), spread(rows, take(where, positions.expand(b, t)[..., None]))[..., 0]
         x, weights, _ = self.decoder(
             self.emb_dropout(x), key_padding_mask=attention_mask, attn_mask=attn_mask, positions=positions,
             cache=cache, need_weights=return_attention, checkpointing=self.checkpointing and self.training,
+            unpadded=rows,
         )
         x = x[:, -1:] if last_only else x
+        if where is not None and logits_at is None:
+            x = spread(where, x)  # (B, T, D), zeros at the padding
+        elif where is not None:  # logits_at's positions among the real tokens
+            logits_at = torch.zeros(b * t, dtype=torch.long, device=x.device).index_copy_(
+                0, real, torch.arange(real.numel(), device=x.device)).index_select(0, logits_at)
         if logits_at is not None:
             x = x.flatten(0, 1).index_select(0, logits_at)  # (N, D)
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token

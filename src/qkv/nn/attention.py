@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
 from .position import RotaryEmbedding
 from .stacked import stack_linears
+from .unpadded import Unpadded, spread, take
 
 
 def scaled_dot_product_attention(
@@ -248,23 +249,29 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, n_heads, self.head_dim).transpose(1, 2)  # (B, h, T, Dh)
 
+    @staticmethod
+    def _in_rows(y: Tensor, unpadded: Unpadded | None) -> Tensor:
+        """A projection's output in the rows attention reads: unpadded tokens ``(1, N, ·)`` laid out ``(B, T, ·)``."""
+        return y if unpadded is None else spread(unpadded, y)
+
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
-                 cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+                 cache: KVCache | None, unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Q ``(B, H, T_q, Dh)``, and K and V ``(B, H_kv, T_k, Dh)`` with every cached position: heads split,
-        rotary positions applied, the new keys and values appended to ``cache``."""
+        rotary positions applied, the new keys and values appended to ``cache``; ``unpadded`` tokens laid out
+        in their rows first (``positions`` are then the rows')."""
         is_cross = key_value is not None
-        q = self._split_heads(self.q_proj(query), self.n_heads)  # (B, H, T_q, Dh)
+        q = self._split_heads(self._in_rows(self.q_proj(query), unpadded), self.n_heads)  # (B, H, T_q, Dh)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if is_cross and cache is not None and len(cache):
             return q, cache.k, cache.v  # the encoder output has not changed since the first step
         source = key_value if is_cross else query
-        k = self._split_heads(self.k_proj(source), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
-        v = self._split_heads(self.v_proj(source), self.n_kv_heads)
+        k = self._split_heads(self._in_rows(self.k_proj(source), unpadded), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
+        v = self._split_heads(self._in_rows(self.v_proj(source), unpadded), self.n_kv_heads)
         if self.k_norm is not None:
             k = self.k_norm(k)
         if self.rotary is not None and not is_cross:
-            positions = self._positions(positions, cache, query.size(1), query.device)
+            positions = self._positions(positions, cache, q.size(2), query.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
@@ -379,6 +386,7 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        unpadded: Unpadded | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``query`` to ``key_value`` (itself when None).
 
@@ -393,6 +401,12 @@ class MultiHeadAttention(nn.Module):
                 default they continue from the cache.
             cache: a :class:`KVCache` to read and extend (incremental decoding).
             need_weights: also return the attention weights (runs the explicit path).
+            unpadded: ``query`` is a padded batch's real tokens end to end, ``(1, N, d_model)``, and where they
+                lie in the ``(B, T)`` rows they attend in, each row's real tokens first
+                (:func:`~qkv.nn.unpadded.first_in_rows`): projected as they are, the projections laid out in
+                those rows, the output ``(1, N, d_model)`` again. ``positions`` and ``attn_mask`` are the rows';
+                the padding after the real tokens is masked for the keys unless the attention is causal (then
+                no real token sees it). Self-attention only, no cache, no weights.
 
         Returns:
             ``(output, weights)``, ``weights`` None unless requested.
@@ -403,13 +417,20 @@ class MultiHeadAttention(nn.Module):
         if ragged and (query.size(1) != 1 or need_weights or masks):
             raise ValueError("a cache of rows of different lengths (qkv.batching) takes one new token a row, no mask "
                              "or bias, and gives no attention weights")
-        q, k, v = self._project(query, key_value, positions, cache)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh) twice
+        if unpadded is not None and (key_value is not None or cache is not None or need_weights):
+            raise ValueError("unpadded tokens attend to themselves (self-attention), with no cache and no weights")
+        q, k, v = self._project(query, key_value, positions, cache, unpadded)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh)
         if ragged:
             return self._output(self._rows_alone(q, k, v, cache.starts), query), None
-        b, t_q, t_k = query.size(0), query.size(1), k.size(2)
+        if unpadded is not None and not self.causal:  # causal: every key before a real query is real
+            key_padding_mask = unpadded.real if key_padding_mask is None else key_padding_mask & unpadded.real
+            masks = True
+        b, t_q, t_k = q.size(0), q.size(2), k.size(2)
         fused_causal = self._fused_causal(t_q, t_k, other_masks=masks, need_weights=need_weights)
         mask = None if fused_causal else self._mask(b, t_q, t_k, key_padding_mask, attn_mask, query.device)
         heads, weights = self._attend(q, k, v, mask, attn_bias, fused_causal=fused_causal, need_weights=need_weights)
+        if unpadded is not None:  # the real queries' outputs, end to end again: (1, H, N, Dh)
+            heads = take(unpadded, heads.transpose(1, 2)).transpose(1, 2)
         return self._output(heads, query), weights
 
 
@@ -453,12 +474,13 @@ class StackedSelfAttention(MultiHeadAttention):
         return stacked.train(attention.training)
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
-                 cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
+                 cache: KVCache | None, unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor, Tensor]:
         if key_value is not None:
             raise ValueError("this attention's projections are stacked for self-attention; do not pass key_value")
-        b, t_q, _ = query.shape
         h, h_kv = self.n_heads, self.n_kv_heads
-        qkv = self.qkv_proj(query).view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, Dh)
+        qkv = self._in_rows(self.qkv_proj(query), unpadded)
+        b, t_q, _ = qkv.shape
+        qkv = qkv.view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, Dh)
         qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
         if self.q_norm is not None:  # each with its own gains: Q and K apart
             qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)

@@ -22,6 +22,7 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiHeadAttention
+from .unpadded import Unpadded
 
 
 def _residual(x: Tensor, norm: nn.Module, dropout: nn.Module, norm_first: bool, sublayer) -> tuple:
@@ -151,8 +152,12 @@ class DecoderLayer(nn.Module):
         positions: Tensor | None = None,
         cache: LayerCache | None = None,
         need_weights: bool = False,
+        unpadded: Unpadded | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Returns ``(x, self-attention weights, cross-attention weights)``; weights None unless asked."""
+        """Returns ``(x, self-attention weights, cross-attention weights)``; weights None unless asked.
+        ``unpadded``: ``x`` is a padded batch's real tokens end to end (:mod:`qkv.nn.unpadded`)."""
+        if unpadded is not None and self.cross_attn is not None:
+            raise ValueError("unpadded tokens take no cross-attention (its memory is in padded rows)")
         if (memory is None) != (self.cross_attn is None):
             raise ValueError(
                 "this layer has cross-attention and needs the encoder output (memory)"
@@ -163,7 +168,7 @@ class DecoderLayer(nn.Module):
         def attend_self(h: Tensor):
             return self.self_attn(
                 h, key_padding_mask=key_padding_mask, attn_mask=attn_mask, positions=positions,
-                cache=None if cache is None else cache.self_attn, need_weights=need_weights,
+                cache=None if cache is None else cache.self_attn, need_weights=need_weights, unpadded=unpadded,
             )
 
         def attend_memory(h: Tensor):
@@ -267,18 +272,21 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         need_weights: bool = False,
         checkpointing: bool = False,
+        unpadded: Unpadded | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Returns ``(x, self-attention weights per layer, cross-attention weights per layer)``.
 
         ``attn_mask`` (boolean, True = may attend, broadcastable to ``(B, H, T, T_k)``) is added to every layer's
         self-attention masks (packed rows: :func:`~qkv.nn.segment_mask`). ``checkpointing`` (training):
         activation checkpointing, each layer's activations recomputed in the backward pass instead of kept,
-        for about a third more compute; the memory of one layer's activations instead of all of them."""
+        for about a third more compute; the memory of one layer's activations instead of all of them.
+        ``unpadded``: ``x`` ``(1, N, d_model)`` is a padded batch's real tokens end to end
+        (:mod:`qkv.nn.unpadded`), and so is the result."""
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.layers):
             options = dict(key_padding_mask=key_padding_mask, memory_key_padding_mask=memory_key_padding_mask,
                            attn_mask=attn_mask, positions=positions, cache=None if cache is None else cache.layers[i],
-                           need_weights=need_weights)
+                           need_weights=need_weights, unpadded=unpadded)
             if checkpointing and torch.is_grad_enabled():
                 x, sw, cw = torch.utils.checkpoint.checkpoint(layer, x, memory, use_reentrant=False, **options)
             else:

@@ -106,16 +106,24 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
 @dataclass
 class PackedBatch:
     """Rows of packed examples: ``ids``, ``segments`` (each token's example, numbered within its row) and
-    ``targets`` (the next token where it is learnt, else :data:`IGNORE`), all ``(B, T)``; ``n_tokens`` counts the
-    targets that carry loss, from the targets themselves."""
+    ``targets`` (the next token where it is learnt, else :data:`IGNORE`), all ``(B, T)``; ``real`` the flat
+    positions ``(N,)`` of the tokens that are not padding (the model's products run on those alone);
+    ``n_tokens`` counts the targets that carry loss, from the targets themselves."""
 
     ids: Tensor
     segments: Tensor
     targets: Tensor
+    real: Tensor
 
     @property
     def n_tokens(self) -> int:
         return int((self.targets != IGNORE).sum())
+
+    @property
+    def packed_segments(self) -> Tensor | None:
+        """``segments`` where a row holds several examples; None where each holds one (the causal mask then keeps
+        them apart, and attention runs without a mask)."""
+        return self.segments if bool(self.segments.flatten()[self.real].any()) else None
 
 
 def fitting(examples: Sequence[Example], context: int, what: str) -> list[Example]:
@@ -169,6 +177,7 @@ def collate(rows: Sequence[Sequence[Example]], pad_id: int) -> PackedBatch:
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     segments = torch.full((len(rows), width), -1, dtype=torch.long)
     targets = torch.full((len(rows), width), IGNORE, dtype=torch.long)
+    lengths = []
     for r, row in enumerate(rows):
         at = 0
         for s, e in enumerate(row):
@@ -179,7 +188,9 @@ def collate(rows: Sequence[Sequence[Example]], pad_id: int) -> PackedBatch:
             targets[r, at : at + n - 1] = torch.where(torch.tensor(e.learn[1:]), learnt, IGNORE)
             at += n
         segments[r, at:] = torch.arange(len(row), len(row) + width - at)  # each padding token alone
-    return PackedBatch(ids, segments, targets)
+        lengths.append(at)
+    real = (torch.arange(width) < torch.tensor(lengths)[:, None]).flatten().nonzero().squeeze(1)
+    return PackedBatch(ids, segments, targets, real)
 
 
 class FineTuneTask:
@@ -225,8 +236,9 @@ class FineTuneTask:
     def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
         device = device_of(model)
         learnt = (batch.targets.flatten() != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
-        logits = model(to_device(batch.ids, device), segments=to_device(batch.segments, device),
-                       logits_at=to_device(learnt, device))  # (N, vocab): the learnt positions' logits only
+        segments = None if batch.packed_segments is None else to_device(batch.packed_segments, device)
+        logits = model(to_device(batch.ids, device), segments=segments, logits_at=to_device(learnt, device),
+                       real=to_device(batch.real, device))  # (N, vocab): the learnt positions' logits only
         loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
         return loss, batch.n_tokens
 
