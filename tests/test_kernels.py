@@ -216,16 +216,16 @@ def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypa
 
 
 def test_many_rows_take_the_widened_weights_with_the_same_numbers():
-    """From WIDEN_ROWS rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
+    """From widen_rows() rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
     tile at a time): the widened weights are the reference's bit for bit, the rounded inputs the reference's
     codes times scales, and each output the one the kernel gives that row alone, up to float rounding."""
-    from qkv.kernels.layer import WIDEN_ROWS, KernelInt4Linear
+    from qkv.kernels.layer import KernelInt4Linear, widen_rows
 
     torch.manual_seed(0)
     layer = KernelInt4Linear.from_linear(torch.nn.Linear(96, 4100))  # more rows than one tile of widened weights
     out = torch.empty(layer.out_features, 96)
     assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, out), layer._decoded())
-    x = torch.randn(WIDEN_ROWS + 3, 96)
+    x = torch.randn(widen_rows() + 3, 96)
     xq, xd, _ = reference_quantized(x)
     assert torch.equal(kernels.rounded_activations(x), (xq.float().view(len(x), -1, BLOCK) * xd[..., None]).view_as(x))
     with torch.no_grad():

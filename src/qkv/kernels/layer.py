@@ -31,10 +31,20 @@ import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
-from . import BLOCK, bound_linear, dequantize, linear, rounded_activations
+from . import BLOCK, best_variant, bound_linear, dequantize, linear, rounded_activations
 
 _GROUP_BYTES = BLOCK // 2
-WIDEN_ROWS = 16  # from this many input rows on, widened weights and a float product beat the kernel (measured)
+# From this many input rows on, widened weights and a float product beat the kernel, by the variant the CPU runs
+# (a whole SmolLM2-135M forward, alternating, docs/quantization.md): AVX-512 VNNI takes two blocks at a time and
+# is ahead up to about 90 rows (48: 129 against 140 ms); AVX2 falls behind from about 24 (16 keeps to the safe
+# side), the portable C sooner.
+WIDEN_ROWS = {"portable": 16, "avx2": 16, "avx512-vnni": 64}
+
+
+@functools.cache
+def widen_rows() -> int:
+    """:data:`WIDEN_ROWS` of the variant this CPU runs."""
+    return WIDEN_ROWS[best_variant()]
 WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
@@ -51,7 +61,7 @@ def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, 
 def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
              kernel: Callable[[Tensor], Tensor] | None = None) -> Callable[[Tensor], Tensor]:
     """A kernel layer's product, for these buffers: for a few rows the kernel (``kernel``, its addresses bound, or
-    looked up at each call). From :data:`WIDEN_ROWS` rows on (a prompt, a batch), the same int8-rounded inputs
+    looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
     rows, inputs = codes.size(0), scales.size(1) * BLOCK
@@ -59,7 +69,7 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets)
 
     def product(x: Tensor) -> Tensor:
-        if x.size(0) < WIDEN_ROWS:
+        if x.size(0) < widen_rows():
             return kernel(x)
         rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
         y = x.new_empty(rows, x.size(0))
