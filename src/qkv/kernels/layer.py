@@ -35,17 +35,17 @@ from . import BLOCK, best_variant, bound_linear, dequantize, linear, rounded_act
 
 _GROUP_BYTES = BLOCK // 2
 # From this many input rows on, widened weights and a float product beat the kernel, by the variant the CPU runs
-# (a whole SmolLM2-135M forward, alternating, docs/quantization.md): AVX-512 VNNI takes two blocks at a time and
-# is ahead up to about 90 rows (48: 129 against 140 ms); AVX2 falls behind from about 24 (16 keeps to the safe
-# side), the portable C sooner.
+# (a whole SmolLM2-135M forward, the two ways alternating): AVX-512 VNNI takes two blocks at a time and is ahead up
+# to about 90 rows (48: 129 against 140 ms); AVX2 falls behind from about 24 (16 keeps to the safe side), the
+# portable C sooner.
 WIDEN_ROWS = {"portable": 16, "avx2": 16, "avx512-vnni": 64}
+WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
 @functools.cache
 def widen_rows() -> int:
     """:data:`WIDEN_ROWS` of the variant this CPU runs."""
     return WIDEN_ROWS[best_variant()]
-WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
@@ -67,9 +67,10 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
     rows, inputs = codes.size(0), scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets)
+    widen = widen_rows()
 
     def product(x: Tensor) -> Tensor:
-        if x.size(0) < widen_rows():
+        if x.size(0) < widen:
             return kernel(x)
         rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
         y = x.new_empty(rows, x.size(0))
