@@ -197,7 +197,8 @@ def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypa
     assert int4_class(32) is Int4Linear and int8_class(576) is Int8Linear
     assert kernels.in_use().endswith("(QKV_KERNEL=torch)")
     monkeypatch.setenv("QKV_KERNEL", "llama")
-    with pytest.raises(ValueError, match="QKV_KERNEL must be auto, qkv or torch, got 'llama'"):
+    with pytest.raises(ValueError, match="QKV_KERNEL must be auto, qkv, portable, avx2, avx512-vnni or torch, got "
+                       "'llama'"):
         int4_class(32)
     monkeypatch.setenv("QKV_KERNEL", "qkv")
     assert kernels.in_use().startswith(f"kernel: qkv's, {kernels.best_variant()}")
@@ -213,6 +214,33 @@ def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypa
                         "quantized layers multiply with PyTorch's kernels"]
     finally:
         kernels._loaded.cache_clear()
+
+
+def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
+    """QKV_KERNEL=<variant>: the layers multiply with that variant (its numbers, its widening threshold); one this
+    CPU does not run is refused in one line."""
+    from qkv.kernels.layer import KernelInt4Linear, widen_rows
+
+    layer = KernelInt4Linear(96, 8)
+    layer.codes.copy_(torch.randint(0, 256, layer.codes.shape, generator=torch.Generator().manual_seed(0)))
+    layer.group_scales.fill_(0.01)
+    x = torch.randn(3, 96)
+    monkeypatch.setenv("QKV_KERNEL", "portable")
+    kernels._best.cache_clear()
+    widen_rows.cache_clear()
+    try:
+        assert kernels.best_variant() == "portable" and widen_rows() == 16
+        assert torch.equal(layer(x), kernels.matmul(x, layer.codes, layer.group_scales, layer.offsets,
+                                                    variant="portable"))
+        monkeypatch.setenv("QKV_KERNEL", "avx512-vnni")
+        monkeypatch.setattr(kernels, "runs", lambda variant: variant != "avx512-vnni")
+        kernels._best.cache_clear()
+        with pytest.raises(ValueError, match="QKV_KERNEL=avx512-vnni: this CPU does not run that variant of qkv's "
+                           "kernel; choose portable or avx2"):
+            kernels.best_variant()
+    finally:
+        kernels._best.cache_clear()
+        widen_rows.cache_clear()
 
 
 def test_many_rows_take_the_widened_weights_with_the_same_numbers():

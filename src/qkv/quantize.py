@@ -592,14 +592,15 @@ def int4_block() -> int:
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}
 
 
-KERNEL_CHOICES = ("auto", "qkv", "torch")
+KERNEL_CHOICES = ("auto", "qkv", *kernels.VARIANTS, "torch")
 
 
 def _kernel_layers() -> bool:
     """Whether quantized layers multiply with qkv's own kernel (:mod:`qkv.kernels`) here. The environment's
     ``QKV_KERNEL`` chooses: ``qkv``, ``torch`` (PyTorch's kernels), or ``auto`` (the default): qkv's wherever it is
     built, as it is faster than PyTorch's on every CPU measured (AVX2 and AVX-512, docs/quantization.md) and holds
-    a GGUF file's blocks as stored."""
+    a GGUF file's blocks as stored; or one of qkv's variants by name (``portable``, ``avx2``, ``avx512-vnni``:
+    :func:`qkv.kernels.best_variant`)."""
     choice = os.environ.get("QKV_KERNEL") or "auto"
     if choice not in KERNEL_CHOICES:
         raise ValueError(f"QKV_KERNEL must be {', '.join(KERNEL_CHOICES[:-1])} or torch, got {choice!r}")

@@ -76,7 +76,8 @@ def _library() -> ctypes.CDLL:
 
 
 def best_variant() -> str:
-    """The fastest variant this CPU runs: "avx512-vnni", "avx2" or "portable"."""
+    """The variant the layers run: the fastest this CPU runs ("avx512-vnni", "avx2" or "portable"), or the one
+    ``QKV_KERNEL`` names (read once; to run a slower CPU's variant here, e.g. ``avx2`` on an AVX-512 CPU)."""
     return VARIANTS[_best()]
 
 
@@ -183,7 +184,13 @@ def in_use() -> str:
 
 @functools.cache
 def _best() -> int:
-    return _library().qkv_best_variant()
+    chosen = os.environ.get("QKV_KERNEL")
+    if chosen not in VARIANTS:
+        return _library().qkv_best_variant()
+    if not runs(chosen):
+        raise ValueError(f"QKV_KERNEL={chosen}: this CPU does not run that variant of qkv's kernel; choose "
+                         f"{' or '.join(v for v in VARIANTS if runs(v))}")
+    return VARIANTS.index(chosen)
 
 
 def _format(codes: Tensor) -> int:
