@@ -233,10 +233,10 @@ def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
         assert torch.equal(layer(x), kernels.matmul(x, layer.codes, layer.group_scales, layer.offsets,
                                                     variant="portable"))
         monkeypatch.setenv("QKV_KERNEL", "avx512-vnni")
-        monkeypatch.setattr(kernels, "runs", lambda variant: variant != "avx512-vnni")
+        monkeypatch.setattr(kernels, "runs", lambda variant: variant == "portable")
         kernels._best.cache_clear()
         with pytest.raises(ValueError, match="QKV_KERNEL=avx512-vnni: this CPU does not run that variant of qkv's "
-                           "kernel; choose portable or avx2"):
+                           r"kernel; choose portable$"):
             kernels.best_variant()
     finally:
         kernels._best.cache_clear()
