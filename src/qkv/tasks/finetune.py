@@ -236,7 +236,8 @@ class FineTuneTask:
     def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
         device = device_of(model)
         learnt = (batch.targets.flatten() != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
-        segments = None if batch.packed_segments is None else to_device(batch.packed_segments, device)
+        packed = batch.packed_segments  # read on the host once
+        segments = None if packed is None else to_device(packed, device)
         logits = model(to_device(batch.ids, device), segments=segments, logits_at=to_device(learnt, device),
                        real=to_device(batch.real, device))  # (N, vocab): the learnt positions' logits only
         loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
