@@ -136,6 +136,43 @@ def test_a_row_in_a_batch_gets_what_it_gets_alone(variant, bits):
     assert torch.equal(together, alone)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize(("batch", "rows", "n"), [(1, 8, 32), (1, 19, 576), (3, 24, 96), (6, 13, 960)])
+@pytest.mark.parametrize("threads", [1, 3])
+def test_interleaved_rows_give_the_portable_row_products_bit_for_bit(variant, batch, rows, n, threads):
+    """The decoding layout (eight rows' blocks together, each row's sum in its own lane) computes each row's float
+    sum block by block, as the portable variant does the rows one after the other: every variant's product of the
+    interleaved weights equals the portable one's of the same rows bit for bit, for row counts not a multiple of
+    eight (a last group of fewer rows), any batch and thread count."""
+    if not kernels.runs(variant):
+        pytest.skip(f"this CPU does not run the {variant} variant")
+    codes, scales, offsets = weights(rows, n, seed=rows + n)
+    x = torch.randn(batch, n) * torch.logspace(-2, 2, n // BLOCK).repeat_interleave(BLOCK)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = kernels.matmul(x, *kernels.interleaved(codes, scales, offsets), rows=rows, variant=variant)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(y, kernels.matmul(x, codes, scales, offsets, variant="portable"))
+
+
+def test_a_state_saved_with_rows_one_after_the_other_is_interleaved_on_loading():
+    """A layer saved by a qkv that held the rows in the file's order loads into the interleaved layout: the same
+    weights, the same products."""
+    from qkv.kernels.layer import KernelInt4Linear
+
+    torch.manual_seed(0)
+    layer = KernelInt4Linear.from_linear(torch.nn.Linear(64, 12, bias=False))
+    rows = kernels.read_rows(layer.codes, layer.group_scales, layer.offsets, torch.arange(12))
+    saved = {"codes": rows[0].reshape(12, -1), "group_scales": rows[1], "offsets": rows[2]}
+    loaded = KernelInt4Linear(64, 12)
+    loaded.load_state_dict(saved)
+    assert torch.equal(loaded.codes, layer.codes) and torch.equal(loaded.dequantized(), layer.dequantized())
+    x = torch.randn(2, 64)
+    assert torch.equal(loaded(x), layer(x))
+
+
 def test_shapes_that_do_not_fit_are_named():
     codes, scales, offsets = weights(4, 64)
     with pytest.raises(ValueError, match=r"x must be \(batch, 64\)"):
@@ -161,13 +198,16 @@ def test_the_kernels_layer_holds_a_files_blocks_exactly():
     torch.manual_seed(0)
     codes, d, m = weights(8, 96, seed=1)
     d[0, 0], m[0, 0], m[1, 0], m[2] = 2**-20, -65504, -8 * d[1, 0], 0
-    ours = KernelInt4Linear(96, 16)
+    ours = KernelInt4Linear(96, 19)  # three groups of eight rows, the last one with three
     ours.write_pairs(8, codes, 16, d.float(), m.float() + 8 * d.float())
-    assert torch.equal(ours.codes[8:], codes)
-    assert torch.equal(ours.group_scales[8:].view(torch.int16), d.view(torch.int16))
-    assert torch.equal(ours.offsets[8:].view(torch.int16), m.view(torch.int16))
+    held = kernels.read_rows(ours.codes, ours.group_scales, ours.offsets, torch.arange(8, 16))
+    assert torch.equal(held[0].view(8, -1), codes)
+    assert torch.equal(held[1].view(torch.int16), d.view(torch.int16))
+    assert torch.equal(held[2].view(torch.int16), m.view(torch.int16))
+    assert torch.equal(ours.codes[1], kernels.interleaved(codes, d, m)[0][0])  # the rows interleaved, as the kernel
+    assert ours.codes.shape == (3, 3, 128) and not ours.codes[2].view(3, 4, 8, 4)[:, :, 3:].any()  # reads them
     levels = torch.cat([codes.view(8, 3, 16) & 15, codes.view(8, 3, 16) >> 4], -1).float()  # (rows, block, 32)
-    assert torch.equal(ours.dequantized()[8:], (levels * d.float()[..., None] + m.float()[..., None]).view(8, 96))
+    assert torch.equal(ours.dequantized()[8:16], (levels * d.float()[..., None] + m.float()[..., None]).view(8, 96))
     out = torch.empty(5, 96)
     assert torch.equal(ours._decoded_rows(7, 12, out), ours.dequantized()[7:12])
     linear = torch.nn.Linear(96, 40)
@@ -223,7 +263,7 @@ def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
 
     layer = KernelInt4Linear(96, 8)
     layer.codes.copy_(torch.randint(0, 256, layer.codes.shape, generator=torch.Generator().manual_seed(0)))
-    layer.group_scales.fill_(0.01)
+    layer.group_scales.fill_(0.01)  # one group: eight rows, every lane real
     x = torch.randn(3, 96)
     monkeypatch.setenv("QKV_KERNEL", "portable")
     kernels._best.cache_clear()
@@ -252,7 +292,9 @@ def test_many_rows_take_the_widened_weights_with_the_same_numbers():
     torch.manual_seed(0)
     layer = KernelInt4Linear.from_linear(torch.nn.Linear(96, 4100))  # more rows than one tile of widened weights
     out = torch.empty(layer.out_features, 96)
-    assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, out), layer._decoded())
+    assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, 0, out), layer._decoded())
+    assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, 4091, out[:9]),
+                       layer._decoded()[4091:])
     x = torch.randn(widen_rows() + 3, 96)
     xq, xd, _ = reference_quantized(x)
     assert torch.equal(kernels.rounded_activations(x), (xq.float().view(len(x), -1, BLOCK) * xd[..., None]).view_as(x))

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 BLOCK = 32  # inputs per block, of the weights and of the quantized activations
+GROUP = 8  # 4-bit rows interleaved at a time for decoding (q4.c's Q4X8 layout, :func:`interleaved`)
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
 
 _HERE = Path(__file__).resolve().parent
@@ -51,10 +52,10 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
     library.qkv_linear.argtypes = [_INT, _INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
     library.qkv_linear.restype = _INT
-    library.qkv_q4_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _P]
     library.qkv_q8_rounded.argtypes = [_P, _I64, _I64, _P]
     library.qkv_block_sums.argtypes = [_INT, _INT, _P, _I64, _I64, _P, _P]
     library.qkv_block_sums.restype = _INT
+    library.qkv_q4x8_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P]
     return library, ""
 
 
@@ -106,42 +107,107 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def _inputs(codes: Tensor) -> int:
-    """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8)."""
+    """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8); 32 a block of
+    interleaved ones."""
+    if codes.dim() == 3:
+        return codes.size(1) * BLOCK
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
 
 
-def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+def groups(rows: int) -> int:
+    """Groups of :data:`GROUP` interleaved rows that hold ``rows`` rows (the last one's other lanes zeros)."""
+    return -(-rows // GROUP)
+
+
+def _by_row(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Interleaved buffers as views indexed ``[group, lane]`` for a row: its codes ``(blocks, 4, 4)`` (a block's 16
+    bytes, quad by quad), its scales and offsets ``(blocks,)``."""
+    g, blocks = codes.size(0), codes.size(1)
+    return (codes.view(g, blocks, 4, GROUP, 4).permute(0, 3, 1, 2, 4), scales.permute(0, 2, 1),
+            offsets.permute(0, 2, 1))
+
+
+def write_rows(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, pairs: Tensor, d: Tensor,
+               m: Tensor) -> None:
+    """Rows ``start ...`` of interleaved buffers: their blocks' bytes ``(r, blocks, 16)`` in the Q4 layout and
+    their fp16 scales and offsets ``(r, blocks)``."""
+    rows = torch.arange(start, start + len(pairs))
+    where = (rows // GROUP, rows % GROUP)
+    by_codes, by_scales, by_offsets = _by_row(codes, scales, offsets)
+    by_codes[where] = pairs.reshape(len(pairs), -1, 4, 4)
+    by_scales[where] = d.to(scales.dtype)
+    by_offsets[where] = m.to(offsets.dtype)
+
+
+def read_rows(codes: Tensor, scales: Tensor, offsets: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows ``rows`` of interleaved buffers in the Q4 layout: bytes ``(r, blocks, 16)``, scales and offsets
+    ``(r, blocks)``."""
+    where = (rows // GROUP, rows % GROUP)
+    by_codes, by_scales, by_offsets = _by_row(codes, scales, offsets)
+    return by_codes[where].reshape(len(rows), -1, BLOCK // 2), by_scales[where], by_offsets[where]
+
+
+def interleaved(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """4-bit weights in the Q4 layout (``codes`` ``(rows, n / 2)``, ``scales`` and ``offsets`` ``(rows, n / 32)``)
+    laid out for decoding, q4.c's Q4X8: the rows in groups of eight, each block's codes of the eight rows together,
+    so that one instruction multiplies four inputs of eight rows. Returns codes ``(groups, n / 32, 128)`` uint8,
+    scales and offsets ``(groups, n / 32, 8)`` fp16, a last group of fewer rows filled with zeros: the same numbers,
+    whose product :func:`matmul` gives bit for bit as the portable variant gives the Q4 layout's."""
+    rows, n = codes.size(0), 2 * codes.size(1)
+    _check(codes, torch.uint8, (rows, n // 2), "codes")
+    _check(scales, torch.float16, (rows, n // BLOCK), "scales")
+    _check(offsets, torch.float16, (rows, n // BLOCK), "offsets")
+    out = (torch.zeros(groups(rows), n // BLOCK, GROUP * BLOCK // 2, dtype=torch.uint8),
+           torch.zeros(groups(rows), n // BLOCK, GROUP, dtype=torch.float16),
+           torch.zeros(groups(rows), n // BLOCK, GROUP, dtype=torch.float16))
+    write_rows(*out, 0, codes.view(rows, -1, BLOCK // 2), scales, offsets)
+    return out
+
+
+def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
            variant: str | None = None) -> Tensor:
     """``x`` ``(batch, n)`` float32 times the weights' transpose: ``(batch, rows)`` float32, the activations
     quantized to int8 on the way, as :func:`quantize_activations` does. 4-bit weights: ``codes`` uint8 and
-    ``offsets``; 8-bit: ``codes`` int8, no offsets."""
-    rows, n = codes.size(0), _inputs(codes)
-    _check(codes, torch.int8 if offsets is None else torch.uint8, (rows, n if offsets is None else n // 2), "codes")
-    _check(scales, torch.float16, (rows, n // BLOCK), "scales")
-    if offsets is not None:
-        _check(offsets, torch.float16, (rows, n // BLOCK), "offsets")
+    ``offsets``, in the Q4 layout or :func:`interleaved` (then ``rows`` says how many are real); 8-bit: ``codes``
+    int8, no offsets."""
+    n = _inputs(codes)
+    if codes.dim() == 3:
+        rows = codes.size(0) * GROUP if rows is None else rows
+        shape = (groups(rows), n // BLOCK)
+        _check(codes, torch.uint8, (*shape, GROUP * BLOCK // 2), "codes")
+        _check(scales, torch.float16, (*shape, GROUP), "scales")
+        if offsets is None:
+            raise ValueError("interleaved 4-bit weights need their offsets")
+        _check(offsets, torch.float16, (*shape, GROUP), "offsets")
+    else:
+        rows = codes.size(0)
+        _check(codes, torch.int8 if offsets is None else torch.uint8, (rows, n if offsets is None else n // 2),
+               "codes")
+        _check(scales, torch.float16, (rows, n // BLOCK), "scales")
+        if offsets is not None:
+            _check(offsets, torch.float16, (rows, n // BLOCK), "offsets")
     if x.dim() != 2 or x.size(1) != n:
         raise ValueError(f"x must be (batch, {n}), got {tuple(x.shape)}")
     number = None if variant is None else VARIANTS.index(variant)
-    return linear(x.float().contiguous(), codes, scales, offsets, variant=number)
+    return linear(x.float().contiguous(), codes, scales, offsets, rows=rows, variant=number)
 
 
-def linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+def linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
            variant: int | None = None) -> Tensor:
     """:func:`matmul` without its checks, for a layer that made its buffers right once: ``x`` contiguous
     float32 ``(batch, n)``; ``variant`` a number (:data:`VARIANTS`' index; default the best)."""
-    return bound_linear(codes, scales, offsets, variant=variant)(x)
+    return bound_linear(codes, scales, offsets, rows=rows, variant=variant)(x)
 
 
-def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *,
+def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
                  variant: int | None = None) -> Callable[[Tensor], Tensor]:
     """:func:`linear` with these weights: what does not depend on the input (the library's function, the buffers'
     addresses) looked up once, so that a decoding step's call costs a few microseconds. The weights must stay
     where they are (a layer remakes its function when its buffers move)."""
     call = _library().qkv_linear
+    rows = rows or codes.size(0) * (GROUP if codes.dim() == 3 else 1)
     fixed = (_format(codes), _best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
-             None if offsets is None else offsets.data_ptr(), codes.size(0))
-    rows = codes.size(0)
+             None if offsets is None else offsets.data_ptr(), rows)
 
     def product(x: Tensor) -> Tensor:
         y = x.new_empty(x.size(0), rows)
@@ -153,12 +219,12 @@ def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *
     return product
 
 
-def dequantize(codes: Tensor, scales: Tensor, offsets: Tensor, out: Tensor) -> Tensor:
-    """The weights of these rows as float32 into ``out`` ``(rows, n)``: ``q · scale + offset``, rounded as
-    :meth:`~qkv.quantize.QuantizedLinear.dequantized` computes them; returns ``out``. Rows are a slice of a layer's
-    buffers (contiguous)."""
-    _library().qkv_q4_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), codes.size(0),
-                                 2 * codes.size(1), out.data_ptr())
+def dequantize(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, out: Tensor) -> Tensor:
+    """Rows ``start`` to ``start + len(out)`` of :func:`interleaved` weights as float32 into ``out`` ``(r, n)``:
+    ``q · scale + offset``, rounded as :meth:`~qkv.quantize.QuantizedLinear.dequantized` computes them; returns
+    ``out``."""
+    _library().qkv_q4x8_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), _inputs(codes), start,
+                                   start + out.size(0), out.data_ptr())
     return out
 
 
@@ -194,7 +260,10 @@ def _best() -> int:
 
 
 def _format(codes: Tensor) -> int:
-    """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8)."""
+    """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8), 2 for
+    interleaved 4-bit ones."""
+    if codes.dim() == 3:
+        return 2
     return 1 if codes.dtype == torch.int8 else 0
 
 
@@ -213,6 +282,7 @@ def block_sums(codes: Tensor, xq: Tensor, *, variant: str) -> Tensor:
 
 __all__ = [
     "BLOCK",
+    "GROUP",
     "VARIANTS",
     "available",
     "best_variant",
@@ -220,10 +290,14 @@ __all__ = [
     "bound_linear",
     "dequantize",
     "in_use",
+    "groups",
+    "interleaved",
+    "read_rows",
     "linear",
     "matmul",
     "quantize_activations",
     "rounded_activations",
     "runs",
     "why_not",
+    "write_rows",
 ]

@@ -31,7 +31,8 @@ import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
-from . import BLOCK, best_variant, bound_linear, dequantize, linear, rounded_activations
+from . import (BLOCK, GROUP, best_variant, bound_linear, dequantize, groups, interleaved, linear, read_rows,
+               rounded_activations, write_rows)
 
 _GROUP_BYTES = BLOCK // 2
 # From this many input rows on, widened weights and a float product beat the kernel, by the variant the CPU runs
@@ -49,24 +50,24 @@ def widen_rows() -> int:
 
 
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
-    """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones by the kernel's
-    library, 8-bit ones (no offsets) as codes times their blocks' scales."""
+    """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones (interleaved) by
+    the kernel's library, 8-bit ones (no offsets) as codes times their blocks' scales."""
     if offsets is not None:
-        return dequantize(codes[start:end], scales[start:end], offsets[start:end], out)
+        return dequantize(codes, scales, offsets, start, out)
     blocks = out.view(end - start, -1, BLOCK)
     blocks.copy_(codes[start:end].view(end - start, -1, BLOCK)).mul_(scales[start:end].float()[..., None])
     return out
 
 
-def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
+def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
              kernel: Callable[[Tensor], Tensor] | None = None) -> Callable[[Tensor], Tensor]:
     """A kernel layer's product, for these buffers: for a few rows the kernel (``kernel``, its addresses bound, or
     looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
-    rows, inputs = codes.size(0), scales.size(1) * BLOCK
+    inputs = scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
-    kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets)
+    kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
     widen = widen_rows()
 
     def product(x: Tensor) -> Tensor:
@@ -84,15 +85,16 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None,
 
 
 @torch.library.custom_op("qkv::block_linear", mutates_args=())
-def block_linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None) -> Tensor:
+def block_linear(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int) -> Tensor:
     """A kernel layer's product as a registered operator: what a graph made by ``torch.compile`` calls (one
-    node; the library's call through ctypes cannot be traced). ``x`` ``(batch, in)`` contiguous float32."""
-    return _product(codes, scales, offsets)(x)
+    node; the library's call through ctypes cannot be traced). ``x`` ``(batch, in)`` contiguous float32; ``rows``
+    the layer's outputs."""
+    return _product(codes, scales, offsets, rows)(x)
 
 
 @block_linear.register_fake
-def _(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None) -> Tensor:
-    return x.new_empty(x.size(0), codes.size(0))
+def _(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int) -> Tensor:
+    return x.new_empty(x.size(0), rows)
 
 
 class _KernelProduct:
@@ -100,15 +102,17 @@ class _KernelProduct:
     in a graph being compiled, :func:`block_linear` (the outlier columns' share added around it either way)."""
 
     def _make_product(self) -> Callable[[Tensor], Tensor]:
-        return _product(*self._blocks(), bound_linear(*self._blocks()))
+        rows = self.out_features
+        return _product(*self._blocks(), rows, bound_linear(*self._blocks(), rows=rows))
 
     def _cpu_product(self) -> Callable[[Tensor], Tensor]:
         if not torch.compiler.is_compiling():
             return super()._cpu_product()
         codes, scales, offsets = self._blocks()
+        rows = self.out_features
 
         def product(x: Tensor) -> Tensor:
-            return block_linear(x, codes, scales, offsets)
+            return block_linear(x, codes, scales, offsets, rows)
 
         return self._without_outlier_inputs(product) if self.outliers else product
 
@@ -116,10 +120,13 @@ class _KernelProduct:
 class KernelInt4Linear(_KernelProduct, Int4Linear):
     """``y = x Ŵᵀ + b`` with Ŵ in 4 bits, multiplied by qkv's int4 × int8 kernel.
 
-    Buffers: ``codes`` ``(out_features, in_features / 2)`` uint8 (GGUF's order, see the module's text),
-    ``group_scales`` (read as ``scales``) and ``offsets`` ``(out_features, in_features / 32)`` float16,
-    ``W = q · scale + offset``. Rows are written as :class:`~qkv.quantize.Int4Linear`'s are, as scales and zero
-    points ``z = offset + 8 · scale``.
+    Buffers, interleaved for decoding (:func:`qkv.kernels.interleaved`: the rows in groups of eight, a block's
+    codes of the eight rows together): ``codes`` ``(groups, in_features / 32, 128)`` uint8, ``group_scales`` (read
+    as ``scales``) and ``offsets`` ``(groups, in_features / 32, 8)`` float16, ``W = q · scale + offset``; a row's
+    block is GGUF's (see the module's text), its 16 bytes four at a time beside the other rows'. A last group of
+    fewer than eight rows holds zeros in the others. Rows are written as :class:`~qkv.quantize.Int4Linear`'s are,
+    as scales and zero points ``z = offset + 8 · scale``. A state saved with the rows one after the other (qkv
+    before this layout) is interleaved as it is loaded.
 
     Raises:
         ValueError: ``in_features`` not a multiple of 32 (or a group size other than 32); rows written with a
@@ -135,10 +142,10 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
             raise ValueError(f"qkv's int4 kernel multiplies groups of {BLOCK} inputs, got group_size={group_size}")
         QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)  # not PyTorch's layout
         self.group_size = BLOCK
-        groups = in_features // BLOCK
-        self.register_buffer("codes", torch.full((out_features, in_features // 2), 0x88, dtype=torch.uint8))
-        self.register_buffer("group_scales", torch.zeros(out_features, groups, dtype=torch.float16))
-        self.register_buffer("offsets", torch.zeros(out_features, groups, dtype=torch.float16))
+        shape = (groups(out_features), in_features // BLOCK)
+        self.register_buffer("codes", torch.zeros(*shape, GROUP * _GROUP_BYTES, dtype=torch.uint8))
+        self.register_buffer("group_scales", torch.zeros(*shape, GROUP, dtype=torch.float16))
+        self.register_buffer("offsets", torch.zeros(*shape, GROUP, dtype=torch.float16))
 
     @property
     def scales(self) -> Tensor:  # a buffer of its own name would clash with Int4Linear's property
@@ -163,41 +170,36 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
     def write_rows(self, start: int, codes: Tensor, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` in [0, 15], scales and zeros ``(r, n_groups)``."""
         groups = codes.to(torch.uint8).view(len(codes), -1, 2, _GROUP_BYTES)  # inputs i and i + 16 of each group
-        self.codes[start : start + len(codes)] = (groups[:, :, 0] | groups[:, :, 1] << 4).view(len(codes), -1)
-        self._write_groups(start, scales, zeros)
+        self.write_halves(start, groups[:, :, 0] | groups[:, :, 1] << 4, *self._halves(scales, zeros))
 
     def write_pairs(self, start: int, pairs: Tensor, span: int, scales: Tensor, zeros: Tensor) -> None:
         """Rows ``start ...`` from codes packed two to a byte as ggml stores them (``span``: inputs ``j`` and
-        ``j + span`` share a byte): with a span of 16 (Q4_0, Q4_1) the bytes are this layer's, copied as they
+        ``j + span`` share a byte): with a span of 16 (Q4_0, Q4_1) the bytes are this layer's, taken as they
         are."""
         if span != _GROUP_BYTES:
             self.write_rows(start, unpaired(pairs.reshape(len(pairs), -1), span), scales, zeros)
             return
-        self.codes[start : start + len(pairs)] = pairs.reshape(len(pairs), -1)
-        self._write_groups(start, scales, zeros)
+        self.write_halves(start, pairs.reshape(len(pairs), -1, _GROUP_BYTES), *self._halves(scales, zeros))
 
     def write_halves(self, start: int, pairs: Tensor, d: Tensor, m: Tensor) -> None:
         """Rows ``start ...`` from a file's Q4_0 or Q4_1 blocks as this layer holds them
         (:func:`~qkv.interop.ggml_blocks.int4_halves`): the code bytes ``(r, blocks, 16)`` and each block's fp16
-        scale and offset ``(r, blocks)``, copied as they are."""
-        rows = slice(start, start + len(pairs))
-        self.codes[rows].view(len(pairs), -1, _GROUP_BYTES).copy_(pairs)
-        self.group_scales[rows] = d
-        self.offsets[rows] = m
+        scale and offset ``(r, blocks)``, taken as they are."""
+        write_rows(self.codes, self.group_scales, self.offsets, start, pairs, d, m)
 
-    def _write_groups(self, start: int, scales: Tensor, zeros: Tensor) -> None:
+    @staticmethod
+    def _halves(scales: Tensor, zeros: Tensor) -> tuple[Tensor, Tensor]:
         """The groups' fp16 scales and offsets ``zeros - 8 · scales``, taken in float64: where the zero point was
         made in float32 of a file's fp16 offset and scale (:func:`~qkv.interop.ggml_blocks.int4_groups`), that
         sum was exact and the offset comes back as the file holds it."""
         scales = scales.double()
         halves = _fp16(torch.stack([scales, zeros.double() - 8 * scales]))
-        self.group_scales[start : start + len(scales)] = halves[0]
-        self.offsets[start : start + len(scales)] = halves[1]
+        return halves[0], halves[1]
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         """The reference: every weight ``q · scale + offset`` from the buffers, in torch."""
-        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
-        codes, scales, offsets = self.codes[rows], self.group_scales[rows], self.offsets[rows]
+        rows = torch.arange(self.out_features) if outputs is None else outputs.cpu()
+        codes, scales, offsets = read_rows(self.codes, self.group_scales, self.offsets, rows)
         groups = codes.view(len(codes), -1, 1, _GROUP_BYTES)
         levels = torch.cat([groups & 15, groups >> 4], dim=2).view(len(codes), -1, BLOCK).float()
         return (levels * scales.float()[..., None] + offsets.float()[..., None]).view(len(codes), -1)
@@ -211,6 +213,12 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
 
     def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
         return self.codes, self.group_scales, self.offsets
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        keys = [prefix + name for name in ("codes", "group_scales", "offsets")]
+        if all(key in state_dict for key in keys) and state_dict[keys[0]].dim() == 2:  # rows one after the other
+            state_dict.update(zip(keys, interleaved(*(state_dict[key].contiguous() for key in keys))))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _format(self) -> str:
         return "int4, group_size=32, fp16 scales, qkv's kernel"

@@ -31,11 +31,14 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define BLOCK 32
+#define TILE 4  /* activation rows taken at once: each weight block read and unpacked once for them */
 
 enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
-enum { Q4 = 0, Q8 = 1 };                            /* the weight blocks' formats */
+enum { Q4 = 0, Q8 = 1, Q4X8 = 2 };                  /* the weight blocks' formats */
+#define GROUP 8                                     /* Q4X8: rows interleaved eight at a time */
 
 int qkv_best_variant(void);
 
@@ -175,7 +178,6 @@ __attribute__((target("f16c"))) static inline float half_f16c(uint16_t h)
  * multiplied at once, in eight lanes; the last blocks of a row (fewer than eight) one by one. A row's arithmetic is
  * the same whatever `count` is, so a row in a batch gets what it gets alone (the AVX2 variant; ROWS below makes
  * its function). */
-#define TILE 4
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void avx2_body(
     const int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e,
     const float *s, int64_t blocks, int64_t n, const int count, float *out)
@@ -334,6 +336,126 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block
 }
 #endif
 
+/* ------------------------------------------------------------------------- Q4X8: eight rows interleaved, block by block
+ *
+ * The same Q4 blocks, laid out for decoding: the rows in groups of eight, and in a group, block b's 8 x 16 bytes in
+ * 128, as four quads of 32 bytes: quad k holds, row after row, each row's bytes 4k .. 4k + 3 of block b (inputs
+ * 4k .. 4k + 3 in the low nibbles, 16 + 4k .. 16 + 4k + 3 in the high ones); d and m (rows / 8, n / 32, 8), the
+ * group's eight rows' fp16 numbers for block b together. One 256-bit load so holds four inputs' codes of eight
+ * rows, and one integer instruction multiplies them by four activations broadcast: each row's block sum lands in
+ * its own lane, with no sum across lanes, and each row's float arithmetic is that of the portable row variant,
+ * block after block: acc += (d e) sum, then acc += m (e sum p). Every variant so gives, bit for bit, what
+ * rows_portable gives for the same rows in the Q4 layout. */
+
+/* Four activations (p[0..3]) as one 32-bit number, to broadcast. */
+static inline int32_t four(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void x8_portable(const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e,
+                        const float *s, int64_t blocks, int64_t n, int count, float *out)
+{
+    for (int k = 0; k < count; k++)
+        for (int r = 0; r < GROUP; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < blocks; b++) {
+                const uint8_t *block = c + b * GROUP * BLOCK / 2;
+                const int8_t *x = p + k * n + b * BLOCK;
+                int32_t sum = 0;
+                for (int q = 0; q < 4; q++)
+                    for (int i = 0; i < 4; i++) {
+                        uint8_t byte = block[32 * q + 4 * r + i];
+                        sum += (byte & 15) * x[4 * q + i] + (byte >> 4) * x[BLOCK / 2 + 4 * q + i];
+                    }
+                acc += half_portable(wd[b * GROUP + r]) * e[k * blocks + b] * (float)sum;
+                acc += half_portable(wm[b * GROUP + r]) * s[k * blocks + b];
+            }
+            out[k * GROUP + r] = acc;
+        }
+}
+
+#if defined(__x86_64__)
+/* Eight rows' block sums, a row a lane: the block's four quads (low and high nibbles apart, as `lo` and `hi`)
+ * times the activation block x. AVX2: unsigned x signed byte pairs into 16 bits (each <= 2 * 15 * 127, eight of them
+ * summed <= 30480: no overflow), then into 32 bits; VNNI: four byte products into 32 bits at once. */
+__attribute__((target("avx2"))) static inline __m256i x8_sums_avx2(const __m256i *lo, const __m256i *hi,
+                                                                   const int8_t *x)
+{
+    __m256i pairs = _mm256_setzero_si256();
+    for (int q = 0; q < 4; q++) {
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(lo[q], _mm256_set1_epi32(four(x + 4 * q))));
+        pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(hi[q], _mm256_set1_epi32(four(x + BLOCK / 2 + 4 * q))));
+    }
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i x8_sums_vnni(const __m256i *lo,
+                                                                                              const __m256i *hi,
+                                                                                              const int8_t *x)
+{
+    __m256i sums = _mm256_setzero_si256();
+    for (int q = 0; q < 4; q++) {
+        sums = _mm256_dpbusd_epi32(sums, lo[q], _mm256_set1_epi32(four(x + 4 * q)));
+        sums = _mm256_dpbusd_epi32(sums, hi[q], _mm256_set1_epi32(four(x + BLOCK / 2 + 4 * q)));
+    }
+    return sums;
+}
+
+/* A group of eight rows against `count` (1 to TILE) activation rows: each block's codes split into nibbles once
+ * for all of them; the float steps those of x8_portable, eight rows at once. */
+#define X8_BODY(name, sums, targets)                                                                                 \
+    __attribute__((target(targets), always_inline)) static inline void name(                                         \
+        const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e, const float *s,   \
+        int64_t blocks, int64_t n, const int count, float *out)                                                      \
+    {                                                                                                                \
+        __m256 acc[TILE];                                                                                            \
+        const __m256i low = _mm256_set1_epi8(15);                                                                    \
+        for (int k = 0; k < count; k++)                                                                              \
+            acc[k] = _mm256_setzero_ps();                                                                            \
+        for (int64_t b = 0; b < blocks; b++) {                                                                       \
+            __m256i lo[4], hi[4];                                                                                    \
+            for (int q = 0; q < 4; q++) {                                                                            \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(c + b * GROUP * BLOCK / 2 + 32 * q));               \
+                lo[q] = _mm256_and_si256(v, low);                                                                    \
+                hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                              \
+            }                                                                                                        \
+            __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b * GROUP)));                          \
+            __m256 m = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wm + b * GROUP)));                          \
+            for (int k = 0; k < count; k++) {                                                                        \
+                __m256 total = _mm256_cvtepi32_ps(sums(lo, hi, p + k * n + b * BLOCK));                              \
+                __m256 de = _mm256_mul_ps(d, _mm256_set1_ps(e[k * blocks + b]));                                     \
+                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(de, total));                                            \
+                acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(m, _mm256_set1_ps(s[k * blocks + b])));                 \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int k = 0; k < count; k++)                                                                              \
+            _mm256_storeu_ps(out + k * GROUP, acc[k]);                                                               \
+    }
+
+X8_BODY(x8_avx2_body, x8_sums_avx2, "avx2,fma,f16c")
+X8_BODY(x8_vnni_body, x8_sums_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+
+/* A variant's group function: the body with the count a constant. */
+#define GROUPS(name, body, targets)                                                                                  \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const uint16_t *wm,      \
+                                                      const int8_t *p, const float *e, const float *s,               \
+                                                      int64_t blocks, int64_t n, int count, float *out)              \
+    {                                                                                                                \
+        switch (count) {                                                                                             \
+        case 1: body(c, wd, wm, p, e, s, blocks, n, 1, out); break;                                                  \
+        case 2: body(c, wd, wm, p, e, s, blocks, n, 2, out); break;                                                  \
+        case 3: body(c, wd, wm, p, e, s, blocks, n, 3, out); break;                                                  \
+        default: body(c, wd, wm, p, e, s, blocks, n, TILE, out);                                                     \
+        }                                                                                                            \
+    }
+
+GROUPS(x8_avx2, x8_avx2_body, "avx2,fma,f16c")
+GROUPS(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+#endif
+
 static void rows_portable(int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p,
                           const float *e, const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
@@ -393,13 +515,47 @@ static int64_t row_bytes(int format, int64_t n)
     return format == Q8 ? n : n / 2;
 }
 
+typedef void (*groups_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
+                           const float *, int64_t, int64_t, int, float *);
+
+/* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
+ * other lanes zeros) gives only its rows' outputs. */
+static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
+                      int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+{
+    groups_dot dot = x8_portable;
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        dot = x8_vnni;
+    else if (variant == AVX2)
+        dot = x8_avx2;
+#endif
+    int64_t blocks = n / BLOCK, groups = (rows + GROUP - 1) / GROUP;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++) {
+        int lanes = rows - g * GROUP < GROUP ? (int)(rows - g * GROUP) : GROUP;
+        for (int64_t i = 0; i < batch; i += TILE) {
+            int count = batch - i < TILE ? (int)(batch - i) : TILE;
+            float out[TILE * GROUP];
+            dot(codes + g * GROUP * (n / 2), d + g * GROUP * blocks, m + g * GROUP * blocks, xq + i * n,
+                xd + i * blocks, xs + i * blocks, blocks, n, count, out);
+            for (int k = 0; k < count; k++)
+                memcpy(y + (i + k) * rows + g * GROUP, out + k * GROUP, sizeof(float) * (size_t)lanes);
+        }
+    }
+}
+
 /* y (batch, rows) = the product of `batch` quantized activation rows and the weights in `format` (m NULL for Q8);
  * returns 0, or -1 for a variant this CPU does not run or an unknown format. */
 int qkv_matmul(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
                int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
 {
-    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8))
+    if (!qkv_runs_variant(variant) || format < Q4 || format > Q4X8)
         return -1;
+    if (format == Q4X8) {
+        matmul_x8(variant, codes, d, m, rows, n, xq, xd, xs, batch, y);
+        return 0;
+    }
     rows_dot dot = variant_rows(variant);
     int64_t blocks = n / BLOCK, stride = row_bytes(format, n);
 #pragma omp parallel for schedule(static)
@@ -453,10 +609,11 @@ __attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, f
 }
 #endif
 
-/* The weights of `rows` rows as floats, out (rows, n): q d + m, rounded as written (the reference
+/* Rows `start` to `end` of Q4X8 weights as floats, out (end - start, n): q d + m, rounded as written (the reference
  * KernelInt4Linear._decoded computes the same). For many input rows at once: widened a tile at a time, then a float
  * matrix product, which beats taking the rows a few at a time. */
-void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows, int64_t n, float *out)
+void qkv_q4x8_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t n, int64_t start,
+                         int64_t end, float *out)
 {
     int64_t blocks = n / BLOCK;
     void (*widen)(const uint8_t *, float, float, float *) = widen_block_portable;
@@ -465,10 +622,17 @@ void qkv_q4_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t *
         widen = widen_block_avx2;
 #endif
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t b = 0; b < blocks; b++)
-            widen(codes + r * (n / 2) + b * (BLOCK / 2), half_portable(d[r * blocks + b]),
-                  half_portable(m[r * blocks + b]), out + r * n + b * BLOCK);
+    for (int64_t row = start; row < end; row++) {
+        int64_t g = row / GROUP, r = row % GROUP;
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *group = codes + g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2);
+            uint8_t block[BLOCK / 2];
+            for (int q = 0; q < 4; q++)
+                memcpy(block + 4 * q, group + 32 * q + 4 * r, 4);
+            int64_t at = (g * blocks + b) * GROUP + r;
+            widen(block, half_portable(d[at]), half_portable(m[at]), out + (row - start) * n + b * BLOCK);
+        }
+    }
 }
 
 /* The activations as the kernel sees them, out (batch, n): each block's codes times its scale, p e. */
