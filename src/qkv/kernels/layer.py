@@ -31,8 +31,19 @@ import torch
 from torch import Tensor
 
 from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
-from . import (BLOCK, GROUP, best_variant, bound_linear, dequantize, groups, interleaved, linear, read_rows,
-               rounded_activations, write_rows)
+from . import (
+    BLOCK,
+    GROUP,
+    best_variant,
+    bound_linear,
+    dequantize,
+    groups,
+    interleaved,
+    linear,
+    read_rows,
+    rounded_activations,
+    write_rows,
+)
 
 _GROUP_BYTES = BLOCK // 2
 # From this many input rows on, widened weights and a float product beat the kernel, by the variant the CPU runs
@@ -217,7 +228,7 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         keys = [prefix + name for name in ("codes", "group_scales", "offsets")]
         if all(key in state_dict for key in keys) and state_dict[keys[0]].dim() == 2:  # rows one after the other
-            state_dict.update(zip(keys, interleaved(*(state_dict[key].contiguous() for key in keys))))
+            state_dict.update(zip(keys, interleaved(*(state_dict[key].contiguous() for key in keys)), strict=True))
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _format(self) -> str:
