@@ -56,6 +56,7 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_block_sums.argtypes = [_INT, _INT, _P, _I64, _I64, _P, _P]
     library.qkv_block_sums.restype = _INT
     library.qkv_q4x8_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P]
+    library.qkv_q4x8_write_rows.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _P]
     return library, ""
 
 
@@ -129,14 +130,15 @@ def _by_row(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor, Ten
 
 def write_rows(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, pairs: Tensor, d: Tensor,
                m: Tensor) -> None:
-    """Rows ``start ...`` of interleaved buffers: their blocks' bytes ``(r, blocks, 16)`` in the Q4 layout and
-    their fp16 scales and offsets ``(r, blocks)``."""
-    rows = torch.arange(start, start + len(pairs))
-    where = (rows // GROUP, rows % GROUP)
-    by_codes, by_scales, by_offsets = _by_row(codes, scales, offsets)
-    by_codes[where] = pairs.reshape(len(pairs), -1, 4, 4)
-    by_scales[where] = d.to(scales.dtype)
-    by_offsets[where] = m.to(offsets.dtype)
+    """Rows ``start ...`` of interleaved buffers (contiguous, on the CPU): their blocks' bytes ``(r, blocks, 16)``
+    in the Q4 layout and their fp16 scales and offsets ``(r, blocks)``, copied by the kernel's library."""
+    rows, n = len(pairs), _inputs(codes)
+    pairs, d, m = (t.contiguous().cpu() for t in (pairs.reshape(rows, n // 2), d.half(), m.half()))
+    if start < 0 or start + rows > codes.size(0) * GROUP or d.shape != (rows, n // BLOCK) or m.shape != d.shape:
+        raise ValueError(f"rows {start} to {start + rows} of {n} inputs do not fit weights of "
+                         f"{codes.size(0) * GROUP} rows")
+    _library().qkv_q4x8_write_rows(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), n, start, rows,
+                                   pairs.data_ptr(), d.data_ptr(), m.data_ptr())
 
 
 def read_rows(codes: Tensor, scales: Tensor, offsets: Tensor, rows: Tensor) -> tuple[Tensor, Tensor, Tensor]:

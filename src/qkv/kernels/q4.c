@@ -609,6 +609,27 @@ __attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, f
 }
 #endif
 
+/* Rows `start` to `start + count` of Q4X8 weights written from the Q4 layout: `pairs` (count, n / 2) the rows'
+ * code bytes, `pd` and `pm` (count, n / 32) their fp16 scales and offsets. */
+void qkv_q4x8_write_rows(uint8_t *codes, uint16_t *d, uint16_t *m, int64_t n, int64_t start, int64_t count,
+                         const uint8_t *pairs, const uint16_t *pd, const uint16_t *pm)
+{
+    int64_t blocks = n / BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < count; i++) {
+        int64_t g = (start + i) / GROUP, r = (start + i) % GROUP;
+        for (int64_t b = 0; b < blocks; b++) {
+            const uint8_t *from = pairs + i * (n / 2) + b * (BLOCK / 2);
+            uint8_t *group = codes + g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2);
+            for (int q = 0; q < 4; q++)
+                memcpy(group + 32 * q + 4 * r, from + 4 * q, 4);
+            int64_t at = (g * blocks + b) * GROUP + r;
+            d[at] = pd[i * blocks + b];
+            m[at] = pm[i * blocks + b];
+        }
+    }
+}
+
 /* Rows `start` to `end` of Q4X8 weights as floats, out (end - start, n): q d + m, rounded as written (the reference
  * KernelInt4Linear._decoded computes the same). For many input rows at once: widened a tile at a time, then a float
  * matrix product, which beats taking the rows a few at a time. */
