@@ -1,13 +1,17 @@
 """qkv's int4 × int8 kernel (qkv.kernels) against PyTorch's int4 kernel: one product's time at the shapes of
-SmolLM2-135M's and a 1.7B model's layers, one input row (a decoding step), each variant the CPU runs; and
+SmolLM2-135M's and a 1.7B model's layers, one input row (a decoding step), each variant the CPU runs on the
+layers' interleaved rows, and the best one on the same rows one after the other (GGUF's order); and
 SmolLM2-135M-Instruct's perplexity on tinyshakespeare through each (the cost of int8 activations).
 
-    python benchmarks/bench_kernel.py [--repeats 200] [--skip-perplexity] [--llama-cpp BUILD/bin]
+    python benchmarks/bench_kernel.py [--repeats 200] [--skip-products] [--skip-perplexity] [--llama-cpp BUILD/bin]
+        [--step FILE.gguf]
 
 The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity on
 llama-perplexity's measure (the first 20,000 characters of ``../shared/data/tinyshakespeare/input.txt``, chunks
 of 128 tokens each scored on its second half): fp32 weights, then int4 as stored (Q4_1) through each kernel
-(``QKV_KERNEL``), and llama.cpp's own with ``--llama-cpp``.
+(``QKV_KERNEL``), and llama.cpp's own with ``--llama-cpp``. With ``--step FILE``: one decoding step's 4-bit
+products of that model (read with ``load_pretrained``), its layers' interleaved rows against the same rows one after
+the other, alternating, ``--rounds`` × 3 rounds: the weights stream from memory, as in decoding.
 """
 
 from __future__ import annotations
@@ -43,22 +47,28 @@ def _us(f, repeats: int) -> float:
     return 1e6 * (time.perf_counter() - start) / repeats
 
 
+ROWS = "best, rows in order"  # the column of the Q4 layout (the weights' rows one after the other)
+
+
 def _calls(inputs: int, outputs: int) -> dict:
     """One product of each kernel at this shape, one input row: PyTorch's int4 layer, then each variant of qkv's
-    that the CPU runs, on the same weights."""
+    that the CPU runs, on the same weights; then the best variant on them in the Q4 layout."""
     linear = torch.nn.Linear(inputs, outputs, bias=False)
     theirs, ours = Int4Linear.from_linear(linear, group_size=32), KernelInt4Linear.from_linear(linear)
     x = torch.randn(1, inputs)
     calls = {"pytorch-int4": functools.partial(theirs, x)}
+    blocks = (ours.codes, ours.group_scales, ours.offsets)
     for number, variant in enumerate(kernels.VARIANTS):
         if kernels.runs(variant):
-            calls[variant] = functools.partial(kernels.linear, x, ours.codes, ours.group_scales, ours.offsets,
-                                               variant=number)
+            calls[variant] = functools.partial(kernels.linear, x, *blocks, rows=outputs, variant=number)
+    codes, scales, offsets = kernels.read_rows(*blocks, torch.arange(outputs))
+    in_order = (codes.reshape(outputs, -1).contiguous(), scales.contiguous(), offsets.contiguous())
+    calls[ROWS] = functools.partial(kernels.linear, x, *in_order)
     return calls
 
 
 def products(repeats: int, rounds: int) -> None:
-    names = ["pytorch-int4", *kernels.VARIANTS]
+    names = ["pytorch-int4", *kernels.VARIANTS, ROWS]
     print(f"{'inputs x outputs':>18}  " + "  ".join(f"{v:>12}" for v in names))
     for inputs, outputs in SHAPES:
         calls = _calls(inputs, outputs)
@@ -71,6 +81,31 @@ def products(repeats: int, rounds: int) -> None:
                     times[k].append(_us(f, repeats))
         cells = [f"{statistics.median(times[k]):9.0f} us" if k in times else f"{'-':>12}" for k in names]
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(cells))
+
+
+def step(file: str, rounds: int) -> None:
+    """Every 4-bit product of one decoding step of ``file``'s model, one input row each, in both layouts."""
+    from qkv.interop import load_pretrained
+
+    model = load_pretrained(file).model
+    layouts: dict[str, list] = {"interleaved rows": [], "rows in order": []}
+    for layer in model.modules():
+        if isinstance(layer, KernelInt4Linear):
+            blocks, rows = (layer.codes, layer.group_scales, layer.offsets), layer.out_features
+            codes, scales, offsets = kernels.read_rows(*blocks, torch.arange(rows))
+            x = torch.randn(1, layer.in_features)
+            layouts["interleaved rows"].append(functools.partial(kernels.linear, x, *blocks, rows=rows))
+            layouts["rows in order"].append(functools.partial(kernels.linear, x, codes.reshape(rows, -1).contiguous(),
+                                                              scales.contiguous(), offsets.contiguous()))
+    times: dict[str, list[float]] = {k: [] for k in layouts}
+    for _ in range(3 * rounds):
+        for name, calls in layouts.items():
+            start = time.perf_counter()
+            for call in calls:
+                call()
+            times[name].append(time.perf_counter() - start)
+    print(f"{file}: {len(layouts['rows in order'])} products a step: " + ", ".join(
+        f"{name} {1e3 * statistics.median(t):.2f} ms" for name, t in times.items()))
 
 
 def perplexity(llama_cpp: Path | None) -> None:
@@ -107,14 +142,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-products", action="store_true")
     parser.add_argument("--skip-perplexity", action="store_true")
+    parser.add_argument("--step", metavar="FILE", help="a GGUF file: one decoding step's products in both layouts")
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin, for llama-perplexity beside qkv's")
     args = parser.parse_args()
     if not kernels.available():
         raise SystemExit(kernels.why_not())
     print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, best variant "
           f"{kernels.best_variant()}, torch {torch.__version__}, {date.today()}")
-    products(args.repeats, args.rounds)
+    if not args.skip_products:
+        products(args.repeats, args.rounds)
+    if args.step:
+        step(args.step, args.rounds)
     if not args.skip_perplexity:
         perplexity(args.llama_cpp)
 
