@@ -269,7 +269,7 @@ def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
     kernels._best.cache_clear()
     widen_rows.cache_clear()
     try:
-        assert kernels.best_variant() == "portable" and widen_rows() == 16
+        assert kernels.best_variant() == "portable" and widen_rows(4) == widen_rows(8) == 16
         assert torch.equal(layer(x), kernels.matmul(x, layer.codes, layer.group_scales, layer.offsets,
                                                     variant="portable"))
         monkeypatch.setenv("QKV_KERNEL", "avx512-vnni")
@@ -284,7 +284,7 @@ def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
 
 
 def test_many_rows_take_the_widened_weights_with_the_same_numbers():
-    """From widen_rows() rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
+    """From widen_rows(4) rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
     tile at a time): the widened weights are the reference's bit for bit, the rounded inputs the reference's
     codes times scales, and each output the one the kernel gives that row alone, up to float rounding."""
     from qkv.kernels.layer import KernelInt4Linear, widen_rows
@@ -295,7 +295,7 @@ def test_many_rows_take_the_widened_weights_with_the_same_numbers():
     assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, 0, out), layer._decoded())
     assert torch.equal(kernels.dequantize(layer.codes, layer.group_scales, layer.offsets, 4091, out[:9]),
                        layer._decoded()[4091:])
-    x = torch.randn(widen_rows() + 3, 96)
+    x = torch.randn(widen_rows(4) + 3, 96)
     xq, xd, _ = reference_quantized(x)
     assert torch.equal(kernels.rounded_activations(x), (xq.float().view(len(x), -1, BLOCK) * xd[..., None]).view_as(x))
     with torch.no_grad():

@@ -46,18 +46,21 @@ from . import (
 )
 
 _GROUP_BYTES = BLOCK // 2
-# From this many input rows on, widened weights and a float product beat the kernel, by the variant the CPU runs
-# (a whole SmolLM2-135M forward, the two ways alternating): AVX-512 VNNI takes two blocks at a time and is ahead up
-# to about 90 rows (48: 129 against 140 ms); AVX2 falls behind from about 24 (16 keeps to the safe side), the
-# portable C sooner.
-WIDEN_ROWS = {"portable": 16, "avx2": 16, "avx512-vnni": 64}
+# From this many input rows on, widened weights and a float product beat the kernel, by the weights' bits and the
+# variant the CPU runs (48, AVX-512 and as AVX2, the two ways alternating). 4-bit: the kernel reads a group of eight
+# rows' blocks once for all the input rows (from a core's first cache) and stays ahead a long way: a whole forward of
+# SmolLM2-135M and of a 1.7B model, 1.3-2x faster from 32 to 256 tokens at both sizes, 1.4x at 512 at 135M, even
+# or ahead at 1,024. 8-bit (the rows one by one; SmolLM2's output layer, 49,152 x 576): AVX-512 VNNI even with the
+# widened weights up to 256 rows, behind at 512; AVX2 behind from 32-64 (16 keeps to the safe side). The portable C
+# falls behind from about 16.
+WIDEN_ROWS = {4: {"portable": 16, "avx2": 512, "avx512-vnni": 512}, 8: {"portable": 16, "avx2": 16, "avx512-vnni": 64}}
 WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
 @functools.cache
-def widen_rows() -> int:
-    """:data:`WIDEN_ROWS` of the variant this CPU runs."""
-    return WIDEN_ROWS[best_variant()]
+def widen_rows(bits: int) -> int:
+    """:data:`WIDEN_ROWS` of ``bits``-bit weights for the variant this CPU runs."""
+    return WIDEN_ROWS[bits][best_variant()]
 
 
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
@@ -79,7 +82,7 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
     inputs = scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
-    widen = widen_rows()
+    widen = widen_rows(8 if offsets is None else 4)
 
     def product(x: Tensor) -> Tensor:
         if x.size(0) < widen:
