@@ -505,6 +505,8 @@ static rows_dot variant_rows(int variant)
         return rows_vnni;
     if (variant == AVX2)
         return rows_avx2;
+#else
+    (void)variant;  /* one variant only */
 #endif
     return rows_portable;
 }
@@ -529,6 +531,8 @@ static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, cons
         dot = x8_vnni;
     else if (variant == AVX2)
         dot = x8_avx2;
+#else
+    (void)variant;  /* one variant only */
 #endif
     int64_t blocks = n / BLOCK, groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel for schedule(static)
