@@ -16,17 +16,19 @@
  * Layouts (row-major, contiguous):
  *   codes   Q4: (rows, n / 2) bytes: for block b of a row, bytes 16 b .. 16 b + 15; byte i holds input 32 b + i in
  *           its low nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order);
- *           Q8: (rows, n) signed bytes, in input order
- *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only)
+ *           Q8: (rows, n) signed bytes, in input order;
+ *           Q4X8: Q4's blocks with the rows interleaved eight at a time, what qkv's 4-bit layers hold (below)
+ *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8))
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
  *   y       (batch, rows) floats
  *
  * Variants: portable C, AVX2 (vpmaddubsw: unsigned x signed bytes into 16-bit pairs, then vpmaddwd into 32 bits) and
- * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction; two blocks at a time in 512-bit
- * registers), both with F16C for the fp16 scales, chosen by what the CPU reports. Both instructions take one
- * unsigned operand: Q4's codes are; a Q8 block is taken as |q_j| times p_j with q_j's sign. The rows are split over OpenMP threads: the library is built with
- * -fopenmp but not linked to an OpenMP runtime, so it runs on the one PyTorch loaded (its threads,
- * torch.get_num_threads()), never a second pool beside it.
+ * AVX-512 VNNI (vpdpbusd: four byte products into 32 bits in one instruction; Q4 and Q8 rows two blocks at a time
+ * in 512-bit registers, Q4X8 in 256-bit ones), both with F16C for the fp16 scales, chosen by what the CPU reports.
+ * Both instructions take one unsigned operand: Q4's codes are; a Q8 block is taken as |q_j| times p_j with q_j's
+ * sign. The rows (Q4X8: the groups of eight) are split over OpenMP threads: the library is built with -fopenmp but
+ * not linked to an OpenMP runtime, so it runs on the one PyTorch loaded (its threads, torch.get_num_threads()),
+ * never a second pool beside it.
  */
 #include <math.h>
 #include <stdint.h>
