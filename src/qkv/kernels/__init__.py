@@ -15,7 +15,8 @@ Layouts (see ``q4.c``), each weight ``q · scale + offset``: 4-bit ``codes`` ``(
 of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i`` in its low nibble and
 ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1 order); 8-bit ``codes`` ``(rows, n)`` int8, with no offsets;
 ``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
-them), as :mod:`qkv.kernels.layer`'s layers hold them.
+them). qkv's 4-bit layers (:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time,
+which decoding multiplies two to three times as fast; its 8-bit ones hold the rows in order.
 """
 
 from __future__ import annotations
