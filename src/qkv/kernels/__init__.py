@@ -16,7 +16,7 @@ of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i
 ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1 order); 8-bit ``codes`` ``(rows, n)`` int8, with no offsets;
 ``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
 them). qkv's 4-bit layers (:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time,
-which decoding multiplies two to three times as fast; its 8-bit ones hold the rows in order.
+which the kernel multiplies up to twice as fast (docs/quantization.md); its 8-bit ones hold the rows in order.
 """
 
 from __future__ import annotations
