@@ -37,6 +37,10 @@
 
 #define BLOCK 32
 #define TILE 4  /* activation rows taken at once: each weight block read and unpacked once for them */
+/* The SIMD variants ask for the codes this many bytes ahead of those they multiply (prefetch): the hardware's own
+ * prefetching leaves the weights' stream from memory at about two thirds of its speed on the CPUs measured (one
+ * decoding step's products of a 360M and a 1.7B model: 30-35% less time; 2 to 8 KB ahead all did about as well). */
+#define AHEAD 4096
 
 enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
 enum { Q4 = 0, Q8 = 1, Q4X8 = 2 };                  /* the weight blocks' formats */
@@ -193,6 +197,8 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void avx2_
     }
     int64_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
+        for (int64_t k = 0; k < 8 * bytes; k += 64)
+            __builtin_prefetch(c + b * bytes + AHEAD + k, 0, 3);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));
         float scale[TILE][8];
         for (int k = 0; k < count; k++)
@@ -272,6 +278,8 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void vnni512_
     }
     int64_t b = 0;
     for (; b + 8 <= blocks; b += 8) {
+        for (int64_t k = 0; k < 8 * bytes; k += 64)
+            __builtin_prefetch(c + b * bytes + AHEAD + k, 0, 3);
         __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(wd + b)));
         __m256 scale[TILE];
         for (int k = 0; k < count; k++)
@@ -418,9 +426,12 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256
         for (int k = 0; k < count; k++)                                                                              \
             acc[k] = _mm256_setzero_ps();                                                                            \
         for (int64_t b = 0; b < blocks; b++) {                                                                       \
+            const uint8_t *block = c + b * GROUP * BLOCK / 2;                                                        \
+            __builtin_prefetch(block + AHEAD, 0, 3);                                                                 \
+            __builtin_prefetch(block + AHEAD + 64, 0, 3);                                                            \
             __m256i lo[4], hi[4];                                                                                    \
             for (int q = 0; q < 4; q++) {                                                                            \
-                __m256i v = _mm256_loadu_si256((const __m256i *)(c + b * GROUP * BLOCK / 2 + 32 * q));               \
+                __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 * q));                                   \
                 lo[q] = _mm256_and_si256(v, low);                                                                    \
                 hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                              \
             }                                                                                                        \
