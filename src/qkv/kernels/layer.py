@@ -5,9 +5,10 @@
 ``W ≈ (q - 8) · s + z``. :class:`KernelInt4Linear` holds 4-bit codes in groups of 32 too, GGUF's blocks: a group's
 32 in 16 bytes, byte ``i`` holding input ``i`` in its low nibble and input ``i + 16`` in its high one, and per group
 an fp16 scale ``d`` and offset ``m``, ``W ≈ q · d + m``, GGUF's Q4_1 form; the rows interleaved eight at a time,
-block by block, as the kernel multiplies them fastest (:func:`qkv.kernels.interleaved`). A Q4_0 or Q4_1 file's blocks are so taken over exactly, bytes and fp16
-numbers as stored (Q4_0's offset is ``-8 d``); bfloat16 would round each scale by up to 2⁻⁹ of itself, which costs
-a measurable share of perplexity (docs/quantization.md). fp16 reaches 65504: weights beyond it are refused.
+block by block, as the kernel multiplies them fastest (:func:`qkv.kernels.interleaved`). A Q4_0 or Q4_1 file's
+blocks are so taken over exactly, bytes and fp16 numbers as stored (Q4_0's offset is ``-8 d``); bfloat16 would round
+each scale by up to 2⁻⁹ of itself, which costs a measurable share of perplexity (docs/quantization.md). fp16
+reaches 65504: weights beyond it are refused.
 
 :class:`~qkv.quantize.Int8Linear` keeps one bfloat16 scale per output row, ``W ≈ s · q``. :class:`KernelInt8Linear`
 keeps one fp16 scale per block of 32 inputs, ``W ≈ d · q``, GGUF's Q8_0 form: a Q8_0 tensor (most files' token
