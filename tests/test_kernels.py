@@ -204,6 +204,7 @@ def test_the_kernels_layer_holds_a_files_blocks_exactly():
     assert torch.equal(held[0].view(8, -1), codes)
     assert torch.equal(held[1].view(torch.int16), d.view(torch.int16))
     assert torch.equal(held[2].view(torch.int16), m.view(torch.int16))
+    assert torch.equal(ours.scales[8:16], d) and torch.equal(ours.zeros[8:16], m.float() + 8 * d.float())  # by row
     assert torch.equal(ours.codes[1], kernels.interleaved(codes, d, m)[0][0])  # the rows interleaved, as the kernel
     assert ours.codes.shape == (3, 3, 128) and not ours.codes[2].view(3, 4, 8, 4)[:, :, 3:].any()  # reads them
     levels = torch.cat([codes.view(8, 3, 16) & 15, codes.view(8, 3, 16) >> 4], -1).float()  # (rows, block, 32)

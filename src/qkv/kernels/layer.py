@@ -164,12 +164,22 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
 
     @property
     def scales(self) -> Tensor:  # a buffer of its own name would clash with Int4Linear's property
-        return self.group_scales
+        """The groups' scales ``(out_features, in_features / 32)`` float16, row by row."""
+        return self._rows()[1]
 
     @property
     def zeros(self) -> Tensor:
-        """The zero points ``offset + 8 · scale`` (float32), as :class:`~qkv.quantize.Int4Linear` states them."""
-        return self.offsets.float() + 8 * self.group_scales.float()
+        """The zero points ``offset + 8 · scale`` (float32) ``(out_features, in_features / 32)``, as
+        :class:`~qkv.quantize.Int4Linear` states them."""
+        _, scales, offsets = self._rows()
+        return offsets.float() + 8 * scales.float()
+
+    def _rows(self, outputs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Rows ``outputs`` (default every row) in GGUF's order: code bytes ``(r, blocks, 16)``, scales and offsets
+        ``(r, blocks)``."""
+        device = self.codes.device
+        rows = torch.arange(self.out_features, device=device) if outputs is None else outputs.to(device)
+        return read_rows(self.codes, self.group_scales, self.offsets, rows)
 
     @staticmethod
     def encoded(w: Tensor, group_size: int = BLOCK) -> dict[str, Tensor]:
@@ -213,8 +223,7 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         """The reference: every weight ``q · scale + offset`` from the buffers, in torch."""
-        rows = torch.arange(self.out_features) if outputs is None else outputs.cpu()
-        codes, scales, offsets = read_rows(self.codes, self.group_scales, self.offsets, rows)
+        codes, scales, offsets = self._rows(outputs)
         groups = codes.view(len(codes), -1, 1, _GROUP_BYTES)
         levels = torch.cat([groups & 15, groups >> 4], dim=2).view(len(codes), -1, BLOCK).float()
         return (levels * scales.float()[..., None] + offsets.float()[..., None]).view(len(codes), -1)
