@@ -116,6 +116,14 @@ def _inputs(codes: Tensor) -> int:
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
 
 
+def _rows(codes: Tensor, rows: int | None = None) -> int:
+    """The weights' rows: ``rows`` where given (interleaved codes hold them in whole groups of eight), else every row
+    the codes hold."""
+    if rows is not None:
+        return rows
+    return codes.size(0) * (GROUP if codes.dim() == 3 else 1)
+
+
 def groups(rows: int) -> int:
     """Groups of :data:`GROUP` interleaved rows that hold ``rows`` rows (the last one's other lanes zeros)."""
     return -(-rows // GROUP)
@@ -173,9 +181,8 @@ def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = No
     quantized to int8 on the way, as :func:`quantize_activations` does. 4-bit weights: ``codes`` uint8 and
     ``offsets``, in the Q4 layout or :func:`interleaved` (then ``rows`` says how many are real); 8-bit: ``codes``
     int8, no offsets."""
-    n = _inputs(codes)
+    n, rows = _inputs(codes), _rows(codes, rows)
     if codes.dim() == 3:
-        rows = codes.size(0) * GROUP if rows is None else rows
         shape = (groups(rows), n // BLOCK)
         _check(codes, torch.uint8, (*shape, GROUP * BLOCK // 2), "codes")
         _check(scales, torch.float16, (*shape, GROUP), "scales")
@@ -183,7 +190,6 @@ def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = No
             raise ValueError("interleaved 4-bit weights need their offsets")
         _check(offsets, torch.float16, (*shape, GROUP), "offsets")
     else:
-        rows = codes.size(0)
         _check(codes, torch.int8 if offsets is None else torch.uint8, (rows, n if offsets is None else n // 2),
                "codes")
         _check(scales, torch.float16, (rows, n // BLOCK), "scales")
@@ -208,7 +214,7 @@ def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *
     addresses) looked up once, so that a decoding step's call costs a few microseconds. The weights must stay
     where they are (a layer remakes its function when its buffers move)."""
     call = _library().qkv_linear
-    rows = rows or codes.size(0) * (GROUP if codes.dim() == 3 else 1)
+    rows = _rows(codes, rows)
     fixed = (_format(codes), _best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
              None if offsets is None else offsets.data_ptr(), rows)
 

@@ -626,6 +626,15 @@ __attribute__((target("avx2"))) static void widen_block_avx2(const uint8_t *c, f
 }
 #endif
 
+/* Where row `row`'s block b lies in Q4X8 weights of n inputs: its group's block (the row's 4 bytes of quad q at
+ * 32 q + 4 (row % 8) in it) as an offset into the codes, and in `at` the index of its d and m. */
+static int64_t x8_block(int64_t n, int64_t row, int64_t b, int64_t *at)
+{
+    int64_t g = row / GROUP, r = row % GROUP;
+    *at = (g * (n / BLOCK) + b) * GROUP + r;
+    return g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2) + 4 * r;
+}
+
 /* Rows `start` to `start + count` of Q4X8 weights written from the Q4 layout: `pairs` (count, n / 2) the rows'
  * code bytes, `pd` and `pm` (count, n / 32) their fp16 scales and offsets. */
 void qkv_q4x8_write_rows(uint8_t *codes, uint16_t *d, uint16_t *m, int64_t n, int64_t start, int64_t count,
@@ -633,18 +642,16 @@ void qkv_q4x8_write_rows(uint8_t *codes, uint16_t *d, uint16_t *m, int64_t n, in
 {
     int64_t blocks = n / BLOCK;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < count; i++) {
-        int64_t g = (start + i) / GROUP, r = (start + i) % GROUP;
+    for (int64_t i = 0; i < count; i++)
         for (int64_t b = 0; b < blocks; b++) {
             const uint8_t *from = pairs + i * (n / 2) + b * (BLOCK / 2);
-            uint8_t *group = codes + g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2);
+            int64_t at;
+            uint8_t *to = codes + x8_block(n, start + i, b, &at);
             for (int q = 0; q < 4; q++)
-                memcpy(group + 32 * q + 4 * r, from + 4 * q, 4);
-            int64_t at = (g * blocks + b) * GROUP + r;
+                memcpy(to + 32 * q, from + 4 * q, 4);
             d[at] = pd[i * blocks + b];
             m[at] = pm[i * blocks + b];
         }
-    }
 }
 
 /* Rows `start` to `end` of Q4X8 weights as floats, out (end - start, n): q d + m, rounded as written (the reference
@@ -660,17 +667,15 @@ void qkv_q4x8_dequantize(const uint8_t *codes, const uint16_t *d, const uint16_t
         widen = widen_block_avx2;
 #endif
 #pragma omp parallel for schedule(static)
-    for (int64_t row = start; row < end; row++) {
-        int64_t g = row / GROUP, r = row % GROUP;
+    for (int64_t row = start; row < end; row++)
         for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *group = codes + g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2);
+            int64_t at;
+            const uint8_t *from = codes + x8_block(n, row, b, &at);
             uint8_t block[BLOCK / 2];
             for (int q = 0; q < 4; q++)
-                memcpy(block + 4 * q, group + 32 * q + 4 * r, 4);
-            int64_t at = (g * blocks + b) * GROUP + r;
+                memcpy(block + 4 * q, from + 32 * q, 4);
             widen(block, half_portable(d[at]), half_portable(m[at]), out + (row - start) * n + b * BLOCK);
         }
-    }
 }
 
 /* The activations as the kernel sees them, out (batch, n): each block's codes times its scale, p e. */
