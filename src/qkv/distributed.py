@@ -17,6 +17,7 @@ NCCL connects GPUs, Gloo CPUs. Without torchrun's environment everything here is
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import time
@@ -113,6 +114,9 @@ def setup(device_type: str) -> Group:
         if rank != 0:
             _wait_for_rank_0(present["MASTER_ADDR"], present["MASTER_PORT"], world)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        # left before the interpreter's teardown: a group still alive then may abort the process as its threads
+        # are destroyed ("terminate called without an active exception"), after a run that went well
+        atexit.register(dist.destroy_process_group)
     return Group(rank, world, local)
 
 
