@@ -121,6 +121,28 @@ def int8_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, torch.from_numpy(_fp16(blocks, 0))[..., 0]
 
 
+def q6_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of Q6_K blocks (210 bytes for 256 weights: 128 bytes of the codes' low four bits, 64 of their high two,
+    16 int8 scales ``sc``, one per 16 weights, and an fp16 ``d``; each weight ``d · sc · (q - 32)``) as the codes
+    ``q`` ``(rows, inputs)`` uint8 in 0..63, in the weights' order, ``d`` ``(rows, inputs / 256)`` float16 and
+    ``sc`` ``(rows, inputs / 16)`` int8, the numbers as stored.
+
+    In a block each half of 128 weights has 64 bytes of low bits and 32 of high ones: weight ``32 k + l`` of the
+    half (``k`` 0..3) takes the low nibble of byte ``l`` (k = 0), of ``32 + l`` (1), their high nibbles (2, 3),
+    and bits ``2 k``, ``2 k + 1`` of high byte ``l``."""
+    if raw.shape[1] % 210:
+        raise ValueError(f"a row of {raw.shape[1]} bytes is not a whole number of Q6_K blocks of 210 bytes")
+    rows = len(raw)
+    blocks = torch.from_numpy(np.ascontiguousarray(raw)).view(rows, -1, 210)
+    low = blocks[..., :128].reshape(rows, -1, 2, 2, 32)  # (half, byte run 0..31 or 32..63, l)
+    high = blocks[..., 128:192].reshape(rows, -1, 2, 1, 32)
+    nibbles = torch.stack([low[..., 0, :] & 15, low[..., 1, :] & 15, low[..., 0, :] >> 4, low[..., 1, :] >> 4], 3)
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)[:, None]
+    q = nibbles | ((high >> shifts) & 3) << 4  # (rows, blocks, half, k, l)
+    d = blocks[..., 208:210].contiguous().view(torch.float16)[..., 0]
+    return q.reshape(rows, -1), d, blocks[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
+
+
 def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
     """Rows of any format the ``gguf`` package reads, as float32 ``(rows, inputs)``; ``tensor_type`` is its
     ``GGMLQuantizationType``. Q8_0, most files' token table, is decoded here, in PyTorch: each weight is its
@@ -136,4 +158,5 @@ def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
         raise ValueError(f"tensors stored as {kind} cannot be decoded by the gguf package") from None
 
 
-__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int4_halves", "int8_blocks"]
+__all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int4_halves", "int8_blocks",
+           "q6_k_blocks"]

@@ -15,8 +15,11 @@ Layouts (see ``q4.c``), each weight ``q · scale + offset``: 4-bit ``codes`` ``(
 of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i`` in its low nibble and
 ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1 order); 8-bit ``codes`` ``(rows, n)`` int8, with no offsets;
 ``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
-them). qkv's 4-bit layers (:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time,
-which the kernel multiplies up to twice as fast (docs/quantization.md); its 8-bit ones hold the rows in order.
+them). 6-bit weights are GGUF's Q6_K as stored (:func:`q6_codes` packs the codes): ``codes`` ``(rows, n / 32, 24)``
+uint8, ``scales`` each super-block's ``d`` ``(rows, n / 256)`` float16, and in the offsets' place the int8 scales
+of each 16 inputs ``(rows, n / 16)``, each weight ``d · scale · (q - 32)``. qkv's 4-bit layers
+(:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time, which the kernel
+multiplies up to twice as fast (docs/quantization.md); its 8-bit ones hold the rows in order.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from torch import Tensor
 
 BLOCK = 32  # inputs per block, of the weights and of the quantized activations
 GROUP = 8  # 4-bit rows interleaved at a time for decoding (q4.c's Q4X8 layout, :func:`interleaved`)
+Q6_BYTES = 24  # a block of 32 six-bit codes (q4.c's Q6 layout)
+SUPER = 256  # inputs of a Q6_K super-block: one scale d
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
 
 _HERE = Path(__file__).resolve().parent
@@ -54,7 +59,7 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_linear.argtypes = [_INT, _INT, _P, _P, _P, _I64, _I64, _P, _I64, _P]
     library.qkv_linear.restype = _INT
     library.qkv_q8_rounded.argtypes = [_P, _I64, _I64, _P]
-    library.qkv_block_sums.argtypes = [_INT, _INT, _P, _I64, _I64, _P, _P]
+    library.qkv_block_sums.argtypes = [_INT, _INT, _P, _P, _I64, _I64, _P, _P]
     library.qkv_block_sums.restype = _INT
     library.qkv_q4x8_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P]
     library.qkv_q4x8_write_rows.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _P]
@@ -110,7 +115,7 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def _inputs(codes: Tensor) -> int:
     """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8); 32 a block of
-    interleaved ones."""
+    interleaved or 6-bit ones."""
     if codes.dim() == 3:
         return codes.size(1) * BLOCK
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
@@ -121,7 +126,7 @@ def _rows(codes: Tensor, rows: int | None = None) -> int:
     the codes hold."""
     if rows is not None:
         return rows
-    return codes.size(0) * (GROUP if codes.dim() == 3 else 1)
+    return codes.size(0) * (GROUP if _format(codes) == 2 else 1)
 
 
 def groups(rows: int) -> int:
@@ -175,14 +180,35 @@ def interleaved(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor,
     return out
 
 
+def q6_codes(q: Tensor) -> Tensor:
+    """6-bit codes ``q`` ``(rows, n)`` in 0..63 as q4.c's Q6 blocks ``(rows, n / 32, 24)`` uint8: a block's low
+    four bits two to a byte (input ``i`` low, ``16 + i`` high), then its high two bits four to a byte (byte ``i``:
+    inputs ``i``, ``8 + i``, ``16 + i``, ``24 + i``, from the lowest bits up)."""
+    rows, n = q.shape
+    blocks = q.to(torch.uint8).view(rows, n // BLOCK, BLOCK)
+    low, high = blocks & 15, (blocks >> 4).view(rows, n // BLOCK, 4, 8)
+    nibbles = low[..., : BLOCK // 2] | low[..., BLOCK // 2 :] << 4
+    crumbs = high[..., 0, :] | high[..., 1, :] << 2 | high[..., 2, :] << 4 | high[..., 3, :] << 6
+    return torch.cat([nibbles, crumbs], dim=-1).contiguous()
+
+
 def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
            variant: str | None = None) -> Tensor:
     """``x`` ``(batch, n)`` float32 times the weights' transpose: ``(batch, rows)`` float32, the activations
     quantized to int8 on the way, as :func:`quantize_activations` does. 4-bit weights: ``codes`` uint8 and
     ``offsets``, in the Q4 layout or :func:`interleaved` (then ``rows`` says how many are real); 8-bit: ``codes``
-    int8, no offsets."""
+    int8, no offsets; 6-bit (:func:`q6_codes`): ``codes``, the super-blocks' ``scales`` and ``offsets`` the int8
+    scales of each 16 inputs."""
     n, rows = _inputs(codes), _rows(codes, rows)
-    if codes.dim() == 3:
+    if _format(codes) == 3:
+        if n % SUPER:
+            raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
+        _check(codes, torch.uint8, (rows, n // BLOCK, Q6_BYTES), "codes")
+        _check(scales, torch.float16, (rows, n // SUPER), "scales")
+        if offsets is None:
+            raise ValueError("6-bit weights need their scales per 16 inputs (offsets)")
+        _check(offsets, torch.int8, (rows, n // 16), "offsets")
+    elif codes.dim() == 3:
         shape = (groups(rows), n // BLOCK)
         _check(codes, torch.uint8, (*shape, GROUP * BLOCK // 2), "codes")
         _check(scales, torch.float16, (*shape, GROUP), "scales")
@@ -270,21 +296,25 @@ def _best() -> int:
 
 def _format(codes: Tensor) -> int:
     """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8), 2 for
-    interleaved 4-bit ones."""
+    interleaved 4-bit ones, 3 for 6-bit ones (24 bytes a block)."""
     if codes.dim() == 3:
-        return 2
+        return 3 if codes.size(-1) == Q6_BYTES else 2
     return 1 if codes.dtype == torch.int8 else 0
 
 
-def block_sums(codes: Tensor, xq: Tensor, *, variant: str) -> Tensor:
+def block_sums(codes: Tensor, xq: Tensor, *, variant: str, sub: Tensor | None = None) -> Tensor:
     """The integer sum of every weight block times the activation row ``xq`` ``(n,)`` int8: ``(rows, n / 32)``
-    int32, as ``variant`` computes it (the tests hold each variant to a reference). 4-bit codes uint8, 8-bit int8."""
+    int32, as ``variant`` computes it (the tests hold each variant to a reference). 4-bit codes uint8, 8-bit int8,
+    6-bit ones with their scales ``sub`` (each block's sum is then ``sub_0 Σ (q - 32) p + sub_1 Σ (q - 32) p`` over
+    its two halves)."""
     rows, n = codes.size(0), _inputs(codes)
-    _check(codes, codes.dtype, (rows, codes.size(1)), "codes")
+    _check(codes, codes.dtype, (rows, *codes.shape[1:]), "codes")
     _check(xq, torch.int8, (n,), "xq")
+    if _format(codes) == 3:
+        _check(sub, torch.int8, (rows, n // 16), "sub")
     sums = torch.empty(rows, n // BLOCK, dtype=torch.int32)
-    if _library().qkv_block_sums(_format(codes), VARIANTS.index(variant), codes.data_ptr(), rows, n, xq.data_ptr(),
-                                 sums.data_ptr()):
+    if _library().qkv_block_sums(_format(codes), VARIANTS.index(variant), codes.data_ptr(),
+                                 None if sub is None else sub.data_ptr(), rows, n, xq.data_ptr(), sums.data_ptr()):
         raise ValueError(f"this CPU does not run the {variant} variant")
     return sums
 
@@ -303,6 +333,7 @@ __all__ = [
     "interleaved",
     "linear",
     "matmul",
+    "q6_codes",
     "quantize_activations",
     "read_rows",
     "rounded_activations",

@@ -17,8 +17,10 @@
  *   codes   Q4: (rows, n / 2) bytes: for block b of a row, bytes 16 b .. 16 b + 15; byte i holds input 32 b + i in
  *           its low nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order);
  *           Q8: (rows, n) signed bytes, in input order;
- *           Q4X8: Q4's blocks with the rows interleaved eight at a time, what qkv's 4-bit layers hold (below)
- *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8))
+ *           Q4X8: Q4's blocks with the rows interleaved eight at a time, what qkv's 4-bit layers hold (below);
+ *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 24 bytes a block
+ *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8); Q6: d
+ *           (rows, n / 256) fp16, and in m's place the int8 scales (rows, n / 16))
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
  *   y       (batch, rows) floats
  *
@@ -43,7 +45,7 @@
 #define AHEAD 4096
 
 enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
-enum { Q4 = 0, Q8 = 1, Q4X8 = 2 };                  /* the weight blocks' formats */
+enum { Q4 = 0, Q8 = 1, Q4X8 = 2, Q6 = 3 };          /* the weight blocks' formats */
 #define GROUP 8                                     /* Q4X8: rows interleaved eight at a time */
 
 int qkv_best_variant(void);
@@ -469,6 +471,164 @@ GROUPS(x8_avx2, x8_avx2_body, "avx2,fma,f16c")
 GROUPS(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 #endif
 
+/* ------------------------------------------------------------------------------------- Q6: GGUF's Q6_K as stored
+ *
+ * A super-block of 256 weights w_j = d sc_h (q_j - 32): q_j in 0..63, sc_h an int8 scale for each 16 inputs, d one
+ * fp16 for the 256. Held a block of 32 inputs in 24 bytes: bytes 0..15 the codes' low four bits as Q4 holds codes
+ * (byte i: input i in the low nibble, input 16 + i in the high one), bytes 16..23 their high two bits (byte i:
+ * inputs i, 8 + i, 16 + i and 24 + i at bits 0, 2, 4 and 6). A block contributes
+ *
+ *     d e (sc_0 sum_{j < 16} (q_j - 32) p_j + sc_1 sum_{j >= 16} (q_j - 32) p_j),
+ *
+ * the integer sum exact in 32 bits (|q - 32| <= 32: at most 32 * 32 * 127 * 128), then one float multiply, as a Q8
+ * block's. q - 32 is taken as |q - 32| times p with q - 32's sign, as Q8's codes are. */
+#define Q6_BYTES 24
+#define SUPER 8  /* blocks of 32 in a super-block: one d */
+
+static int q6_code(const uint8_t *c, int i)
+{
+    int low = i < BLOCK / 2 ? c[i] & 15 : c[i - BLOCK / 2] >> 4;
+    return low | ((c[BLOCK / 2 + (i & 7)] >> (2 * (i >> 3))) & 3) << 4;
+}
+
+static int32_t block_sum_q6_portable(const uint8_t *c, const int8_t *sc, const int8_t *p)
+{
+    int32_t half[2] = {0, 0};
+    for (int i = 0; i < BLOCK; i++)
+        half[i / 16] += (q6_code(c, i) - 32) * p[i];
+    return sc[0] * half[0] + sc[1] * half[1];
+}
+
+static void q6_portable(const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e,
+                        int64_t blocks, int64_t n, int count, float *out)
+{
+    for (int k = 0; k < count; k++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            int32_t sum = block_sum_q6_portable(c + b * Q6_BYTES, sc + 2 * b, p + k * n + b * BLOCK);
+            acc += half_portable(wd[b / SUPER]) * e[k * blocks + b] * (float)sum;
+        }
+        out[k] = acc;
+    }
+}
+
+#if defined(__x86_64__)
+/* A Q6 block's codes less 32, signed bytes in input order. The high bits: the eight bytes in each 64-bit lane,
+ * lane k shifted right by 2 k, so that input 8 k + i finds its two bits at the bottom of byte i. */
+__attribute__((target("avx2"))) static inline __m256i codes_q6(const uint8_t *c)
+{
+    int64_t bits;
+    memcpy(&bits, c + BLOCK / 2, sizeof bits);
+    __m256i high = _mm256_srlv_epi64(_mm256_set1_epi64x(bits), _mm256_set_epi64x(6, 4, 2, 0));
+    high = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4);  /* values <= 48: no carry */
+    return _mm256_sub_epi8(_mm256_or_si256(codes_q4(c), high), _mm256_set1_epi8(32));
+}
+
+/* Eight 32-bit sums of a Q6 block's products, lane i over inputs 4 i .. 4 i + 3 times its half's scale (lanes 0..3
+ * sc_0, 4..7 sc_1): the same integers from both instructions. AVX2: byte pairs into 16 bits (<= 2 * 32 * 127), then
+ * vpmaddwd by the scales; VNNI: four products into 32 bits, then a 32-bit multiply by them. */
+__attribute__((target("avx2"))) static inline __m256i q6_products_avx2(__m256i codes, const int8_t *p,
+                                                                       const int8_t *sc)
+{
+    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), codes);
+    __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), x);
+    return _mm256_madd_epi16(pairs, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i q6_products_vnni(__m256i codes,
+                                                                                                  const int8_t *p,
+                                                                                                  const int8_t *sc)
+{
+    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), codes);
+    __m256i fours = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(codes, codes), x);
+    return _mm256_mullo_epi32(fours, _mm256_set_m128i(_mm_set1_epi32(sc[1]), _mm_set1_epi32(sc[0])));
+}
+
+/* One Q6 row against `count` (1 to TILE) activation rows: each block's codes unpacked once for all of them, its
+ * lanes scaled by d e into two accumulators (alternate blocks), as avx2_body does for Q8. */
+#define Q6_BODY(name, products, targets)                                                                             \
+    __attribute__((target(targets), always_inline)) static inline void name(                                         \
+        const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,     \
+        int64_t n, const int count, float *out)                                                                      \
+    {                                                                                                                \
+        __m256 acc[TILE][2];                                                                                         \
+        for (int k = 0; k < count; k++)                                                                              \
+            acc[k][0] = acc[k][1] = _mm256_setzero_ps();                                                             \
+        for (int64_t b = 0; b < blocks; b++) {                                                                       \
+            if (b % SUPER == 0)                                                                                      \
+                for (int64_t k = 0; k < SUPER * Q6_BYTES; k += 64)                                                   \
+                    __builtin_prefetch(c + b * Q6_BYTES + AHEAD + k, 0, 3);                                          \
+            __m256i codes = codes_q6(c + b * Q6_BYTES);                                                              \
+            float d = half_f16c(wd[b / SUPER]);                                                                      \
+            for (int k = 0; k < count; k++) {                                                                        \
+                __m256 sums = _mm256_cvtepi32_ps(products(codes, p + k * n + b * BLOCK, sc + 2 * b));                \
+                acc[k][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k][b & 1]);         \
+            }                                                                                                        \
+        }                                                                                                            \
+        for (int k = 0; k < count; k++)                                                                              \
+            out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1]));                                                   \
+    }
+
+Q6_BODY(q6_avx2_body, q6_products_avx2, "avx2,fma,f16c")
+Q6_BODY(q6_vnni_body, q6_products_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+
+/* A variant's Q6 row function: the body with the count a constant. */
+#define Q6_ROWS(name, body, targets)                                                                                 \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const int8_t *sc,        \
+                                                      const int8_t *p, const float *e, int64_t blocks, int64_t n,    \
+                                                      int count, float *out)                                         \
+    {                                                                                                                \
+        switch (count) {                                                                                             \
+        case 1: body(c, wd, sc, p, e, blocks, n, 1, out); break;                                                     \
+        case 2: body(c, wd, sc, p, e, blocks, n, 2, out); break;                                                     \
+        case 3: body(c, wd, sc, p, e, blocks, n, 3, out); break;                                                     \
+        default: body(c, wd, sc, p, e, blocks, n, TILE, out);                                                        \
+        }                                                                                                            \
+    }
+
+Q6_ROWS(q6_avx2, q6_avx2_body, "avx2,fma,f16c")
+Q6_ROWS(q6_vnni, q6_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+
+__attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *c, const int8_t *sc, const int8_t *p)
+{
+    return sum8_epi32(q6_products_avx2(codes_q6(c), p, sc));
+}
+
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_q6_vnni(const uint8_t *c,
+                                                                                           const int8_t *sc,
+                                                                                           const int8_t *p)
+{
+    return sum8_epi32(q6_products_vnni(codes_q6(c), p, sc));
+}
+#endif
+
+/* qkv_matmul for Q6 weights: the rows split over the threads, TILE activation rows at a time. */
+static void matmul_q6(int variant, const uint8_t *codes, const uint16_t *d, const int8_t *sc, int64_t rows,
+                      int64_t n, const int8_t *xq, const float *xd, int64_t batch, float *y)
+{
+    void (*dot)(const uint8_t *, const uint16_t *, const int8_t *, const int8_t *, const float *, int64_t, int64_t,
+                int, float *) = q6_portable;
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        dot = q6_vnni;
+    else if (variant == AVX2)
+        dot = q6_avx2;
+#else
+    (void)variant;  /* one variant only */
+#endif
+    int64_t blocks = n / BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < batch; i += TILE) {
+            int count = batch - i < TILE ? (int)(batch - i) : TILE;
+            float out[TILE];
+            dot(codes + r * blocks * Q6_BYTES, d + r * (blocks / SUPER), sc + r * 2 * blocks, xq + i * n,
+                xd + i * blocks, blocks, n, count, out);
+            for (int k = 0; k < count; k++)
+                y[(i + k) * rows + r] = out[k];
+        }
+}
+
 static void rows_portable(int format, const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p,
                           const float *e, const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
@@ -562,13 +722,18 @@ static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, cons
     }
 }
 
-/* y (batch, rows) = the product of `batch` quantized activation rows and the weights in `format` (m NULL for Q8);
- * returns 0, or -1 for a variant this CPU does not run or an unknown format. */
+/* y (batch, rows) = the product of `batch` quantized activation rows and the weights in `format` (m NULL for Q8,
+ * Q6's int8 scales for Q6); returns 0, or -1 for a variant this CPU does not run, an unknown format or Q6 weights
+ * whose rows are not whole super-blocks. */
 int qkv_matmul(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
                int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
 {
-    if (!qkv_runs_variant(variant) || format < Q4 || format > Q4X8)
+    if (!qkv_runs_variant(variant) || format < Q4 || format > Q6 || (format == Q6 && n % (SUPER * BLOCK)))
         return -1;
+    if (format == Q6) {
+        matmul_q6(variant, codes, d, (const int8_t *)m, rows, n, xq, xd, batch, y);
+        return 0;
+    }
     if (format == Q4X8) {
         matmul_x8(variant, codes, d, m, rows, n, xq, xd, xs, batch, y);
         return 0;
@@ -691,23 +856,23 @@ void qkv_q8_rounded(const float *x, int64_t batch, int64_t n, float *out)
 }
 
 /* The integer sum of every (row, block): sums (rows, n / 32), for the tests (each variant must equal the portable
- * one and a reference in Python exactly). */
-int qkv_block_sums(int format, int variant, const uint8_t *codes, int64_t rows, int64_t n, const int8_t *xq,
-                   int32_t *sums)
+ * one and a reference in Python exactly); `sc` Q6's int8 scales (rows, n / 16), else unread. */
+int qkv_block_sums(int format, int variant, const uint8_t *codes, const int8_t *sc, int64_t rows, int64_t n,
+                   const int8_t *xq, int32_t *sums)
 {
-    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8))
+    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8 && format != Q6))
         return -1;
-    int64_t blocks = n / BLOCK, bytes = row_bytes(format, n) / blocks;
+    int64_t blocks = n / BLOCK, bytes = format == Q6 ? Q6_BYTES : row_bytes(format, n) / blocks;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
-            const uint8_t *c = codes + r * row_bytes(format, n) + b * bytes;
-            const int8_t *p = xq + b * BLOCK;
-            int32_t sum = block_sum_portable(format, c, p);
+            const uint8_t *c = codes + (r * blocks + b) * bytes;
+            const int8_t *p = xq + b * BLOCK, *s = format == Q6 ? sc + 2 * (r * blocks + b) : NULL;
+            int32_t sum = format == Q6 ? block_sum_q6_portable(c, s, p) : block_sum_portable(format, c, p);
 #if defined(__x86_64__)
             if (variant == AVX2)
-                sum = block_sum_avx2(format, c, p);
+                sum = format == Q6 ? block_sum_q6_avx2(c, s, p) : block_sum_avx2(format, c, p);
             else if (variant == AVX512_VNNI)
-                sum = block_sum_vnni(format, c, p);
+                sum = format == Q6 ? block_sum_q6_vnni(c, s, p) : block_sum_vnni(format, c, p);
 #endif
             sums[r * blocks + b] = sum;
         }
