@@ -43,10 +43,10 @@ SPM_TYPES = [2, 3, 3, *[6] * 256, *[1] * len(SPM_PIECES)]
 SPM_SCORES = [0.0] * 259 + [-float(i) for i in range(len(SPM_PIECES))]
 
 
-def tiny_llama(*, tie: bool):
+def tiny_llama(*, tie: bool, d_model: int = D_MODEL, d_ff: int = 64):
     config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=D_MODEL, num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
-        num_hidden_layers=2, intermediate_size=64, max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
+        vocab_size=VOCAB, hidden_size=d_model, num_attention_heads=N_HEADS, num_key_value_heads=N_KV_HEADS,
+        num_hidden_layers=2, intermediate_size=d_ff, max_position_embeddings=64, rope_theta=500.0, rms_norm_eps=1e-5,
         tie_word_embeddings=tie, attn_implementation="eager",
     )
     model = transformers.LlamaForCausalLM(config)
@@ -90,14 +90,16 @@ def gguf_tensors(model, *, matrices: str = "F32") -> dict[str, np.ndarray]:
     return out
 
 
-def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, pre="smollm", **metadata):
-    """A GGUF file with LLaMA metadata for the tiny model; ``metadata`` adds or overrides raw keys.
-    ``tokenizer``: True (byte-level BPE), "llama" (SentencePiece) or False."""
+def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=None, pre="smollm", d_model=D_MODEL,
+               d_ff=64, **metadata):
+    """A GGUF file with LLaMA metadata for the tiny model (``d_model`` and ``d_ff`` as :func:`tiny_llama`'s);
+    ``metadata`` adds or overrides raw keys. ``tokenizer``: True (byte-level BPE), "llama" (SentencePiece) or
+    False."""
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(2)
     writer.add_context_length(64)
-    writer.add_embedding_length(D_MODEL)
-    writer.add_feed_forward_length(64)
+    writer.add_embedding_length(d_model)
+    writer.add_feed_forward_length(d_ff)
     writer.add_head_count(N_HEADS)
     writer.add_head_count_kv(N_KV_HEADS)
     writer.add_rope_freq_base(500.0)
@@ -137,3 +139,25 @@ def write_gguf(path, tensors, *, arch="llama", tokenizer=True, chat_template=Non
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def q6_k(weights: np.ndarray) -> np.ndarray:
+    """``weights`` ``(rows, n)`` (n a multiple of 256) as Q6_K blocks, the bytes a file stores (the ``gguf`` package
+    reads them but cannot write them): per 16 weights a scale ``amax / 31`` as an int8 multiple of the super-block's
+    fp16 ``d`` (the largest of them / 127), codes ``round(w / (d · sc)) + 32`` in 0..63; the bytes laid out as
+    ggml's block_q6_K (low nibbles, high bit pairs, scales, d)."""
+    rows, n = weights.shape
+    groups = weights.astype(np.float64).reshape(rows, n // 256, 16, 16)
+    wanted = np.abs(groups).max(-1) / 31  # (rows, blocks, 16)
+    d = (wanted.max(-1) / 127).astype(np.float16)
+    d = np.where(d > 0, d, np.float16(2**-24))
+    sc = np.clip(np.round(wanted / d[..., None].astype(np.float64)), -128, 127).astype(np.int8)
+    step = (d[..., None].astype(np.float64) * sc)[..., None]
+    q = np.where(step > 0, np.round(groups / np.where(step > 0, step, 1)) + 32, 32)
+    q = np.clip(q, 0, 63).astype(np.uint8).reshape(rows, n // 256, 2, 4, 32)  # (half, k, l): weight 32 k + l
+    low, high = q & 15, q >> 4
+    ql = np.concatenate([low[..., 0, :] | low[..., 2, :] << 4, low[..., 1, :] | low[..., 3, :] << 4], axis=-1)
+    qh = high[..., 0, :] | high[..., 1, :] << 2 | high[..., 2, :] << 4 | high[..., 3, :] << 6
+    blocks = np.concatenate([ql.reshape(rows, n // 256, 128), qh.reshape(rows, n // 256, 64),
+                             sc.view(np.uint8), d[..., None].view(np.uint8)], axis=-1)
+    return blocks.reshape(rows, -1)

@@ -1,4 +1,4 @@
-"""int4 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
+"""int4, int6 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
 
 :class:`~qkv.quantize.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
 (rows in blocks of 32 or 64, input by input), with a bfloat16 scale and zero point per group of 32 inputs,
@@ -15,7 +15,10 @@ keeps one fp16 scale per block of 32 inputs, ``W ≈ d · q``, GGUF's Q8_0 form:
 table and output layer) is taken over exactly, and weights quantized again land nearer their values (a step per
 block, not per row), for 6% more memory (two bytes per 32 codes).
 
-Both multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product registered
+:class:`KernelInt6Linear` holds a GGUF file's Q6_K blocks as stored (six-bit codes, an int8 scale per 16 inputs, an
+fp16 one per 256: 6.6 bits a weight), the layers of a Q4_K_M file that llama.cpp's quantizer gives more bits.
+
+All three multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product registered
 as the operator ``qkv::block_linear``, one node of the graph.
 
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
@@ -35,12 +38,15 @@ from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpa
 from . import (
     BLOCK,
     GROUP,
+    Q6_BYTES,
+    SUPER,
     best_variant,
     bound_linear,
     dequantize,
     groups,
     interleaved,
     linear,
+    q6_codes,
     read_rows,
     rounded_activations,
     write_rows,
@@ -54,7 +60,9 @@ _GROUP_BYTES = BLOCK // 2
 # or ahead at 1,024. 8-bit (the rows one by one; SmolLM2's output layer, 49,152 x 576): AVX-512 VNNI even with the
 # widened weights up to 256 rows, behind at 512; AVX2 behind from 32-64 (16 keeps to the safe side). The portable C
 # falls behind from about 16.
+# 6-bit (GGUF's Q6_K, the rows one by one as 8-bit ones): 8-bit's thresholds.
 WIDEN_ROWS = {4: {"portable": 16, "avx2": 512, "avx512-vnni": 512}, 8: {"portable": 16, "avx2": 16, "avx512-vnni": 64}}
+WIDEN_ROWS[6] = WIDEN_ROWS[8]
 WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
@@ -64,9 +72,19 @@ def widen_rows(bits: int) -> int:
     return WIDEN_ROWS[bits][best_variant()]
 
 
+def _bits(codes: Tensor) -> int:
+    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (24 bytes), else 4."""
+    if codes.dtype == torch.int8:
+        return 8
+    return 6 if codes.size(-1) == Q6_BYTES else 4
+
+
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
     """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones (interleaved) by
-    the kernel's library, 8-bit ones (no offsets) as codes times their blocks' scales."""
+    the kernel's library, 8-bit ones (no offsets) as codes times their blocks' scales, 6-bit ones as
+    :func:`q6_weights` gives them."""
+    if _bits(codes) == 6:
+        return out.copy_(q6_weights(codes[start:end], scales[start:end], offsets[start:end]))
     if offsets is not None:
         return dequantize(codes, scales, offsets, start, out)
     blocks = out.view(end - start, -1, BLOCK)
@@ -80,10 +98,10 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
     looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
-    inputs = scales.size(1) * BLOCK
+    inputs = codes.size(1) * BLOCK if codes.dim() == 3 else scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
-    widen = widen_rows(8 if offsets is None else 4)
+    widen = widen_rows(_bits(codes))
 
     def product(x: Tensor) -> Tensor:
         if x.size(0) < widen:
@@ -300,6 +318,64 @@ class KernelInt8Linear(_KernelProduct, Int8Linear):
         return "int8, fp16 scales per 32 inputs, qkv's kernel"
 
 
+def q6_weights(codes: Tensor, d: Tensor, sub: Tensor) -> Tensor:
+    """Q6 blocks (:func:`qkv.kernels.q6_codes`) as float32 ``(rows, in)``: ``d · sub · (q - 32)``, each a product
+    float32 holds exactly (the ``gguf`` package's numbers for the file's blocks)."""
+    rows, blocks = codes.shape[:2]
+    nibbles, crumbs = codes[..., : BLOCK // 2], codes[..., BLOCK // 2 :]
+    low = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # (rows, blocks, 32)
+    high = torch.stack([crumbs >> 2 * k & 3 for k in range(4)], dim=2).view(rows, blocks, BLOCK)
+    q = (low | high << 4).view(rows, -1).float() - 32
+    scale = (d.float().repeat_interleave(SUPER // 16, 1) * sub.float()).repeat_interleave(16, 1)
+    return q * scale
+
+
+class KernelInt6Linear(_KernelProduct, QuantizedLinear):
+    """``y = x Ŵᵀ + b`` with Ŵ a GGUF file's Q6_K blocks as stored, multiplied by qkv's kernel: six-bit codes ``q``,
+    an int8 scale for each 16 inputs and an fp16 ``d`` for each 256, ``W = d · scale · (q - 32)``, 6.6 bits a
+    weight where int8 per block of 32 takes 8.5. Made from a file's blocks only (:meth:`write_blocks`), not from
+    float weights.
+
+    Buffers: ``codes`` ``(out_features, in_features / 32, 24)`` uint8 (q4.c's Q6 layout), ``super_scales``
+    ``(out_features, in_features / 256)`` float16 and ``sub_scales`` ``(out_features, in_features / 16)`` int8.
+
+    Raises:
+        ValueError: ``in_features`` not a multiple of 256.
+    """
+
+    mode = "int6"
+    input_dtype = torch.float32
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
+        if in_features % SUPER:
+            raise ValueError(f"Q6_K blocks hold {SUPER} inputs; the layer has {in_features}")
+        QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
+        self.register_buffer("codes", torch.zeros(out_features, in_features // BLOCK, Q6_BYTES, dtype=torch.uint8))
+        self.register_buffer("super_scales", torch.zeros(out_features, in_features // SUPER, dtype=torch.float16))
+        self.register_buffer("sub_scales", torch.zeros(out_features, in_features // 16, dtype=torch.int8))
+
+    def write_blocks(self, start: int, q: Tensor, d: Tensor, sub: Tensor) -> None:
+        """Rows ``start ...`` from a file's Q6_K blocks (:func:`~qkv.interop.ggml_blocks.q6_k_blocks`): the codes
+        ``(r, in)`` in 0..63, ``d`` ``(r, in / 256)`` float16 and the int8 scales ``(r, in / 16)``."""
+        end = start + len(q)
+        self.codes[start:end] = q6_codes(q)
+        self.super_scales[start:end] = d
+        self.sub_scales[start:end] = sub
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
+        return q6_weights(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        return _widened(*self._blocks(), start, end, out)
+
+    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.codes, self.super_scales, self.sub_scales
+
+    def _format(self) -> str:
+        return "6-bit, GGUF's Q6_K blocks as stored, qkv's kernel"
+
+
 def _fp16(values: Tensor) -> Tensor:
     """Scales (and offsets) as the kernel's layers hold them, in fp16, or one line on what fp16 cannot hold."""
     halves = values.half()
@@ -309,4 +385,4 @@ def _fp16(values: Tensor) -> Tensor:
     return halves
 
 
-__all__ = ["KernelInt4Linear", "KernelInt8Linear"]
+__all__ = ["KernelInt4Linear", "KernelInt6Linear", "KernelInt8Linear"]

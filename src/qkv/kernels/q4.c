@@ -525,23 +525,13 @@ __attribute__((target("avx2"))) static inline __m256i codes_q6(const uint8_t *c)
 }
 
 /* Eight 32-bit sums of a Q6 block's products, lane i over inputs 4 i .. 4 i + 3 times its half's scale (lanes 0..3
- * sc_0, 4..7 sc_1): the same integers from both instructions. AVX2: byte pairs into 16 bits (<= 2 * 32 * 127), then
- * vpmaddwd by the scales; VNNI: four products into 32 bits, then a 32-bit multiply by them. */
+ * sc_0, 4..7 sc_1): byte pairs into 16 bits (<= 2 * 32 * 127), then vpmaddwd by the scales. */
 __attribute__((target("avx2"))) static inline __m256i q6_products_avx2(__m256i codes, const int8_t *p,
                                                                        const int8_t *sc)
 {
     __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), codes);
     __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(codes, codes), x);
     return _mm256_madd_epi16(pairs, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
-}
-
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256i q6_products_vnni(__m256i codes,
-                                                                                                  const int8_t *p,
-                                                                                                  const int8_t *sc)
-{
-    __m256i x = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)p), codes);
-    __m256i fours = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_sign_epi8(codes, codes), x);
-    return _mm256_mullo_epi32(fours, _mm256_set_m128i(_mm_set1_epi32(sc[1]), _mm_set1_epi32(sc[0])));
 }
 
 /* One Q6 row against `count` (1 to TILE) activation rows: each block's codes unpacked once for all of them, its
@@ -570,7 +560,56 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256
     }
 
 Q6_BODY(q6_avx2_body, q6_products_avx2, "avx2,fma,f16c")
-Q6_BODY(q6_vnni_body, q6_products_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+
+/* The AVX-512 variant's Q6 rows: two blocks at a time in 512-bit registers (block b in lanes 0..7, b + 1 in 8..15),
+ * the same integer lanes as q6_products_avx2's, each half scaled by its own block's d e: lanes 0..7 so gather the
+ * even blocks and 8..15 the odd ones, as q6_avx2_body's two accumulators do, in the same order (the outputs are
+ * its own, bit for bit). A row holds whole super-blocks: its blocks come in pairs. */
+__attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_body(
+    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,
+    int64_t n, const int count, float *out)
+{
+    /* a pair's four int8 scales, each widened to the eight 16-bit lanes of its half-block */
+    const __m256i spread = _mm256_set_epi8(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                           1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i shifts = _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0);
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[TILE];
+    for (int k = 0; k < count; k++)
+        acc[k] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint8_t *pair = c + b * Q6_BYTES;
+        if (b % SUPER == 0)
+            for (int64_t k = 0; k < SUPER * Q6_BYTES; k += 64)
+                __builtin_prefetch(pair + AHEAD + k, 0, 3);
+        int64_t bits[2];
+        memcpy(&bits[0], pair + BLOCK / 2, 8);
+        memcpy(&bits[1], pair + Q6_BYTES + BLOCK / 2, 8);
+        __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi64x(bits[0])),
+                                          _mm256_set1_epi64x(bits[1]), 1);
+        high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(high, shifts), _mm512_set1_epi8(3)), 4);
+        __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(codes_q4(pair)), codes_q4(pair + Q6_BYTES), 1);
+        codes = _mm512_sub_epi8(_mm512_or_si512(codes, high), _mm512_set1_epi8(32));
+        __mmask64 negative = _mm512_movepi8_mask(codes);
+        codes = _mm512_abs_epi8(codes);
+        __m512i scales = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four(sc + 2 * b)), spread));
+        __m512 d = _mm512_set1_ps(half_f16c(wd[b / SUPER]));
+        for (int k = 0; k < count; k++) {
+            __m512i x = _mm512_loadu_si512((const void *)(p + k * n + b * BLOCK));
+            x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+            __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), scales);
+            /* d e of block b in lanes 0..7, of b + 1 in 8..15 */
+            __m512 both = _mm512_mul_ps(d, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
+                                                _mm_castpd_ps(_mm_load_sd((const double *)(e + k * blocks + b))))));
+            acc[k] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(sums), acc[k]);
+        }
+    }
+    for (int k = 0; k < count; k++) {
+        __m256 even = _mm512_castps512_ps256(acc[k]);
+        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
+        out[k] = sum8_ps(_mm256_add_ps(even, odd));
+    }
+}
 
 /* A variant's Q6 row function: the body with the count a constant. */
 #define Q6_ROWS(name, body, targets)                                                                                 \
@@ -587,19 +626,13 @@ Q6_BODY(q6_vnni_body, q6_products_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vn
     }
 
 Q6_ROWS(q6_avx2, q6_avx2_body, "avx2,fma,f16c")
-Q6_ROWS(q6_vnni, q6_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+Q6_ROWS(q6_vnni, q6_vnni_body, VNNI_TARGETS)
 
 __attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *c, const int8_t *sc, const int8_t *p)
 {
     return sum8_epi32(q6_products_avx2(codes_q6(c), p, sc));
 }
 
-__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static int32_t block_sum_q6_vnni(const uint8_t *c,
-                                                                                           const int8_t *sc,
-                                                                                           const int8_t *p)
-{
-    return sum8_epi32(q6_products_vnni(codes_q6(c), p, sc));
-}
 #endif
 
 /* qkv_matmul for Q6 weights: the rows split over the threads, TILE activation rows at a time. */
@@ -872,7 +905,7 @@ int qkv_block_sums(int format, int variant, const uint8_t *codes, const int8_t *
             if (variant == AVX2)
                 sum = format == Q6 ? block_sum_q6_avx2(c, s, p) : block_sum_avx2(format, c, p);
             else if (variant == AVX512_VNNI)
-                sum = format == Q6 ? block_sum_q6_vnni(c, s, p) : block_sum_vnni(format, c, p);
+                sum = format == Q6 ? block_sum_q6_avx2(c, s, p) : block_sum_vnni(format, c, p);  /* Q6: one product */
 #endif
             sums[r * blocks + b] = sum;
         }
