@@ -3,15 +3,17 @@ SmolLM2-135M's and a 1.7B model's layers, one input row (a decoding step), each 
 layers' interleaved rows, and the best one on the same rows one after the other (GGUF's order); and
 SmolLM2-135M-Instruct's perplexity on tinyshakespeare through each (the cost of int8 activations).
 
-    python benchmarks/bench_kernel.py [--repeats 200] [--skip-products] [--skip-perplexity] [--llama-cpp BUILD/bin]
-        [--step FILE.gguf]
+    python benchmarks/bench_kernel.py [--repeats 200] [--skip-products] [--skip-6-bit] [--skip-perplexity]
+        [--llama-cpp BUILD/bin] [--step FILE.gguf]
 
 The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity on
 llama-perplexity's measure (the first 20,000 characters of ``../shared/data/tinyshakespeare/input.txt``, chunks
 of 128 tokens each scored on its second half): fp32 weights, then int4 as stored (Q4_1) through each kernel
 (``QKV_KERNEL``), and llama.cpp's own with ``--llama-cpp``. With ``--step FILE``: one decoding step's 4-bit
 products of that model (read with ``load_pretrained``), its layers' interleaved rows against the same rows one after
-the other, alternating, ``--rounds`` × 3 rounds: the weights stream from memory, as in decoding.
+the other, alternating, ``--rounds`` × 3 rounds: the weights stream from memory, as in decoding. The 6-bit part:
+GGUF's Q6_K blocks as stored (random blocks) against the same weights as int8 blocks (what they are quantized to
+when not held as stored), each variant, one input row, at the shapes of a 1.7B model's layers.
 """
 
 from __future__ import annotations
@@ -83,6 +85,40 @@ def products(repeats: int, rounds: int) -> None:
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(cells))
 
 
+SHAPES_6_BIT = [(2048, 2048), (2048, 8192), (8192, 2048), (2048, 49152)]  # inputs a multiple of 256
+
+
+def six_bit(repeats: int, rounds: int) -> None:
+    """Q6_K blocks as stored against the same weights as int8 blocks (Q8_0's form), one input row, per variant."""
+    from qkv.interop.ggml_blocks import q6_k_blocks
+    from qkv.kernels.layer import KernelInt8Linear, q6_weights
+
+    g = torch.Generator().manual_seed(0)
+    variants = [v for v in kernels.VARIANTS if kernels.runs(v)]
+    print("6-bit (Q6_K as stored) against 8-bit (the same weights as int8 blocks), one input row:")
+    for inputs, outputs in SHAPES_6_BIT:
+        raw = torch.randint(0, 256, (outputs, inputs // 256, 210), dtype=torch.uint8, generator=g)
+        raw[..., 208:] = (torch.randn(outputs, inputs // 256, 1, generator=g) * 1e-3).half().view(torch.uint8)
+        q, d, sub = q6_k_blocks(raw.view(outputs, -1).numpy())
+        six = (kernels.q6_codes(q), d, sub)
+        eight = KernelInt8Linear.encoded(q6_weights(*six))
+        x = torch.randn(1, inputs)
+        calls = {}
+        for number, variant in enumerate(kernels.VARIANTS):
+            if variant in variants:
+                calls[f"{variant} 6-bit"] = functools.partial(kernels.linear, x, *six, rows=outputs, variant=number)
+                calls[f"{variant} 8-bit"] = functools.partial(kernels.linear, x, eight["codes"],
+                                                              eight["scales"].half(), variant=number)
+        times: dict[str, list[float]] = {k: [] for k in calls}
+        for f in calls.values():
+            _us(f, 3)
+        for _ in range(rounds):
+            for k, f in calls.items():
+                times[k].append(_us(f, max(1, repeats // 10)))
+        print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(
+            f"{k} {statistics.median(t):7.0f} us" for k, t in times.items()))
+
+
 def step(file: str, rounds: int) -> None:
     """Every 4-bit product of one decoding step of ``file``'s model, one input row each, in both layouts."""
     from qkv.interop import load_pretrained
@@ -143,6 +179,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-products", action="store_true")
+    parser.add_argument("--skip-6-bit", action="store_true")
     parser.add_argument("--skip-perplexity", action="store_true")
     parser.add_argument("--step", metavar="FILE", help="a GGUF file: one decoding step's products in both layouts")
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin, for llama-perplexity beside qkv's")
@@ -153,6 +190,8 @@ def main() -> None:
           f"{kernels.best_variant()}, torch {torch.__version__}, {date.today()}")
     if not args.skip_products:
         products(args.repeats, args.rounds)
+    if not args.skip_6_bit:
+        six_bit(args.repeats, args.rounds)
     if args.step:
         step(args.step, args.rounds)
     if not args.skip_perplexity:

@@ -52,9 +52,10 @@ never through a float32 copy of the model. Which formats are taken over exactly 
   otherwise) are quantized again, to int8 per 32 inputs there (per output row with PyTorch's kernel,
   :class:`Int8Linear`, which also takes Q8_0 again per row), or to int4 when asked, from their decoded values a
   few hundred rows at a time: half an int8 step of the block's (the row's) largest weight.
-* **The token table**: int8 as above (Q6_K as stored), one copy shared with a tied output layer (:class:`QuantizedEmbedding`);
-  looked up, a row is widened to fp32. On SmolLM2-135M the whole model read this way keeps perplexity within
-  1.5% of float32 on a short text (tested), 0.03% on 20,000 characters through qkv's kernel (docs/quantization.md).
+* **The token table**: int8 as above (Q6_K as stored), one copy shared with a tied output layer
+  (:class:`QuantizedEmbedding`); looked up, a row is widened to fp32. On SmolLM2-135M the whole model read this way
+  keeps perplexity within 1.5% of float32 on a short text (tested), 0.03% on 20,000 characters through qkv's kernel
+  (docs/quantization.md).
 
 A Hugging Face folder's bf16, fp16 or fp32 weights are read the same way, a slice at a time, into float32
 layers or (``--quantize int8|int4``) these formats, the codes those of :func:`quantize` on the whole model.

@@ -485,17 +485,26 @@ GROUPS(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 #define Q6_BYTES 24
 #define SUPER 8  /* blocks of 32 in a super-block: one d */
 
-static int q6_code(const uint8_t *c, int i)
+/* A Q6 block's 32 codes, in input order. */
+static void q6_unpacked(const uint8_t *c, int *q)
 {
-    int low = i < BLOCK / 2 ? c[i] & 15 : c[i - BLOCK / 2] >> 4;
-    return low | ((c[BLOCK / 2 + (i & 7)] >> (2 * (i >> 3))) & 3) << 4;
+    for (int i = 0; i < BLOCK / 2; i++) {
+        q[i] = c[i] & 15;
+        q[i + BLOCK / 2] = c[i] >> 4;
+    }
+    for (int i = 0; i < 8; i++)
+        for (int k = 0; k < 4; k++)
+            q[8 * k + i] |= (c[BLOCK / 2 + i] >> (2 * k) & 3) << 4;
 }
 
 static int32_t block_sum_q6_portable(const uint8_t *c, const int8_t *sc, const int8_t *p)
 {
+    int q[BLOCK];
     int32_t half[2] = {0, 0};
-    for (int i = 0; i < BLOCK; i++)
-        half[i / 16] += (q6_code(c, i) - 32) * p[i];
+    q6_unpacked(c, q);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < BLOCK / 2; i++)
+            half[h] += (q[16 * h + i] - 32) * p[16 * h + i];
     return sc[0] * half[0] + sc[1] * half[1];
 }
 
