@@ -117,6 +117,29 @@ def six_bit(repeats: int, rounds: int) -> None:
                 times[k].append(_us(f, max(1, repeats // 10)))
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(
             f"{k} {statistics.median(t):7.0f} us" for k, t in times.items()))
+    streamed(six, eight, variants, rounds)
+
+
+def streamed(six: tuple, eight: dict, variants: list[str], rounds: int, layers: int = 24) -> None:
+    """One product of each of ``layers`` copies of the last shape's weights, one after the other, as a decoding step
+    reads a model's layers: far more bytes than a cache holds (24 x 2,048 x 49,152: 1.9 GB as Q6_K), so the
+    weights come from memory."""
+    outputs, inputs = eight["codes"].shape
+    copies = {6: [tuple(t.clone() for t in six) for _ in range(layers)],
+              8: [(eight["codes"].clone(), eight["scales"].half()) for _ in range(layers)]}
+    x = torch.randn(1, inputs)
+    times: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for number, variant in enumerate(kernels.VARIANTS):
+            if variant not in variants or variant == "portable":
+                continue
+            for bits, weights in copies.items():
+                start = time.perf_counter()
+                for w in weights:
+                    kernels.linear(x, *w, rows=outputs, variant=number)
+                times.setdefault(f"{variant} {bits}-bit", []).append(1e3 * (time.perf_counter() - start))
+    print(f"streamed, {layers} layers of {inputs} x {outputs}: " + "  ".join(
+        f"{k} {statistics.median(t):.1f} ms" for k, t in times.items()))
 
 
 def step(file: str, rounds: int) -> None:

@@ -15,7 +15,7 @@ Layouts (see ``q4.c``), each weight ``q · scale + offset``: 4-bit ``codes`` ``(
 of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i`` in its low nibble and
 ``32 b + 16 + i`` in its high one (GGUF's Q4_0/Q4_1 order); 8-bit ``codes`` ``(rows, n)`` int8, with no offsets;
 ``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
-them). 6-bit weights are GGUF's Q6_K as stored (:func:`q6_codes` packs the codes): ``codes`` ``(rows, n / 32, 24)``
+them). 6-bit weights are GGUF's Q6_K as stored (:func:`q6_codes` packs the codes): ``codes`` ``(rows, n / 64, 48)``
 uint8, ``scales`` each super-block's ``d`` ``(rows, n / 256)`` float16, and in the offsets' place the int8 scales
 of each 16 inputs ``(rows, n / 16)``, each weight ``d · scale · (q - 32)``. qkv's 4-bit layers
 (:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time, which the kernel
@@ -35,7 +35,7 @@ from torch import Tensor
 
 BLOCK = 32  # inputs per block, of the weights and of the quantized activations
 GROUP = 8  # 4-bit rows interleaved at a time for decoding (q4.c's Q4X8 layout, :func:`interleaved`)
-Q6_BYTES = 24  # a block of 32 six-bit codes (q4.c's Q6 layout)
+Q6_PAIR = 48  # two blocks of 32 six-bit codes (q4.c's Q6 layout)
 SUPER = 256  # inputs of a Q6_K super-block: one scale d
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
 
@@ -115,9 +115,9 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 def _inputs(codes: Tensor) -> int:
     """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8); 32 a block of
-    interleaved or 6-bit ones."""
+    interleaved ones, 64 a pair of 6-bit blocks."""
     if codes.dim() == 3:
-        return codes.size(1) * BLOCK
+        return codes.size(1) * BLOCK * (2 if _format(codes) == 3 else 1)
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
 
 
@@ -181,15 +181,15 @@ def interleaved(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor,
 
 
 def q6_codes(q: Tensor) -> Tensor:
-    """6-bit codes ``q`` ``(rows, n)`` in 0..63 as q4.c's Q6 blocks ``(rows, n / 32, 24)`` uint8: a block's low
-    four bits two to a byte (input ``i`` low, ``16 + i`` high), then its high two bits four to a byte (byte ``i``:
-    inputs ``i``, ``8 + i``, ``16 + i``, ``24 + i``, from the lowest bits up)."""
+    """6-bit codes ``q`` ``(rows, n)`` in 0..63 as q4.c's Q6 layout, two blocks of 32 at a time: ``(rows, n / 64,
+    48)`` uint8, the pair's low four bits two to a byte (input ``i`` of the first block low, of the second high),
+    then each block's high two bits four to a byte (byte ``i``: inputs ``i``, ``8 + i``, ``16 + i``, ``24 + i``, from
+    the lowest bits up)."""
     rows, n = q.shape
-    blocks = q.to(torch.uint8).view(rows, n // BLOCK, BLOCK)
-    low, high = blocks & 15, (blocks >> 4).view(rows, n // BLOCK, 4, 8)
-    nibbles = low[..., : BLOCK // 2] | low[..., BLOCK // 2 :] << 4
+    pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
+    low, high = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
     crumbs = high[..., 0, :] | high[..., 1, :] << 2 | high[..., 2, :] << 4 | high[..., 3, :] << 6
-    return torch.cat([nibbles, crumbs], dim=-1).contiguous()
+    return torch.cat([low[..., 0, :] | low[..., 1, :] << 4, crumbs.flatten(-2)], dim=-1).contiguous()
 
 
 def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
@@ -203,7 +203,7 @@ def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = No
     if _format(codes) == 3:
         if n % SUPER:
             raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
-        _check(codes, torch.uint8, (rows, n // BLOCK, Q6_BYTES), "codes")
+        _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q6_PAIR), "codes")
         _check(scales, torch.float16, (rows, n // SUPER), "scales")
         if offsets is None:
             raise ValueError("6-bit weights need their scales per 16 inputs (offsets)")
@@ -296,9 +296,9 @@ def _best() -> int:
 
 def _format(codes: Tensor) -> int:
     """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8), 2 for
-    interleaved 4-bit ones, 3 for 6-bit ones (24 bytes a block)."""
+    interleaved 4-bit ones, 3 for 6-bit ones (48 bytes a pair of blocks)."""
     if codes.dim() == 3:
-        return 3 if codes.size(-1) == Q6_BYTES else 2
+        return 3 if codes.size(-1) == Q6_PAIR else 2
     return 1 if codes.dtype == torch.int8 else 0
 
 

@@ -38,7 +38,7 @@ from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpa
 from . import (
     BLOCK,
     GROUP,
-    Q6_BYTES,
+    Q6_PAIR,
     SUPER,
     best_variant,
     bound_linear,
@@ -73,10 +73,10 @@ def widen_rows(bits: int) -> int:
 
 
 def _bits(codes: Tensor) -> int:
-    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (24 bytes), else 4."""
+    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (48 bytes a pair), else 4."""
     if codes.dtype == torch.int8:
         return 8
-    return 6 if codes.size(-1) == Q6_BYTES else 4
+    return 6 if codes.size(-1) == Q6_PAIR else 4
 
 
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
@@ -98,7 +98,7 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
     looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
-    inputs = codes.size(1) * BLOCK if codes.dim() == 3 else scales.size(1) * BLOCK
+    inputs = codes.size(1) * BLOCK * (2 if _bits(codes) == 6 else 1) if codes.dim() == 3 else scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
     widen = widen_rows(_bits(codes))
@@ -321,10 +321,10 @@ class KernelInt8Linear(_KernelProduct, Int8Linear):
 def q6_weights(codes: Tensor, d: Tensor, sub: Tensor) -> Tensor:
     """Q6 blocks (:func:`qkv.kernels.q6_codes`) as float32 ``(rows, in)``: ``d · sub · (q - 32)``, each a product
     float32 holds exactly (the ``gguf`` package's numbers for the file's blocks)."""
-    rows, blocks = codes.shape[:2]
-    nibbles, crumbs = codes[..., : BLOCK // 2], codes[..., BLOCK // 2 :]
-    low = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # (rows, blocks, 32)
-    high = torch.stack([crumbs >> 2 * k & 3 for k in range(4)], dim=2).view(rows, blocks, BLOCK)
+    rows, pairs = codes.shape[:2]
+    nibbles, crumbs = codes[..., :BLOCK], codes[..., BLOCK:].view(rows, pairs, 2, 1, 8)
+    low = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (rows, pairs, 2, 32)
+    high = torch.cat([crumbs >> 2 * k & 3 for k in range(4)], dim=3).view(rows, pairs, 2, BLOCK)
     q = (low | high << 4).view(rows, -1).float() - 32
     scale = (d.float().repeat_interleave(SUPER // 16, 1) * sub.float()).repeat_interleave(16, 1)
     return q * scale
@@ -336,7 +336,7 @@ class KernelInt6Linear(_KernelProduct, QuantizedLinear):
     weight where int8 per block of 32 takes 8.5. Made from a file's blocks only (:meth:`write_blocks`), not from
     float weights.
 
-    Buffers: ``codes`` ``(out_features, in_features / 32, 24)`` uint8 (q4.c's Q6 layout), ``super_scales``
+    Buffers: ``codes`` ``(out_features, in_features / 64, 48)`` uint8 (q4.c's Q6 layout), ``super_scales``
     ``(out_features, in_features / 256)`` float16 and ``sub_scales`` ``(out_features, in_features / 16)`` int8.
 
     Raises:
@@ -350,7 +350,8 @@ class KernelInt6Linear(_KernelProduct, QuantizedLinear):
         if in_features % SUPER:
             raise ValueError(f"Q6_K blocks hold {SUPER} inputs; the layer has {in_features}")
         QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
-        self.register_buffer("codes", torch.zeros(out_features, in_features // BLOCK, Q6_BYTES, dtype=torch.uint8))
+        self.register_buffer("codes", torch.zeros(out_features, in_features // (2 * BLOCK), Q6_PAIR,
+                                                  dtype=torch.uint8))
         self.register_buffer("super_scales", torch.zeros(out_features, in_features // SUPER, dtype=torch.float16))
         self.register_buffer("sub_scales", torch.zeros(out_features, in_features // 16, dtype=torch.int8))
 

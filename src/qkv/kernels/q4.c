@@ -18,7 +18,7 @@
  *           its low nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order);
  *           Q8: (rows, n) signed bytes, in input order;
  *           Q4X8: Q4's blocks with the rows interleaved eight at a time, what qkv's 4-bit layers hold (below);
- *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 24 bytes a block
+ *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 48 bytes a pair of blocks
  *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8); Q6: d
  *           (rows, n / 256) fp16, and in m's place the int8 scales (rows, n / 16))
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
@@ -474,34 +474,34 @@ GROUPS(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 /* ------------------------------------------------------------------------------------- Q6: GGUF's Q6_K as stored
  *
  * A super-block of 256 weights w_j = d sc_h (q_j - 32): q_j in 0..63, sc_h an int8 scale for each 16 inputs, d one
- * fp16 for the 256. Held a block of 32 inputs in 24 bytes: bytes 0..15 the codes' low four bits as Q4 holds codes
- * (byte i: input i in the low nibble, input 16 + i in the high one), bytes 16..23 their high two bits (byte i:
- * inputs i, 8 + i, 16 + i and 24 + i at bits 0, 2, 4 and 6). A block contributes
+ * fp16 for the 256. Held two blocks of 32 inputs (b even, b + 1) in 48 bytes, laid out so that few instructions
+ * unpack them: bytes 0..31 the codes' low four bits, byte i holding input i of block b in its low nibble and input i
+ * of block b + 1 in its high one; bytes 32..39 block b's high two bits and 40..47 block b + 1's (byte i: inputs i,
+ * 8 + i, 16 + i and 24 + i at bits 0, 2, 4 and 6). A block contributes
  *
  *     d e (sc_0 sum_{j < 16} (q_j - 32) p_j + sc_1 sum_{j >= 16} (q_j - 32) p_j),
  *
  * the integer sum exact in 32 bits (|q - 32| <= 32: at most 32 * 32 * 127 * 128), then one float multiply, as a Q8
  * block's. q - 32 is taken as |q - 32| times p with q - 32's sign, as Q8's codes are. */
-#define Q6_BYTES 24
+#define Q6_PAIR 48
 #define SUPER 8  /* blocks of 32 in a super-block: one d */
 
-/* A Q6 block's 32 codes, in input order. */
-static void q6_unpacked(const uint8_t *c, int *q)
+/* Block b's 32 codes, in input order. */
+static void q6_unpacked(const uint8_t *c, int64_t b, int *q)
 {
-    for (int i = 0; i < BLOCK / 2; i++) {
-        q[i] = c[i] & 15;
-        q[i + BLOCK / 2] = c[i] >> 4;
-    }
+    const uint8_t *pair = c + b / 2 * Q6_PAIR, *high = pair + BLOCK + 8 * (b & 1);
+    for (int i = 0; i < BLOCK; i++)
+        q[i] = (pair[i] >> (4 * (b & 1))) & 15;
     for (int i = 0; i < 8; i++)
         for (int k = 0; k < 4; k++)
-            q[8 * k + i] |= (c[BLOCK / 2 + i] >> (2 * k) & 3) << 4;
+            q[8 * k + i] |= (high[i] >> (2 * k) & 3) << 4;
 }
 
-static int32_t block_sum_q6_portable(const uint8_t *c, const int8_t *sc, const int8_t *p)
+static int32_t block_sum_q6_portable(const uint8_t *c, int64_t b, const int8_t *sc, const int8_t *p)
 {
     int q[BLOCK];
     int32_t half[2] = {0, 0};
-    q6_unpacked(c, q);
+    q6_unpacked(c, b, q);
     for (int h = 0; h < 2; h++)
         for (int i = 0; i < BLOCK / 2; i++)
             half[h] += (q[16 * h + i] - 32) * p[16 * h + i];
@@ -514,7 +514,7 @@ static void q6_portable(const uint8_t *c, const uint16_t *wd, const int8_t *sc, 
     for (int k = 0; k < count; k++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
-            int32_t sum = block_sum_q6_portable(c + b * Q6_BYTES, sc + 2 * b, p + k * n + b * BLOCK);
+            int32_t sum = block_sum_q6_portable(c, b, sc + 2 * b, p + k * n + b * BLOCK);
             acc += half_portable(wd[b / SUPER]) * e[k * blocks + b] * (float)sum;
         }
         out[k] = acc;
@@ -522,15 +522,20 @@ static void q6_portable(const uint8_t *c, const uint16_t *wd, const int8_t *sc, 
 }
 
 #if defined(__x86_64__)
-/* A Q6 block's codes less 32, signed bytes in input order. The high bits: the eight bytes in each 64-bit lane,
- * lane k shifted right by 2 k, so that input 8 k + i finds its two bits at the bottom of byte i. */
-__attribute__((target("avx2"))) static inline __m256i codes_q6(const uint8_t *c)
+/* A pair's two blocks' codes less 32, signed bytes in input order, block b in `even` and b + 1 in `odd`. The high
+ * bits: a block's eight bytes in each 64-bit lane, lane k shifted right by 2 k, so that input 8 k + i finds its two
+ * bits at the bottom of byte i. */
+__attribute__((target("avx2"))) static inline void codes_q6_pair(const uint8_t *pair, __m256i *even, __m256i *odd)
 {
-    int64_t bits;
-    memcpy(&bits, c + BLOCK / 2, sizeof bits);
-    __m256i high = _mm256_srlv_epi64(_mm256_set1_epi64x(bits), _mm256_set_epi64x(6, 4, 2, 0));
-    high = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(3)), 4);  /* values <= 48: no carry */
-    return _mm256_sub_epi8(_mm256_or_si256(codes_q4(c), high), _mm256_set1_epi8(32));
+    const __m256i low = _mm256_set1_epi8(15), shifts = _mm256_set_epi64x(6, 4, 2, 0);
+    __m256i nibbles = _mm256_loadu_si256((const __m256i *)pair);
+    __m128i bits = _mm_loadu_si128((const __m128i *)(pair + BLOCK));
+    __m256i high[2] = {_mm256_broadcastq_epi64(bits), _mm256_broadcastq_epi64(_mm_unpackhi_epi64(bits, bits))};
+    for (int h = 0; h < 2; h++)
+        high[h] = _mm256_slli_epi16(_mm256_and_si256(_mm256_srlv_epi64(high[h], shifts), _mm256_set1_epi8(3)), 4);
+    *even = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(nibbles, low), high[0]), _mm256_set1_epi8(32));
+    *odd = _mm256_sub_epi8(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low), high[1]),
+                           _mm256_set1_epi8(32));
 }
 
 /* Eight 32-bit sums of a Q6 block's products, lane i over inputs 4 i .. 4 i + 3 times its half's scale (lanes 0..3
@@ -543,66 +548,73 @@ __attribute__((target("avx2"))) static inline __m256i q6_products_avx2(__m256i c
     return _mm256_madd_epi16(pairs, _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0])));
 }
 
-/* One Q6 row against `count` (1 to TILE) activation rows: each block's codes unpacked once for all of them, its
- * lanes scaled by d e into two accumulators (alternate blocks), as avx2_body does for Q8. */
-#define Q6_BODY(name, products, targets)                                                                             \
-    __attribute__((target(targets), always_inline)) static inline void name(                                         \
-        const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,     \
-        int64_t n, const int count, float *out)                                                                      \
-    {                                                                                                                \
-        __m256 acc[TILE][2];                                                                                         \
-        for (int k = 0; k < count; k++)                                                                              \
-            acc[k][0] = acc[k][1] = _mm256_setzero_ps();                                                             \
-        for (int64_t b = 0; b < blocks; b++) {                                                                       \
-            if (b % SUPER == 0)                                                                                      \
-                for (int64_t k = 0; k < SUPER * Q6_BYTES; k += 64)                                                   \
-                    __builtin_prefetch(c + b * Q6_BYTES + AHEAD + k, 0, 3);                                          \
-            __m256i codes = codes_q6(c + b * Q6_BYTES);                                                              \
-            float d = half_f16c(wd[b / SUPER]);                                                                      \
-            for (int k = 0; k < count; k++) {                                                                        \
-                __m256 sums = _mm256_cvtepi32_ps(products(codes, p + k * n + b * BLOCK, sc + 2 * b));                \
-                acc[k][b & 1] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b]), sums, acc[k][b & 1]);         \
-            }                                                                                                        \
-        }                                                                                                            \
-        for (int k = 0; k < count; k++)                                                                              \
-            out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1]));                                                   \
+/* One Q6 row against `count` (1 to TILE) activation rows: each pair of blocks unpacked once for all of them, each
+ * block's lanes scaled by d e into two accumulators (even and odd blocks), as avx2_body does for Q8. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_avx2_body(
+    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,
+    int64_t n, const int count, float *out)
+{
+    __m256 acc[TILE][2];
+    for (int k = 0; k < count; k++)
+        acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint8_t *pair = c + b / 2 * Q6_PAIR;
+        if (b % SUPER == 0)
+            for (int64_t k = 0; k < SUPER / 2 * Q6_PAIR; k += 64)
+                __builtin_prefetch(pair + AHEAD + k, 0, 3);
+        __m256i codes[2];
+        codes_q6_pair(pair, &codes[0], &codes[1]);
+        float d = half_f16c(wd[b / SUPER]);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < count; k++) {
+                __m256i sums = q6_products_avx2(codes[h], p + k * n + (b + h) * BLOCK, sc + 2 * (b + h));
+                acc[k][h] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b + h]), _mm256_cvtepi32_ps(sums),
+                                            acc[k][h]);
+            }
     }
+    for (int k = 0; k < count; k++)
+        out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
+}
 
-Q6_BODY(q6_avx2_body, q6_products_avx2, "avx2,fma,f16c")
-
-/* The AVX-512 variant's Q6 rows: two blocks at a time in 512-bit registers (block b in lanes 0..7, b + 1 in 8..15),
- * the same integer lanes as q6_products_avx2's, each half scaled by its own block's d e: lanes 0..7 so gather the
- * even blocks and 8..15 the odd ones, as q6_avx2_body's two accumulators do, in the same order (the outputs are
- * its own, bit for bit). A row holds whole super-blocks: its blocks come in pairs. */
+/* The AVX-512 variant's Q6 rows: a pair of blocks in 512-bit registers (block b in lanes 0..7, b + 1 in 8..15), the
+ * same integer lanes as q6_products_avx2's, each half scaled by its own block's d e: lanes 0..7 so gather the even
+ * blocks and 8..15 the odd ones, as q6_avx2_body's two accumulators do, in the same order (the outputs are its own,
+ * bit for bit). The high bits come to bits 4 and 5 by one rotation of each 64-bit lane (lane k of a block by
+ * 4 - 2 k), the scales of a super-block are widened once and spread a pair at a time. */
 __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_body(
     const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,
     int64_t n, const int count, float *out)
 {
-    /* a pair's four int8 scales, each widened to the eight 16-bit lanes of its half-block */
-    const __m256i spread = _mm256_set_epi8(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
-                                           1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i shifts = _mm512_set_epi64(6, 4, 2, 0, 6, 4, 2, 0);
+    const __m512i rotations = _mm512_set_epi64(62, 0, 2, 4, 62, 0, 2, 4), twice = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[TILE];
     for (int k = 0; k < count; k++)
         acc[k] = _mm512_setzero_ps();
+    __m512i wide = _mm512_setzero_si512();  /* the super-block's 16 scales as 16-bit numbers */
+    __m512 d = _mm512_setzero_ps();
     for (int64_t b = 0; b < blocks; b += 2) {
-        const uint8_t *pair = c + b * Q6_BYTES;
-        if (b % SUPER == 0)
-            for (int64_t k = 0; k < SUPER * Q6_BYTES; k += 64)
+        const uint8_t *pair = c + b / 2 * Q6_PAIR;
+        if (b % SUPER == 0) {
+            for (int64_t k = 0; k < SUPER / 2 * Q6_PAIR; k += 64)
                 __builtin_prefetch(pair + AHEAD + k, 0, 3);
-        int64_t bits[2];
-        memcpy(&bits[0], pair + BLOCK / 2, 8);
-        memcpy(&bits[1], pair + Q6_BYTES + BLOCK / 2, 8);
-        __m512i high = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi64x(bits[0])),
-                                          _mm256_set1_epi64x(bits[1]), 1);
-        high = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi64(high, shifts), _mm512_set1_epi8(3)), 4);
-        __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(codes_q4(pair)), codes_q4(pair + Q6_BYTES), 1);
-        codes = _mm512_sub_epi8(_mm512_or_si512(codes, high), _mm512_set1_epi8(32));
+            wide = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sc + 2 * b))));
+            d = _mm512_set1_ps(half_f16c(wd[b / SUPER]));
+        }
+        __m256i nibbles = _mm256_loadu_si256((const __m256i *)pair);
+        __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles), _mm256_srli_epi16(nibbles, 4), 1);
+        __m512i high = _mm512_permutexvar_epi64(twice, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(pair + BLOCK))));
+        high = _mm512_and_si512(_mm512_rolv_epi64(high, rotations), _mm512_set1_epi8(0x30));
+        codes = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi8(15), high, 0xea);  /* (codes & 15) | high */
+        codes = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
         __mmask64 negative = _mm512_movepi8_mask(codes);
         codes = _mm512_abs_epi8(codes);
-        __m512i scales = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four(sc + 2 * b)), spread));
-        __m512 d = _mm512_set1_ps(half_f16c(wd[b / SUPER]));
+        /* the pair's four scales, each over its half-block's eight 16-bit lanes */
+        int j = (int)(b % SUPER) * 2;
+        __m512i spread = _mm512_set_epi16(j + 3, j + 3, j + 3, j + 3, j + 3, j + 3, j + 3, j + 3,
+                                          j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2, j + 2,
+                                          j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1, j + 1,
+                                          j, j, j, j, j, j, j, j);
+        __m512i scales = _mm512_permutexvar_epi16(spread, wide);
         for (int k = 0; k < count; k++) {
             __m512i x = _mm512_loadu_si512((const void *)(p + k * n + b * BLOCK));
             x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
@@ -637,11 +649,13 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_
 Q6_ROWS(q6_avx2, q6_avx2_body, "avx2,fma,f16c")
 Q6_ROWS(q6_vnni, q6_vnni_body, VNNI_TARGETS)
 
-__attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *c, const int8_t *sc, const int8_t *p)
+__attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *c, int64_t b, const int8_t *sc,
+                                                                 const int8_t *p)
 {
-    return sum8_epi32(q6_products_avx2(codes_q6(c), p, sc));
+    __m256i codes[2];
+    codes_q6_pair(c + b / 2 * Q6_PAIR, &codes[0], &codes[1]);
+    return sum8_epi32(q6_products_avx2(codes[b & 1], p, sc));
 }
-
 #endif
 
 /* qkv_matmul for Q6 weights: the rows split over the threads, TILE activation rows at a time. */
@@ -664,7 +678,7 @@ static void matmul_q6(int variant, const uint8_t *codes, const uint16_t *d, cons
         for (int64_t i = 0; i < batch; i += TILE) {
             int count = batch - i < TILE ? (int)(batch - i) : TILE;
             float out[TILE];
-            dot(codes + r * blocks * Q6_BYTES, d + r * (blocks / SUPER), sc + r * 2 * blocks, xq + i * n,
+            dot(codes + r * blocks / 2 * Q6_PAIR, d + r * (blocks / SUPER), sc + r * 2 * blocks, xq + i * n,
                 xd + i * blocks, blocks, n, count, out);
             for (int k = 0; k < count; k++)
                 y[(i + k) * rows + r] = out[k];
@@ -904,17 +918,27 @@ int qkv_block_sums(int format, int variant, const uint8_t *codes, const int8_t *
 {
     if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8 && format != Q6))
         return -1;
-    int64_t blocks = n / BLOCK, bytes = format == Q6 ? Q6_BYTES : row_bytes(format, n) / blocks;
+    int64_t blocks = n / BLOCK, bytes = row_bytes(format, n) / blocks;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
+            const int8_t *p = xq + b * BLOCK;
+            if (format == Q6) {  /* one product for both SIMD variants */
+                const uint8_t *row = codes + r * blocks / 2 * Q6_PAIR;
+                const int8_t *s = sc + 2 * (r * blocks + b);
+                sums[r * blocks + b] = block_sum_q6_portable(row, b, s, p);
+#if defined(__x86_64__)
+                if (variant != PORTABLE)
+                    sums[r * blocks + b] = block_sum_q6_avx2(row, b, s, p);
+#endif
+                continue;
+            }
             const uint8_t *c = codes + (r * blocks + b) * bytes;
-            const int8_t *p = xq + b * BLOCK, *s = format == Q6 ? sc + 2 * (r * blocks + b) : NULL;
-            int32_t sum = format == Q6 ? block_sum_q6_portable(c, s, p) : block_sum_portable(format, c, p);
+            int32_t sum = block_sum_portable(format, c, p);
 #if defined(__x86_64__)
             if (variant == AVX2)
-                sum = format == Q6 ? block_sum_q6_avx2(c, s, p) : block_sum_avx2(format, c, p);
+                sum = block_sum_avx2(format, c, p);
             else if (variant == AVX512_VNNI)
-                sum = format == Q6 ? block_sum_q6_avx2(c, s, p) : block_sum_vnni(format, c, p);  /* Q6: one product */
+                sum = block_sum_vnni(format, c, p);
 #endif
             sums[r * blocks + b] = sum;
         }
