@@ -48,7 +48,9 @@ def test_a_row_that_is_not_whole_q6_k_blocks_is_refused():
         q6_k_blocks(np.zeros((2, 300), dtype=np.uint8))
     q, d, sc = q6_k_blocks(q6_file_rows(2, 256))
     with pytest.raises(ValueError, match="super-blocks of 256"):
-        kernels.matmul(torch.randn(1, 224), kernels.q6_codes(q[:, :224]), d, sc[:, :14])
+        kernels.q6_codes(q[:, :224])
+    with pytest.raises(ValueError, match="super-blocks of 256"):  # codes of one pair of blocks: 64 inputs
+        kernels.matmul(torch.randn(1, 64), kernels.q6_codes(q)[:, :1].contiguous(), d, sc[:, :4])
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -186,6 +186,8 @@ def q6_codes(q: Tensor) -> Tensor:
     then each block's high two bits four to a byte (byte ``i``: inputs ``i``, ``8 + i``, ``16 + i``, ``24 + i``, from
     the lowest bits up)."""
     rows, n = q.shape
+    if n % SUPER:
+        raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
     pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
     low, high = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
     crumbs = high[..., 0, :] | high[..., 1, :] << 2 | high[..., 2, :] << 4 | high[..., 3, :] << 6
