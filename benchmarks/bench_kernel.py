@@ -3,7 +3,7 @@ SmolLM2-135M's and a 1.7B model's layers, one input row (a decoding step), each 
 layers' interleaved rows, and the best one on the same rows one after the other (GGUF's order); and
 SmolLM2-135M-Instruct's perplexity on tinyshakespeare through each (the cost of int8 activations).
 
-    python benchmarks/bench_kernel.py [--repeats 200] [--skip-products] [--skip-6-bit] [--skip-perplexity]
+    python benchmarks/bench_kernel.py [--repeats 200] [--skip-products] [--skip-k-quants] [--skip-perplexity]
         [--llama-cpp BUILD/bin] [--step FILE.gguf]
 
 The products alternate, in one process, after a warm-up; medians of ``--rounds`` rounds. Perplexity on
@@ -11,9 +11,9 @@ llama-perplexity's measure (the first 20,000 characters of ``../shared/data/tiny
 of 128 tokens each scored on its second half): fp32 weights, then int4 as stored (Q4_1) through each kernel
 (``QKV_KERNEL``), and llama.cpp's own with ``--llama-cpp``. With ``--step FILE``: one decoding step's 4-bit
 products of that model (read with ``load_pretrained``), its layers' interleaved rows against the same rows one after
-the other, alternating, ``--rounds`` × 3 rounds: the weights stream from memory, as in decoding. The 6-bit part:
-GGUF's Q6_K blocks as stored (random blocks) against the same weights as int8 blocks (what they are quantized to
-when not held as stored), each variant, one input row, at the shapes of a 1.7B model's layers.
+the other, alternating, ``--rounds`` × 3 rounds: the weights stream from memory, as in decoding. The K-quant part:
+GGUF's Q6_K and Q5_K blocks as stored (random blocks) against int8 blocks (what they are quantized to when not held
+as stored), each variant, one input row, at the shapes of a 1.7B model's layers, then streamed from memory.
 """
 
 from __future__ import annotations
@@ -85,30 +85,39 @@ def products(repeats: int, rounds: int) -> None:
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(cells))
 
 
-SHAPES_6_BIT = [(2048, 2048), (2048, 8192), (8192, 2048), (2048, 49152)]  # inputs a multiple of 256
+SHAPES_K = [(2048, 2048), (2048, 8192), (8192, 2048), (2048, 49152)]  # inputs a multiple of 256
 
 
-def six_bit(repeats: int, rounds: int) -> None:
-    """Q6_K blocks as stored against the same weights as int8 blocks (Q8_0's form), one input row, per variant."""
-    from qkv.interop.ggml_blocks import q6_k_blocks
+def k_quant_weights(inputs: int, outputs: int, g: torch.Generator) -> dict[int, tuple]:
+    """Random Q6_K and Q5_K rows as the kernel holds them, and the Q6_K weights as int8 blocks: buffers by bits."""
+    from qkv.interop.ggml_blocks import q5_k_blocks, q6_k_blocks
     from qkv.kernels.layer import KernelInt8Linear, q6_weights
 
+    def raw(size: int, at: int, halves: int) -> torch.Tensor:
+        blocks = torch.randint(0, 256, (outputs, inputs // 256, size), dtype=torch.uint8, generator=g)
+        scales = (torch.randn(outputs, inputs // 256, halves, generator=g) * 1e-3).half()
+        blocks[..., at : at + 2 * halves] = scales.view(torch.uint8)
+        return blocks.view(outputs, -1).numpy()
+
+    q, d, sub = q6_k_blocks(raw(210, 208, 1))
+    six = (kernels.q6_codes(q), d, sub)
+    q, dm, sc, mins = q5_k_blocks(raw(176, 0, 2))
+    eight = KernelInt8Linear.encoded(q6_weights(*six))
+    return {6: six, 5: (kernels.q5_codes(q), dm, torch.stack([sc, mins], 1).contiguous()),
+            8: (eight["codes"], eight["scales"].half())}
+
+
+def k_quants(repeats: int, rounds: int) -> None:
+    """Q6_K and Q5_K blocks as stored against int8 blocks (Q8_0's form, Q6_K's weights), one input row, per
+    variant: from the caches at a 1.7B model's shapes, then streamed from memory."""
     g = torch.Generator().manual_seed(0)
-    variants = [v for v in kernels.VARIANTS if kernels.runs(v)]
-    print("6-bit (Q6_K as stored) against 8-bit (the same weights as int8 blocks), one input row:")
-    for inputs, outputs in SHAPES_6_BIT:
-        raw = torch.randint(0, 256, (outputs, inputs // 256, 210), dtype=torch.uint8, generator=g)
-        raw[..., 208:] = (torch.randn(outputs, inputs // 256, 1, generator=g) * 1e-3).half().view(torch.uint8)
-        q, d, sub = q6_k_blocks(raw.view(outputs, -1).numpy())
-        six = (kernels.q6_codes(q), d, sub)
-        eight = KernelInt8Linear.encoded(q6_weights(*six))
+    print("6-bit and 5-bit (Q6_K, Q5_K as stored) against 8-bit (int8 blocks), one input row:")
+    for inputs, outputs in SHAPES_K:
+        weights = k_quant_weights(inputs, outputs, g)
         x = torch.randn(1, inputs)
-        calls = {}
-        for number, variant in enumerate(kernels.VARIANTS):
-            if variant in variants:
-                calls[f"{variant} 6-bit"] = functools.partial(kernels.linear, x, *six, rows=outputs, variant=number)
-                calls[f"{variant} 8-bit"] = functools.partial(kernels.linear, x, eight["codes"],
-                                                              eight["scales"].half(), variant=number)
+        calls = {f"{variant} {bits}-bit": functools.partial(kernels.linear, x, *w, rows=outputs, variant=number)
+                 for number, variant in enumerate(kernels.VARIANTS) if kernels.runs(variant)
+                 for bits, w in weights.items()}
         times: dict[str, list[float]] = {k: [] for k in calls}
         for f in calls.values():
             _us(f, 3)
@@ -117,25 +126,24 @@ def six_bit(repeats: int, rounds: int) -> None:
                 times[k].append(_us(f, max(1, repeats // 10)))
         print(f"{inputs:>8} x {outputs:<7}  " + "  ".join(
             f"{k} {statistics.median(t):7.0f} us" for k, t in times.items()))
-    streamed(six, eight, variants, rounds)
+    streamed(weights, rounds)
 
 
-def streamed(six: tuple, eight: dict, variants: list[str], rounds: int, layers: int = 24) -> None:
+def streamed(weights: dict[int, tuple], rounds: int, layers: int = 24) -> None:
     """One product of each of ``layers`` copies of the last shape's weights, one after the other, as a decoding step
     reads a model's layers: far more bytes than a cache holds (24 x 2,048 x 49,152: 1.9 GB as Q6_K), so the
     weights come from memory."""
-    outputs, inputs = eight["codes"].shape
-    copies = {6: [tuple(t.clone() for t in six) for _ in range(layers)],
-              8: [(eight["codes"].clone(), eight["scales"].half()) for _ in range(layers)]}
+    outputs, inputs = weights[8][0].shape
+    copies = {bits: [tuple(t.clone() for t in w) for _ in range(layers)] for bits, w in weights.items()}
     x = torch.randn(1, inputs)
     times: dict[str, list[float]] = {}
     for _ in range(rounds):
         for number, variant in enumerate(kernels.VARIANTS):
-            if variant not in variants or variant == "portable":
+            if variant == "portable" or not kernels.runs(variant):
                 continue
-            for bits, weights in copies.items():
+            for bits, copied in copies.items():
                 start = time.perf_counter()
-                for w in weights:
+                for w in copied:
                     kernels.linear(x, *w, rows=outputs, variant=number)
                 times.setdefault(f"{variant} {bits}-bit", []).append(1e3 * (time.perf_counter() - start))
     print(f"streamed, {layers} layers of {inputs} x {outputs}: " + "  ".join(
@@ -202,7 +210,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--skip-products", action="store_true")
-    parser.add_argument("--skip-6-bit", action="store_true")
+    parser.add_argument("--skip-k-quants", action="store_true")
     parser.add_argument("--skip-perplexity", action="store_true")
     parser.add_argument("--step", metavar="FILE", help="a GGUF file: one decoding step's products in both layouts")
     parser.add_argument("--llama-cpp", type=Path, help="llama.cpp's build/bin, for llama-perplexity beside qkv's")
@@ -213,8 +221,8 @@ def main() -> None:
           f"{kernels.best_variant()}, torch {torch.__version__}, {date.today()}")
     if not args.skip_products:
         products(args.repeats, args.rounds)
-    if not args.skip_6_bit:
-        six_bit(args.repeats, args.rounds)
+    if not args.skip_k_quants:
+        k_quants(args.repeats, args.rounds)
     if args.step:
         step(args.step, args.rounds)
     if not args.skip_perplexity:

@@ -161,3 +161,30 @@ def q6_k(weights: np.ndarray) -> np.ndarray:
     blocks = np.concatenate([ql.reshape(rows, n // 256, 128), qh.reshape(rows, n // 256, 64),
                              sc.view(np.uint8), d[..., None].view(np.uint8)], axis=-1)
     return blocks.reshape(rows, -1)
+
+
+def q5_k(weights: np.ndarray) -> np.ndarray:
+    """``weights`` ``(rows, n)`` (n a multiple of 256) as Q5_K blocks, the bytes a file stores (the ``gguf`` package
+    reads them but cannot write them): per 32 weights a scale ``(max - min) / 31`` and a minimum ``-min`` (0 if the
+    least weight is positive) as six-bit multiples of the super-block's fp16 ``d`` and ``dmin``, codes ``round((w +
+    dmin · m) / (d · sc))`` in 0..31; the bytes laid out as ggml's block_q5_K (d, dmin, the packed scales, the fifth
+    bits, the low nibbles)."""
+    rows, n = weights.shape
+    groups = weights.astype(np.float64).reshape(rows, n // 256, 8, 32)
+    lows = np.minimum(groups.min(-1), 0)
+    wanted_sc, wanted_m = (groups.max(-1) - lows) / 31, -lows
+    d = np.maximum(wanted_sc.max(-1) / 63, 2**-24).astype(np.float16)
+    dmin = np.maximum(wanted_m.max(-1) / 63, 2**-24).astype(np.float16)
+    sc = np.clip(np.round(wanted_sc / d[..., None]), 0, 63).astype(np.uint8)
+    m = np.clip(np.round(wanted_m / dmin[..., None]), 0, 63).astype(np.uint8)
+    step = (d[..., None].astype(np.float64) * sc)[..., None]
+    shifted = groups + (dmin[..., None].astype(np.float64) * m)[..., None]
+    q = np.clip(np.where(step > 0, np.round(shifted / np.where(step > 0, step, 1)), 0), 0, 31).astype(np.uint8)
+    packed = np.concatenate([sc[..., :4] | (sc[..., 4:] >> 4) << 6, m[..., :4] | (m[..., 4:] >> 4) << 6,
+                             (sc[..., 4:] & 15) | (m[..., 4:] & 15) << 4], axis=-1)
+    pairs = q.reshape(rows, n // 256, 4, 2, 32)  # sub-blocks 2 c and 2 c + 1
+    qs = (pairs[..., 0, :] & 15) | (pairs[..., 1, :] & 15) << 4
+    qh = sum(((q[..., j, :] >> 4) & 1) << j for j in range(8)).astype(np.uint8)
+    blocks = np.concatenate([d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), packed, qh,
+                             qs.reshape(rows, n // 256, 128)], axis=-1)
+    return blocks.reshape(rows, -1)

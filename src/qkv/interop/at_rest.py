@@ -16,8 +16,9 @@ Q4_K                        int4, groups of 32, as above    each group's scale d
                                                             (bf16 with PyTorch's kernel)
 Q8_0                        int8, its blocks as stored      nothing with qkv's kernel; with PyTorch's,
                             (qkv's kernel), else per row    per row again as below
-Q6_K                        6-bit, its blocks as stored     nothing with qkv's kernel (a layer whose
-                            (qkv's kernel), else as below   tensors are all Q6_K); else as below
+Q6_K, Q5_K                  6 or 5 bits, the blocks as      nothing with qkv's kernel (a layer whose
+                            stored (qkv's kernel), else     tensors are all Q6_K or all Q5_K); else as
+                            as below                        below
 Q5_K, Q6_K, F16, BF16, F32  int8, quantized again: a scale  half an int8 step of the block's (or, with
 (matrices)                  per 32 inputs with qkv's        PyTorch's kernel, the row's) largest weight
                             kernel, per row with PyTorch's
@@ -58,7 +59,17 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
-from .ggml_blocks import GROUP, REPACKED, SPANS, dequantized_rows, int4_groups, int4_halves, int8_blocks, q6_k_blocks
+from .ggml_blocks import (
+    GROUP,
+    REPACKED,
+    SPANS,
+    dequantized_rows,
+    int4_groups,
+    int4_halves,
+    int8_blocks,
+    q5_k_blocks,
+    q6_k_blocks,
+)
 from .gguf import (
     PERMUTED_ARCHITECTURES,
     ROPE_FREQS,
@@ -74,6 +85,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("auto", "int4", "int8", "none", "bf16")
 FLOAT_LAYERS = ("none", "bf16")  # the modes that quantize nothing: float32 or bfloat16 layers
+K_QUANTS = {"Q6_K": "int6", "Q5_K": "int5"}  # the K-quants qkv's kernel holds as stored in mode "auto"
 CHUNK_ROWS = 512  # rows decoded at once: a layer's float32 rows never all exist together
 
 
@@ -270,14 +282,14 @@ class _Builder:
         return self.tensors[name]
 
     def format(self, sources: list[_Source], *, output: bool = False) -> str:
-        """What a layer from ``sources`` becomes: "int4", "int8", "int6" (Q6_K blocks as stored, by default with
-        qkv's kernel) or the mode's float layers."""
+        """What a layer from ``sources`` becomes: "int4", "int8", "int6" or "int5" (Q6_K or Q5_K blocks as stored,
+        by default with qkv's kernel) or the mode's float layers."""
         if self.mode in FLOAT_LAYERS:
             return self.mode
-        inputs = sources[0].inputs
-        if self.mode == "auto" and all(s.kind == "Q6_K" for s in sources) and inputs % SUPER == 0 and \
+        inputs, kinds = sources[0].inputs, {s.kind for s in sources}
+        if self.mode == "auto" and kinds in ({"Q6_K"}, {"Q5_K"}) and inputs % SUPER == 0 and \
                 int8_class(inputs) is not Int8Linear:
-            return "int6"
+            return K_QUANTS[kinds.pop()]
         if output or self.mode == "int8":
             return "int8"
         if self.mode == "int4" or all(s.kind in REPACKED for s in sources):
@@ -289,7 +301,8 @@ class _Builder:
         d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
         d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
         int8 = 1.0 if int8_class(d) is Int8Linear else 1 + 2 / GROUP  # a scale per row, or per block
-        per_weight = {"int4": 0.5 + 4 / GROUP, "int6": 210 / SUPER, "int8": int8, "none": 4.0, "bf16": 2.0}
+        per_weight = {"int4": 0.5 + 4 / GROUP, "int5": 180 / SUPER, "int6": 210 / SUPER, "int8": int8, "none": 4.0,
+                      "bf16": 2.0}
         layer = 0.0
         for names, shape in ((("attn_q", "attn_k", "attn_v"), (d_q + 2 * d_kv) * d), (("attn_output",), d * d_q),
                              (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
@@ -350,11 +363,11 @@ class _Builder:
         repack = fmt == "int4" and all(s.kind in REPACKED for s in sources)
         as_blocks = fmt == "int8" and int8 is not Int8Linear and all(s.kind == "Q8_0" for s in sources)
         for source in sources:
-            stored = repack or as_blocks or fmt == "int6"
+            stored = repack or as_blocks or fmt in K_QUANTS.values()
             self.made[f"{source.kind} -> {fmt} {'as stored' if stored else 'quantized again'}"] += 1
         bias = biases is not None
-        if fmt == "int6":
-            layer = _q6_blocks(sources, inputs, rows, bias=bias)
+        if fmt in K_QUANTS.values():
+            layer = _k_quant_blocks(sources, inputs, rows, bias=bias)
         elif repack:
             layer = _repacked(sources, inputs, rows, bias=bias)
         elif as_blocks:
@@ -409,17 +422,19 @@ def _q8_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool
     return layer
 
 
-def _q6_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> QuantizedLinear:
-    """A 6-bit layer of qkv's kernel holding the Q6_K blocks of ``sources`` as they are."""
-    from ..kernels.layer import KernelInt6Linear
+def _k_quant_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> QuantizedLinear:
+    """A 6-bit or 5-bit layer of qkv's kernel holding the Q6_K or Q5_K blocks of ``sources`` as they are."""
+    from ..kernels.layer import KernelInt5Linear, KernelInt6Linear
 
-    layer = KernelInt6Linear(inputs, rows, bias=bias)
+    six = sources[0].kind == "Q6_K"
+    layer = (KernelInt6Linear if six else KernelInt5Linear)(inputs, rows, bias=bias)
     offset = 0
     for source in sources:
         for start in range(0, source.rows, CHUNK_ROWS):
-            q, d, sub = q6_k_blocks(source.raw(start, min(start + CHUNK_ROWS, source.rows)))
-            check_finite([(source.name, d)], f"{source.path} holds", "the file is damaged; use another copy")
-            layer.write_blocks(offset + start, q, d, sub)
+            raw = source.raw(start, min(start + CHUNK_ROWS, source.rows))
+            blocks = q6_k_blocks(raw) if six else q5_k_blocks(raw)
+            check_finite([(source.name, blocks[1])], f"{source.path} holds", "the file is damaged; use another copy")
+            layer.write_blocks(offset + start, *blocks)
         offset += source.rows
     return layer
 

@@ -100,12 +100,17 @@ def _q4_0_1(blocks: np.ndarray, kind: str):
     return blocks[..., 4:20], d, dm[..., 1] + 8 * d
 
 
-def _q4_k(blocks: np.ndarray, kind: str):
-    d, dmin = np.moveaxis(_fp16(blocks, 0, 2), -1, 0)
-    packed = blocks[..., 4:16].astype(np.uint8)  # 8 six-bit scales and mins in 12 bytes
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A K-quant super-block's eight six-bit scales and eight six-bit minimums from their 12 bytes (Q4_K, Q5_K)."""
     low, high = packed[..., 0:4], packed[..., 4:8]
     sc = np.concatenate([low & 63, (packed[..., 8:12] & 0x0F) | ((low >> 6) << 4)], axis=-1)
     mins = np.concatenate([high & 63, (packed[..., 8:12] >> 4) | ((high >> 6) << 4)], axis=-1)
+    return sc, mins
+
+
+def _q4_k(blocks: np.ndarray, kind: str):
+    d, dmin = np.moveaxis(_fp16(blocks, 0, 2), -1, 0)
+    sc, mins = _k_scales(blocks[..., 4:16].astype(np.uint8))  # 8 six-bit scales and mins in 12 bytes
     pairs = blocks[..., 16:144]  # four runs of 32 bytes: sub-blocks 2c and 2c + 1
     scales = d[..., None] * sc
     return pairs, scales, 8 * scales - dmin[..., None] * mins
@@ -143,6 +148,31 @@ def q6_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tens
     return q.reshape(rows, -1), d, blocks[..., 192:208].contiguous().view(torch.int8).reshape(rows, -1)
 
 
+def q5_k_blocks(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of Q5_K blocks (176 bytes for 256 weights: fp16 ``d`` and ``dmin``, eight six-bit scales ``sc`` and
+    minimums ``m`` in 12 bytes, 32 bytes of the codes' fifth bits, 128 of their low four; weight ``j`` of sub-block
+    ``b`` is ``d · sc_b · q_j - dmin · m_b``) as the codes ``q`` ``(rows, inputs)`` uint8 in 0..31, in the weights'
+    order, ``d`` and ``dmin`` ``(rows, inputs / 256, 2)`` float16, and the scales and minimums ``(rows, inputs /
+    32)`` uint8 each, the numbers as stored.
+
+    Sub-blocks ``2 c`` and ``2 c + 1`` share 32 bytes of low bits (the low and the high nibble of byte ``l`` for
+    their weight ``l``) and take their fifth bits from bits ``2 c`` and ``2 c + 1`` of fifth-bit byte ``l``."""
+    if raw.shape[1] % 176:
+        raise ValueError(f"a row of {raw.shape[1]} bytes is not a whole number of Q5_K blocks of 176 bytes")
+    rows = len(raw)
+    array = np.ascontiguousarray(raw).reshape(rows, -1, 176)
+    sc, mins = _k_scales(array[..., 4:16])
+    blocks = torch.from_numpy(array)
+    low = blocks[..., 48:176].reshape(rows, -1, 4, 1, 32)  # (c, l)
+    nibbles = torch.cat([low & 15, low >> 4], dim=3)  # (rows, blocks, c, 2, l): sub-block 2 c + h
+    shifts = torch.arange(8, dtype=torch.uint8).view(4, 2, 1)
+    fifth = (blocks[..., 16:48].reshape(rows, -1, 1, 1, 32) >> shifts) & 1
+    q = nibbles | fifth << 4
+    dm = blocks[..., :4].contiguous().view(torch.float16)
+    return (q.reshape(rows, -1), dm, torch.from_numpy(sc.reshape(rows, -1).copy()),
+            torch.from_numpy(mins.reshape(rows, -1).copy()))
+
+
 def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
     """Rows of any format the ``gguf`` package reads, as float32 ``(rows, inputs)``; ``tensor_type`` is its
     ``GGMLQuantizationType``. Q8_0, most files' token table, is decoded here, in PyTorch: each weight is its
@@ -159,4 +189,4 @@ def dequantized_rows(kind: str, raw: np.ndarray, tensor_type) -> np.ndarray:
 
 
 __all__ = ["GROUP", "REPACKED", "SPANS", "dequantized_rows", "int4_groups", "int4_halves", "int8_blocks",
-           "q6_k_blocks"]
+           "q5_k_blocks", "q6_k_blocks"]

@@ -17,7 +17,10 @@ of a row in bytes ``16 b`` to ``16 b + 15``, byte ``i`` holding input ``32 b + i
 ``scales`` and ``offsets`` ``(rows, n / 32)`` float16 (``d`` and ``m`` of a Q4_1 block, held as the file holds
 them). 6-bit weights are GGUF's Q6_K as stored (:func:`q6_codes` packs the codes): ``codes`` ``(rows, n / 64, 48)``
 uint8, ``scales`` each super-block's ``d`` ``(rows, n / 256)`` float16, and in the offsets' place the int8 scales
-of each 16 inputs ``(rows, n / 16)``, each weight ``d · scale · (q - 32)``. qkv's 4-bit layers
+of each 16 inputs ``(rows, n / 16)``, each weight ``d · scale · (q - 32)``. 5-bit weights are GGUF's Q5_K as
+stored (:func:`q5_codes`): ``codes`` ``(rows, n / 64, 40)`` uint8, ``scales`` each super-block's ``d`` and ``dmin``
+``(rows, n / 256, 2)`` float16, and in the offsets' place each block's six-bit scale, then its minimum, ``(rows, 2,
+n / 32)`` uint8, each weight ``d · scale · q - dmin · minimum``. qkv's 4-bit layers
 (:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time, which the kernel
 multiplies up to twice as fast (docs/quantization.md); its 8-bit ones hold the rows in order.
 """
@@ -36,6 +39,7 @@ from torch import Tensor
 BLOCK = 32  # inputs per block, of the weights and of the quantized activations
 GROUP = 8  # 4-bit rows interleaved at a time for decoding (q4.c's Q4X8 layout, :func:`interleaved`)
 Q6_PAIR = 48  # two blocks of 32 six-bit codes (q4.c's Q6 layout)
+Q5_PAIR = 40  # two blocks of 32 five-bit codes (q4.c's Q5 layout)
 SUPER = 256  # inputs of a Q6_K super-block: one scale d
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
 
@@ -117,7 +121,7 @@ def _inputs(codes: Tensor) -> int:
     """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8); 32 a block of
     interleaved ones, 64 a pair of 6-bit blocks."""
     if codes.dim() == 3:
-        return codes.size(1) * BLOCK * (2 if _format(codes) == 3 else 1)
+        return codes.size(1) * BLOCK * (2 if _format(codes) in (3, 4) else 1)
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
 
 
@@ -194,15 +198,38 @@ def q6_codes(q: Tensor) -> Tensor:
     return torch.cat([low[..., 0, :] | low[..., 1, :] << 4, crumbs.flatten(-2)], dim=-1).contiguous()
 
 
+def q5_codes(q: Tensor) -> Tensor:
+    """5-bit codes ``q`` ``(rows, n)`` in 0..31 as q4.c's Q5 layout, two blocks of 32 at a time: ``(rows, n / 64,
+    40)`` uint8, the pair's low four bits as :func:`q6_codes` lays them, then each block's fifth bits, a
+    little-endian 32-bit word (bit ``i``: input ``i``)."""
+    rows, n = q.shape
+    if n % SUPER:
+        raise ValueError(f"5-bit weights come in super-blocks of {SUPER} inputs, got {n}")
+    pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
+    low, fifth = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
+    weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
+    bits = (fifth * weights).sum(-1, dtype=torch.uint8)  # (rows, pairs, 2, 4): byte j holds inputs 8 j .. 8 j + 7
+    return torch.cat([low[..., 0, :] | low[..., 1, :] << 4, bits.flatten(-2)], dim=-1).contiguous()
+
+
 def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
            variant: str | None = None) -> Tensor:
     """``x`` ``(batch, n)`` float32 times the weights' transpose: ``(batch, rows)`` float32, the activations
     quantized to int8 on the way, as :func:`quantize_activations` does. 4-bit weights: ``codes`` uint8 and
     ``offsets``, in the Q4 layout or :func:`interleaved` (then ``rows`` says how many are real); 8-bit: ``codes``
     int8, no offsets; 6-bit (:func:`q6_codes`): ``codes``, the super-blocks' ``scales`` and ``offsets`` the int8
-    scales of each 16 inputs."""
+    scales of each 16 inputs; 5-bit (:func:`q5_codes`): ``codes``, the super-blocks' ``d`` and ``dmin`` and
+    ``offsets`` the blocks' scales and minimums."""
     n, rows = _inputs(codes), _rows(codes, rows)
-    if _format(codes) == 3:
+    if _format(codes) == 4:
+        if n % SUPER:
+            raise ValueError(f"5-bit weights come in super-blocks of {SUPER} inputs, got {n}")
+        _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q5_PAIR), "codes")
+        _check(scales, torch.float16, (rows, n // SUPER, 2), "scales")
+        if offsets is None:
+            raise ValueError("5-bit weights need their blocks' scales and minimums (offsets)")
+        _check(offsets, torch.uint8, (rows, 2, n // BLOCK), "offsets")
+    elif _format(codes) == 3:
         if n % SUPER:
             raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
         _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q6_PAIR), "codes")
@@ -298,9 +325,9 @@ def _best() -> int:
 
 def _format(codes: Tensor) -> int:
     """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8), 2 for
-    interleaved 4-bit ones, 3 for 6-bit ones (48 bytes a pair of blocks)."""
+    interleaved 4-bit ones, 3 for 6-bit ones (48 bytes a pair of blocks), 4 for 5-bit ones (40 bytes)."""
     if codes.dim() == 3:
-        return 3 if codes.size(-1) == Q6_PAIR else 2
+        return {Q6_PAIR: 3, Q5_PAIR: 4}.get(codes.size(-1), 2)
     return 1 if codes.dtype == torch.int8 else 0
 
 
@@ -308,12 +335,14 @@ def block_sums(codes: Tensor, xq: Tensor, *, variant: str, sub: Tensor | None = 
     """The integer sum of every weight block times the activation row ``xq`` ``(n,)`` int8: ``(rows, n / 32)``
     int32, as ``variant`` computes it (the tests hold each variant to a reference). 4-bit codes uint8, 8-bit int8,
     6-bit ones with their scales ``sub`` (each block's sum is then ``sub_0 Σ (q - 32) p + sub_1 Σ (q - 32) p`` over
-    its two halves)."""
+    its two halves), 5-bit ones with their blocks' scales ``sub`` ``(rows, n / 32)`` uint8 (``sub · Σ q p``)."""
     rows, n = codes.size(0), _inputs(codes)
     _check(codes, codes.dtype, (rows, *codes.shape[1:]), "codes")
     _check(xq, torch.int8, (n,), "xq")
     if _format(codes) == 3:
         _check(sub, torch.int8, (rows, n // 16), "sub")
+    if _format(codes) == 4:
+        _check(sub, torch.uint8, (rows, n // BLOCK), "sub")
     sums = torch.empty(rows, n // BLOCK, dtype=torch.int32)
     if _library().qkv_block_sums(_format(codes), VARIANTS.index(variant), codes.data_ptr(),
                                  None if sub is None else sub.data_ptr(), rows, n, xq.data_ptr(), sums.data_ptr()):
@@ -335,6 +364,7 @@ __all__ = [
     "interleaved",
     "linear",
     "matmul",
+    "q5_codes",
     "q6_codes",
     "quantize_activations",
     "read_rows",

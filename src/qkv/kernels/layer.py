@@ -1,4 +1,4 @@
-"""int4, int6 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
+"""int4, int5, int6 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
 
 :class:`~qkv.quantize.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
 (rows in blocks of 32 or 64, input by input), with a bfloat16 scale and zero point per group of 32 inputs,
@@ -16,10 +16,12 @@ table and output layer) is taken over exactly, and weights quantized again land 
 block, not per row), for 6% more memory (two bytes per 32 codes).
 
 :class:`KernelInt6Linear` holds a GGUF file's Q6_K blocks as stored (six-bit codes, an int8 scale per 16 inputs, an
-fp16 one per 256: 6.6 bits a weight), the layers of a Q4_K_M file that llama.cpp's quantizer gives more bits.
+fp16 one per 256: 6.6 bits a weight), the layers of a Q4_K_M file that llama.cpp's quantizer gives more bits;
+:class:`KernelInt5Linear` its Q5_K blocks (five-bit codes, a six-bit scale and minimum per 32 inputs, fp16 ``d`` and
+``dmin`` per 256).
 
-All three multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product registered
-as the operator ``qkv::block_linear``, one node of the graph.
+All of them multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product
+registered as the operator ``qkv::block_linear``, one node of the graph.
 
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
 of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` and
@@ -38,6 +40,7 @@ from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpa
 from . import (
     BLOCK,
     GROUP,
+    Q5_PAIR,
     Q6_PAIR,
     SUPER,
     best_variant,
@@ -46,6 +49,7 @@ from . import (
     groups,
     interleaved,
     linear,
+    q5_codes,
     q6_codes,
     read_rows,
     rounded_activations,
@@ -60,9 +64,9 @@ _GROUP_BYTES = BLOCK // 2
 # or ahead at 1,024. 8-bit (the rows one by one; SmolLM2's output layer, 49,152 x 576): AVX-512 VNNI even with the
 # widened weights up to 256 rows, behind at 512; AVX2 behind from 32-64 (16 keeps to the safe side). The portable C
 # falls behind from about 16.
-# 6-bit (GGUF's Q6_K, the rows one by one as 8-bit ones): 8-bit's thresholds.
+# 6-bit and 5-bit (GGUF's Q6_K and Q5_K, the rows one by one as 8-bit ones): 8-bit's thresholds.
 WIDEN_ROWS = {4: {"portable": 16, "avx2": 512, "avx512-vnni": 512}, 8: {"portable": 16, "avx2": 16, "avx512-vnni": 64}}
-WIDEN_ROWS[6] = WIDEN_ROWS[8]
+WIDEN_ROWS[6] = WIDEN_ROWS[5] = WIDEN_ROWS[8]
 WIDEN_TILE_WEIGHTS = 1 << 18  # weights widened at a time for that product: 1 MB of float32, in a core's cache
 
 
@@ -73,18 +77,19 @@ def widen_rows(bits: int) -> int:
 
 
 def _bits(codes: Tensor) -> int:
-    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (48 bytes a pair), else 4."""
+    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (48 bytes a pair), 5 for Q5 ones (40), else 4."""
     if codes.dtype == torch.int8:
         return 8
-    return 6 if codes.size(-1) == Q6_PAIR else 4
+    return {Q6_PAIR: 6, Q5_PAIR: 5}.get(codes.size(-1), 4) if codes.dim() == 3 else 4
 
 
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
     """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones (interleaved) by
     the kernel's library, 8-bit ones (no offsets) as codes times their blocks' scales, 6-bit ones as
-    :func:`q6_weights` gives them."""
-    if _bits(codes) == 6:
-        return out.copy_(q6_weights(codes[start:end], scales[start:end], offsets[start:end]))
+    :func:`q6_weights` and :func:`q5_weights` give them."""
+    if _bits(codes) in (5, 6):
+        widen = q6_weights if _bits(codes) == 6 else q5_weights
+        return out.copy_(widen(codes[start:end], scales[start:end], offsets[start:end]))
     if offsets is not None:
         return dequantize(codes, scales, offsets, start, out)
     blocks = out.view(end - start, -1, BLOCK)
@@ -98,7 +103,8 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
     looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
-    inputs = codes.size(1) * BLOCK * (2 if _bits(codes) == 6 else 1) if codes.dim() == 3 else scales.size(1) * BLOCK
+    inputs = codes.size(1) * BLOCK * (2 if _bits(codes) in (5, 6) else 1) if codes.dim() == 3 else \
+        scales.size(1) * BLOCK
     tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
     widen = widen_rows(_bits(codes))
@@ -330,7 +336,77 @@ def q6_weights(codes: Tensor, d: Tensor, sub: Tensor) -> Tensor:
     return q * scale
 
 
-class KernelInt6Linear(_KernelProduct, QuantizedLinear):
+def q5_weights(codes: Tensor, dm: Tensor, sub: Tensor) -> Tensor:
+    """Q5 blocks (:func:`qkv.kernels.q5_codes`) as float32 ``(rows, in)``: ``d · scale · q - dmin · minimum``, the
+    ``gguf`` package's numbers for the file's blocks."""
+    rows, pairs = codes.shape[:2]
+    nibbles, words = codes[..., :BLOCK], codes[..., BLOCK:].view(rows, pairs, 2, 4, 1)
+    low = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (rows, pairs, 2, 32)
+    fifth = (words >> torch.arange(8, dtype=torch.uint8) & 1).view(rows, pairs, 2, BLOCK)
+    q = (low | fifth << 4).view(rows, -1).float()
+    d, dmin = (t.float().repeat_interleave(SUPER // BLOCK, 1) for t in dm.unbind(-1))
+    scale, offset = (d * sub[:, 0].float()).repeat_interleave(BLOCK, 1), (dmin * sub[:, 1].float())
+    return scale * q - offset.repeat_interleave(BLOCK, 1)
+
+
+class _KQuantLinear(_KernelProduct, QuantizedLinear):
+    """What the layers holding a GGUF file's K-quant blocks as stored share: made from a file's blocks only, not
+    from float weights; ``in_features`` a multiple of 256 (a super-block)."""
+
+    input_dtype = torch.float32
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
+        if in_features % SUPER:
+            raise ValueError(f"K-quant blocks hold {SUPER} inputs; the layer has {in_features}")
+        QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
+
+    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
+        return _widened(*self._blocks(), start, end, out)
+
+
+class KernelInt5Linear(_KQuantLinear):
+    """``y = x Ŵᵀ + b`` with Ŵ a GGUF file's Q5_K blocks as stored, multiplied by qkv's kernel: five-bit codes ``q``,
+    a six-bit scale and minimum for each 32 inputs and fp16 ``d`` and ``dmin`` for each 256, ``W = d · scale · q -
+    dmin · minimum``, 5.6 bits a weight (5.5 in the file, whose scales are packed tighter).
+
+    Buffers: ``codes`` ``(out_features, in_features / 64, 40)`` uint8 (q4.c's Q5 layout), ``super_scales``
+    ``(out_features, in_features / 256, 2)`` float16 (``d``, ``dmin``) and ``sub_scales`` ``(out_features, 2,
+    in_features / 32)`` uint8 (the scales, then the minimums).
+
+    Raises:
+        ValueError: ``in_features`` not a multiple of 256.
+    """
+
+    mode = "int5"
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
+        super().__init__(in_features, out_features, bias=bias, outliers=outliers)
+        self.register_buffer("codes", torch.zeros(out_features, in_features // (2 * BLOCK), Q5_PAIR,
+                                                  dtype=torch.uint8))
+        self.register_buffer("super_scales", torch.zeros(out_features, in_features // SUPER, 2, dtype=torch.float16))
+        self.register_buffer("sub_scales", torch.zeros(out_features, 2, in_features // BLOCK, dtype=torch.uint8))
+
+    def write_blocks(self, start: int, q: Tensor, dm: Tensor, scales: Tensor, mins: Tensor) -> None:
+        """Rows ``start ...`` from a file's Q5_K blocks (:func:`~qkv.interop.ggml_blocks.q5_k_blocks`): the codes
+        ``(r, in)`` in 0..31, ``d`` and ``dmin`` ``(r, in / 256, 2)`` float16, the scales and minimums ``(r, in / 32)``
+        each."""
+        end = start + len(q)
+        self.codes[start:end] = q5_codes(q)
+        self.super_scales[start:end] = dm
+        self.sub_scales[start:end] = torch.stack([scales, mins], dim=1)
+
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
+        return q5_weights(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
+
+    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.codes, self.super_scales, self.sub_scales
+
+    def _format(self) -> str:
+        return "5-bit, GGUF's Q5_K blocks as stored, qkv's kernel"
+
+
+class KernelInt6Linear(_KQuantLinear):
     """``y = x Ŵᵀ + b`` with Ŵ a GGUF file's Q6_K blocks as stored, multiplied by qkv's kernel: six-bit codes ``q``,
     an int8 scale for each 16 inputs and an fp16 ``d`` for each 256, ``W = d · scale · (q - 32)``, 6.6 bits a
     weight where int8 per block of 32 takes 8.5. Made from a file's blocks only (:meth:`write_blocks`), not from
@@ -344,12 +420,9 @@ class KernelInt6Linear(_KernelProduct, QuantizedLinear):
     """
 
     mode = "int6"
-    input_dtype = torch.float32
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
-        if in_features % SUPER:
-            raise ValueError(f"Q6_K blocks hold {SUPER} inputs; the layer has {in_features}")
-        QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
+        super().__init__(in_features, out_features, bias=bias, outliers=outliers)
         self.register_buffer("codes", torch.zeros(out_features, in_features // (2 * BLOCK), Q6_PAIR,
                                                   dtype=torch.uint8))
         self.register_buffer("super_scales", torch.zeros(out_features, in_features // SUPER, dtype=torch.float16))
@@ -367,9 +440,6 @@ class KernelInt6Linear(_KernelProduct, QuantizedLinear):
         rows = slice(None) if outputs is None else outputs.to(self.codes.device)
         return q6_weights(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
 
-    def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
-        return _widened(*self._blocks(), start, end, out)
-
     def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
         return self.codes, self.super_scales, self.sub_scales
 
@@ -386,4 +456,4 @@ def _fp16(values: Tensor) -> Tensor:
     return halves
 
 
-__all__ = ["KernelInt4Linear", "KernelInt6Linear", "KernelInt8Linear"]
+__all__ = ["KernelInt4Linear", "KernelInt5Linear", "KernelInt6Linear", "KernelInt8Linear"]

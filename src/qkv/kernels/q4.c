@@ -18,7 +18,8 @@
  *           its low nibble and input 32 b + 16 + i in its high one (GGUF's Q4_0 and Q4_1 order);
  *           Q8: (rows, n) signed bytes, in input order;
  *           Q4X8: Q4's blocks with the rows interleaved eight at a time, what qkv's 4-bit layers hold (below);
- *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 48 bytes a pair of blocks
+ *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 48 bytes a pair of blocks;
+ *           Q5: GGUF's Q5_K, 5-bit codes with a scale and a minimum per block (below), 40 bytes a pair of blocks
  *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8); Q6: d
  *           (rows, n / 256) fp16, and in m's place the int8 scales (rows, n / 16))
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
@@ -45,7 +46,7 @@
 #define AHEAD 4096
 
 enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
-enum { Q4 = 0, Q8 = 1, Q4X8 = 2, Q6 = 3 };          /* the weight blocks' formats */
+enum { Q4 = 0, Q8 = 1, Q4X8 = 2, Q6 = 3, Q5 = 4 };  /* the weight blocks' formats */
 #define GROUP 8                                     /* Q4X8: rows interleaved eight at a time */
 
 int qkv_best_variant(void);
@@ -658,6 +659,225 @@ __attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *
 }
 #endif
 
+/* ------------------------------------------------------------------------------------- Q5: GGUF's Q5_K as stored
+ *
+ * A super-block of 256 weights w_j = d sc_b q_j - dmin m_b: q_j in 0..31, sc_b and m_b six-bit numbers for each
+ * block of 32, d and dmin fp16 for the 256. Held two blocks (b even, b + 1) in 40 bytes: bytes 0..31 the codes' low
+ * four bits as Q6 holds them (byte i: input i of block b low, of block b + 1 high), then each block's fifth bits, a
+ * 32-bit word (bit i: input i); d and dmin (rows, n / 256, 2) fp16; sc_b, then m_b, (rows, 2, n / 32) bytes. A block
+ * contributes, as a Q4 block,
+ *
+ *     d e (sc_b sum_j q_j p_j) - (dmin m_b) (e sum_j p_j),
+ *
+ * the integer sum exact in 32 bits (at most 63 * 32 * 31 * 127), the offsets' products exact in floats. */
+#define Q5_PAIR 40
+
+/* Block b's 32 codes, in input order. */
+static void q5_unpacked(const uint8_t *c, int64_t b, int *q)
+{
+    const uint8_t *pair = c + b / 2 * Q5_PAIR, *high = pair + BLOCK + 4 * (b & 1);
+    for (int i = 0; i < BLOCK; i++)
+        q[i] = ((pair[i] >> (4 * (b & 1))) & 15) | ((high[i / 8] >> (i % 8)) & 1) << 4;
+}
+
+static int32_t block_sum_q5_portable(const uint8_t *c, int64_t b, int sc, const int8_t *p)
+{
+    int q[BLOCK];
+    int32_t sum = 0;
+    q5_unpacked(c, b, q);
+    for (int i = 0; i < BLOCK; i++)
+        sum += q[i] * p[i];
+    return sc * sum;
+}
+
+static void q5_portable(const uint8_t *c, const uint16_t *wd, const uint8_t *sm, const int8_t *p, const float *e,
+                        const float *s, int64_t blocks, int64_t n, int count, float *out)
+{
+    for (int k = 0; k < count; k++) {
+        float acc = 0.0f;
+        for (int64_t b = 0; b < blocks; b++) {
+            int32_t sum = block_sum_q5_portable(c, b, sm[b], p + k * n + b * BLOCK);
+            acc += half_portable(wd[2 * (b / SUPER)]) * e[k * blocks + b] * (float)sum;
+            acc += -half_portable(wd[2 * (b / SUPER) + 1]) * (float)sm[blocks + b] * s[k * blocks + b];
+        }
+        out[k] = acc;
+    }
+}
+
+#if defined(__x86_64__)
+/* A block's 32 fifth bits (a 32-bit word) as bytes of 16 or 0, input by input: byte i of the word copied to
+ * bytes 8 i .. 8 i + 7, each kept if its own bit is set. */
+__attribute__((target("avx2"))) static inline __m256i q5_high(const uint8_t *bits)
+{
+    int32_t word;
+    memcpy(&word, bits, sizeof word);
+    const __m256i spread = _mm256_set_epi8(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2,
+                                           1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201);
+    __m256i bytes = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32(word), spread), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(bytes, bit), _mm256_set1_epi8(16));
+}
+
+/* A pair's two blocks' codes (0..31), block b in `even` and b + 1 in `odd`. */
+__attribute__((target("avx2"))) static inline void codes_q5_pair(const uint8_t *pair, __m256i *even, __m256i *odd)
+{
+    const __m256i low = _mm256_set1_epi8(15);
+    __m256i nibbles = _mm256_loadu_si256((const __m256i *)pair);
+    *even = _mm256_or_si256(_mm256_and_si256(nibbles, low), q5_high(pair + BLOCK));
+    *odd = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(nibbles, 4), low), q5_high(pair + BLOCK + 4));
+}
+
+/* Eight 32-bit sums of a Q5 block's products times its scale: byte pairs into 16 bits (<= 2 * 31 * 127), then
+ * vpmaddwd by the scale. */
+__attribute__((target("avx2"))) static inline __m256i q5_products_avx2(__m256i codes, const int8_t *p, int sc)
+{
+    __m256i pairs = _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)p));
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16((int16_t)sc));
+}
+
+/* A super-block's offsets: its eight blocks' -dmin m_b, in floats (exact), times each activation row's e sum p. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q5_offsets(
+    const uint16_t *wd, const uint8_t *mins, const float *s, int64_t b, int64_t blocks, int count, __m256 *offsets)
+{
+    __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(mins + b))));
+    m = _mm256_mul_ps(_mm256_set1_ps(-half_f16c(wd[2 * (b / SUPER) + 1])), m);
+    for (int k = 0; k < count; k++)
+        offsets[k] = _mm256_fmadd_ps(m, _mm256_loadu_ps(s + k * blocks + b), offsets[k]);
+}
+
+/* One Q5 row against `count` (1 to TILE) activation rows, as q6_avx2_body, and the offsets a super-block at a time,
+ * as avx2_body's. */
+__attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q5_avx2_body(
+    const uint8_t *c, const uint16_t *wd, const uint8_t *sm, const int8_t *p, const float *e, const float *s,
+    int64_t blocks, int64_t n, const int count, float *out)
+{
+    __m256 acc[TILE][2], offsets[TILE];
+    for (int k = 0; k < count; k++)
+        acc[k][0] = acc[k][1] = offsets[k] = _mm256_setzero_ps();
+    float d = 0.0f;
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint8_t *pair = c + b / 2 * Q5_PAIR;
+        if (b % SUPER == 0) {
+            for (int64_t k = 0; k < SUPER / 2 * Q5_PAIR; k += 64)
+                __builtin_prefetch(pair + AHEAD + k, 0, 3);
+            d = half_f16c(wd[2 * (b / SUPER)]);
+            q5_offsets(wd, sm + blocks, s, b, blocks, count, offsets);
+        }
+        __m256i codes[2];
+        codes_q5_pair(pair, &codes[0], &codes[1]);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < count; k++) {
+                __m256i sums = q5_products_avx2(codes[h], p + k * n + (b + h) * BLOCK, sm[b + h]);
+                acc[k][h] = _mm256_fmadd_ps(_mm256_set1_ps(d * e[k * blocks + b + h]), _mm256_cvtepi32_ps(sums),
+                                            acc[k][h]);
+            }
+    }
+    for (int k = 0; k < count; k++)
+        out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1])) + sum8_ps(offsets[k]);
+}
+
+/* The AVX-512 variant's Q5 rows: a pair of blocks in 512-bit registers, as q6_vnni_body; the fifth bits are a mask
+ * register's 64 bits, one instruction makes them bytes of 16. The sums and the float steps are q5_avx2_body's, bit
+ * for bit. */
+__attribute__((target(VNNI_TARGETS), always_inline)) static inline void q5_vnni_body(
+    const uint8_t *c, const uint16_t *wd, const uint8_t *sm, const int8_t *p, const float *e, const float *s,
+    int64_t blocks, int64_t n, const int count, float *out)
+{
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[TILE];
+    __m256 offsets[TILE];
+    for (int k = 0; k < count; k++) {
+        acc[k] = _mm512_setzero_ps();
+        offsets[k] = _mm256_setzero_ps();
+    }
+    __m512i wide = _mm512_setzero_si512();  /* the super-block's eight scales as 16-bit numbers */
+    __m512 d = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; b += 2) {
+        const uint8_t *pair = c + b / 2 * Q5_PAIR;
+        if (b % SUPER == 0) {
+            for (int64_t k = 0; k < SUPER / 2 * Q5_PAIR; k += 64)
+                __builtin_prefetch(pair + AHEAD + k, 0, 3);
+            wide = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + b))));
+            d = _mm512_set1_ps(half_f16c(wd[2 * (b / SUPER)]));
+            q5_offsets(wd, sm + blocks, s, b, blocks, count, offsets);
+        }
+        uint64_t fifth;
+        memcpy(&fifth, pair + BLOCK, sizeof fifth);
+        __m256i nibbles = _mm256_loadu_si256((const __m256i *)pair);
+        __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles), _mm256_srli_epi16(nibbles, 4), 1);
+        __m512i high = _mm512_maskz_mov_epi8((__mmask64)fifth, _mm512_set1_epi8(16));
+        codes = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi8(15), high, 0xea);  /* (codes & 15) | high */
+        int j = (int)(b % SUPER);
+        __m512i scales = _mm512_permutexvar_epi16(
+            _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)j), _mm512_set1_epi16((short)(j + 1))),
+            wide);
+        for (int k = 0; k < count; k++) {
+            __m512i x = _mm512_loadu_si512((const void *)(p + k * n + b * BLOCK));
+            __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), scales);
+            __m512 both = _mm512_mul_ps(d, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
+                                                _mm_castpd_ps(_mm_load_sd((const double *)(e + k * blocks + b))))));
+            acc[k] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(sums), acc[k]);
+        }
+    }
+    for (int k = 0; k < count; k++) {
+        __m256 even = _mm512_castps512_ps256(acc[k]);
+        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
+        out[k] = sum8_ps(_mm256_add_ps(even, odd)) + sum8_ps(offsets[k]);
+    }
+}
+
+#define Q5_ROWS(name, body, targets)                                                                                 \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const uint8_t *sm,       \
+                                                      const int8_t *p, const float *e, const float *s,               \
+                                                      int64_t blocks, int64_t n, int count, float *out)              \
+    {                                                                                                                \
+        switch (count) {                                                                                             \
+        case 1: body(c, wd, sm, p, e, s, blocks, n, 1, out); break;                                                  \
+        case 2: body(c, wd, sm, p, e, s, blocks, n, 2, out); break;                                                  \
+        case 3: body(c, wd, sm, p, e, s, blocks, n, 3, out); break;                                                  \
+        default: body(c, wd, sm, p, e, s, blocks, n, TILE, out);                                                     \
+        }                                                                                                            \
+    }
+
+Q5_ROWS(q5_avx2, q5_avx2_body, "avx2,fma,f16c")
+Q5_ROWS(q5_vnni, q5_vnni_body, VNNI_TARGETS)
+
+__attribute__((target("avx2"))) static int32_t block_sum_q5_avx2(const uint8_t *c, int64_t b, int sc,
+                                                                 const int8_t *p)
+{
+    __m256i codes[2];
+    codes_q5_pair(c + b / 2 * Q5_PAIR, &codes[0], &codes[1]);
+    return sum8_epi32(q5_products_avx2(codes[b & 1], p, sc));
+}
+#endif
+
+/* qkv_matmul for Q5 weights: the rows split over the threads, TILE activation rows at a time. */
+static void matmul_q5(int variant, const uint8_t *codes, const uint16_t *d, const uint8_t *sm, int64_t rows,
+                      int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+{
+    void (*dot)(const uint8_t *, const uint16_t *, const uint8_t *, const int8_t *, const float *, const float *,
+                int64_t, int64_t, int, float *) = q5_portable;
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        dot = q5_vnni;
+    else if (variant == AVX2)
+        dot = q5_avx2;
+#else
+    (void)variant;  /* one variant only */
+#endif
+    int64_t blocks = n / BLOCK;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < batch; i += TILE) {
+            int count = batch - i < TILE ? (int)(batch - i) : TILE;
+            float out[TILE];
+            dot(codes + r * blocks / 2 * Q5_PAIR, d + r * 2 * (blocks / SUPER), sm + r * 2 * blocks, xq + i * n,
+                xd + i * blocks, xs + i * blocks, blocks, n, count, out);
+            for (int k = 0; k < count; k++)
+                y[(i + k) * rows + r] = out[k];
+        }
+}
+
 /* qkv_matmul for Q6 weights: the rows split over the threads, TILE activation rows at a time. */
 static void matmul_q6(int variant, const uint8_t *codes, const uint16_t *d, const int8_t *sc, int64_t rows,
                       int64_t n, const int8_t *xq, const float *xd, int64_t batch, float *y)
@@ -779,13 +999,17 @@ static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, cons
 }
 
 /* y (batch, rows) = the product of `batch` quantized activation rows and the weights in `format` (m NULL for Q8,
- * Q6's int8 scales for Q6); returns 0, or -1 for a variant this CPU does not run, an unknown format or Q6 weights
- * whose rows are not whole super-blocks. */
+ * Q6's int8 scales for Q6, Q5's scales and minimums for Q5); returns 0, or -1 for a variant this CPU does not run,
+ * an unknown format or Q6 or Q5 weights whose rows are not whole super-blocks. */
 int qkv_matmul(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
                int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
 {
-    if (!qkv_runs_variant(variant) || format < Q4 || format > Q6 || (format == Q6 && n % (SUPER * BLOCK)))
+    if (!qkv_runs_variant(variant) || format < Q4 || format > Q5 || (format >= Q6 && n % (SUPER * BLOCK)))
         return -1;
+    if (format == Q5) {
+        matmul_q5(variant, codes, d, (const uint8_t *)m, rows, n, xq, xd, xs, batch, y);
+        return 0;
+    }
     if (format == Q6) {
         matmul_q6(variant, codes, d, (const int8_t *)m, rows, n, xq, xd, batch, y);
         return 0;
@@ -916,12 +1140,22 @@ void qkv_q8_rounded(const float *x, int64_t batch, int64_t n, float *out)
 int qkv_block_sums(int format, int variant, const uint8_t *codes, const int8_t *sc, int64_t rows, int64_t n,
                    const int8_t *xq, int32_t *sums)
 {
-    if (!qkv_runs_variant(variant) || (format != Q4 && format != Q8 && format != Q6))
+    if (!qkv_runs_variant(variant) || format == Q4X8 || format < Q4 || format > Q5)
         return -1;
     int64_t blocks = n / BLOCK, bytes = row_bytes(format, n) / blocks;
     for (int64_t r = 0; r < rows; r++)
         for (int64_t b = 0; b < blocks; b++) {
             const int8_t *p = xq + b * BLOCK;
+            if (format == Q5) {  /* one product for both SIMD variants; sc the scales (rows, n / 32) */
+                const uint8_t *row = codes + r * blocks / 2 * Q5_PAIR;
+                int scale = (uint8_t)sc[r * blocks + b];
+                sums[r * blocks + b] = block_sum_q5_portable(row, b, scale, p);
+#if defined(__x86_64__)
+                if (variant != PORTABLE)
+                    sums[r * blocks + b] = block_sum_q5_avx2(row, b, scale, p);
+#endif
+                continue;
+            }
             if (format == Q6) {  /* one product for both SIMD variants */
                 const uint8_t *row = codes + r * blocks / 2 * Q6_PAIR;
                 const int8_t *s = sc + 2 * (r * blocks + b);
