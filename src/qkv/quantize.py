@@ -46,13 +46,13 @@ never through a float32 copy of the model. Which formats are taken over exactly 
   stored. qkv's own kernel (:mod:`qkv.kernels`, the default wherever it is built) keeps each group's scale and
   offset in fp16, as the file does (Q4_0 and Q4_1 exactly); this class rounds them to bf16: at most 2⁻⁹ of each,
   a weight error under a thirtieth of one 4-bit step.
-* **Q8_0** is held as stored by qkv's kernel (int8 codes, an fp16 scale per 32 inputs), and so is **Q6_K**
-  (:class:`~qkv.kernels.layer.KernelInt6Linear`: six-bit codes, int8 scales per 16 inputs, an fp16 one per 256)
-  where every tensor of a layer is Q6_K and ``mode`` is ``"auto"``; **Q5_K, F16, BF16, F32 matrices** (and Q6_K
-  otherwise) are quantized again, to int8 per 32 inputs there (per output row with PyTorch's kernel,
+* **Q8_0** is held as stored by qkv's kernel (int8 codes, an fp16 scale per 32 inputs), and so are **Q6_K** and
+  **Q5_K** (:class:`~qkv.kernels.layer.KernelInt6Linear`, :class:`~qkv.kernels.layer.KernelInt5Linear`) where
+  every tensor of a layer is of that kind and ``mode`` is ``"auto"``; **F16, BF16, F32 matrices** (and the
+  K-quants otherwise) are quantized again, to int8 per 32 inputs there (per output row with PyTorch's kernel,
   :class:`Int8Linear`, which also takes Q8_0 again per row), or to int4 when asked, from their decoded values a
   few hundred rows at a time: half an int8 step of the block's (the row's) largest weight.
-* **The token table**: int8 as above (Q6_K as stored), one copy shared with a tied output layer
+* **The token table**: int8 as above (a K-quant as stored), one copy shared with a tied output layer
   (:class:`QuantizedEmbedding`); looked up, a row is widened to fp32. On SmolLM2-135M the whole model read this way
   keeps perplexity within 1.5% of float32 on a short text (tested), 0.03% on 20,000 characters through qkv's kernel
   (docs/quantization.md).

@@ -22,8 +22,9 @@ Q6_K, Q5_K                  6 or 5 bits, the blocks as      nothing with qkv's k
 Q5_K, Q6_K, F16, BF16, F32  int8, quantized again: a scale  half an int8 step of the block's (or, with
 (matrices)                  per 32 inputs with qkv's        PyTorch's kernel, the row's) largest weight
                             kernel, per row with PyTorch's
-token embedding             int8 as above (shared with the  as int8; the lookup widens one row a token
-                            output layer when tied)
+token embedding             int8 as above, or Q6_K/Q5_K as  as int8; the lookup widens one row a token
+                            stored (shared with the output
+                            layer when tied)
 norms, biases               fp32                            none
 ==========================  ==============================  ============================================
 
