@@ -99,3 +99,18 @@ def test_cached_decoding_equals_uncached_on_k_quant_layers(k_file):
         for _ in range(8):
             ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
     assert torch.equal(cached, ids[:, 4:])
+
+
+def test_a_k_quant_layer_passes_gradients_prompts_and_compiles_as_eager(k_file):
+    """What QLoRA, a prompt and ``--compile`` ask of a layer: the input's gradient through the stored weights, many
+    rows at once through the widened weights, and the kernel as one node of a traced graph."""
+    model, _ = load_quantized_gpt(k_file[1], mode="auto")
+    layer = model.decoder.layers[0].feed_forward.down
+    x = torch.randn(3, layer.in_features, requires_grad=True)
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(3, layer.out_features) @ layer.dequantized())
+    prompt = torch.randn(100, layer.in_features)  # past the rows where widened weights take over
+    with torch.no_grad():
+        torch.testing.assert_close(layer(prompt), kernels.rounded_activations(prompt) @ layer.dequantized().T)
+        x = torch.randn(2, layer.in_features)
+        assert torch.equal(torch.compile(layer, fullgraph=True, backend="aot_eager")(x), layer(x))
