@@ -22,6 +22,15 @@ def greedy_qkv(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.cat(tokens, dim=1)
 
 
+def greedy_uncached(model, prompt: torch.Tensor, steps: int) -> torch.Tensor:
+    """qkv's ``(B, steps)`` greedy tokens with no cache: the whole sequence again at every step."""
+    ids = prompt
+    with torch.no_grad():
+        for _ in range(steps):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return ids[:, prompt.size(1) :]
+
+
 def greedy_hf(hf, prompt: torch.Tensor, steps: int, *, use_cache: bool = False) -> torch.Tensor:
     """The reference's ``(B, steps)`` greedy tokens.
 

@@ -351,17 +351,26 @@ def q5_weights(codes: Tensor, dm: Tensor, sub: Tensor) -> Tensor:
 
 class _KQuantLinear(_KernelProduct, QuantizedLinear):
     """What the layers holding a GGUF file's K-quant blocks as stored share: made from a file's blocks only, not
-    from float weights; ``in_features`` a multiple of 256 (a super-block)."""
+    from float weights; ``in_features`` a multiple of 256 (a super-block); buffers ``codes``, ``super_scales`` and
+    ``sub_scales``, which ``_widen`` turns into weights."""
 
     input_dtype = torch.float32
+    _widen: Callable[[Tensor, Tensor, Tensor], Tensor]
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
         if in_features % SUPER:
             raise ValueError(f"K-quant blocks hold {SUPER} inputs; the layer has {in_features}")
         QuantizedLinear.__init__(self, in_features, out_features, bias=bias, outliers=outliers)
 
+    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
+        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
+        return type(self)._widen(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
+
     def _decoded_rows(self, start: int, end: int, out: Tensor) -> Tensor:
         return _widened(*self._blocks(), start, end, out)
+
+    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
+        return self.codes, self.super_scales, self.sub_scales
 
 
 class KernelInt5Linear(_KQuantLinear):
@@ -378,6 +387,7 @@ class KernelInt5Linear(_KQuantLinear):
     """
 
     mode = "int5"
+    _widen = staticmethod(q5_weights)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
         super().__init__(in_features, out_features, bias=bias, outliers=outliers)
@@ -394,13 +404,6 @@ class KernelInt5Linear(_KQuantLinear):
         self.codes[start:end] = q5_codes(q)
         self.super_scales[start:end] = dm
         self.sub_scales[start:end] = torch.stack([scales, mins], dim=1)
-
-    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
-        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
-        return q5_weights(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
-
-    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.codes, self.super_scales, self.sub_scales
 
     def _format(self) -> str:
         return "5-bit, GGUF's Q5_K blocks as stored, qkv's kernel"
@@ -420,6 +423,7 @@ class KernelInt6Linear(_KQuantLinear):
     """
 
     mode = "int6"
+    _widen = staticmethod(q6_weights)
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False, outliers: int = 0) -> None:
         super().__init__(in_features, out_features, bias=bias, outliers=outliers)
@@ -435,13 +439,6 @@ class KernelInt6Linear(_KQuantLinear):
         self.codes[start:end] = q6_codes(q)
         self.super_scales[start:end] = d
         self.sub_scales[start:end] = sub
-
-    def _decoded(self, outputs: Tensor | None = None) -> Tensor:
-        rows = slice(None) if outputs is None else outputs.to(self.codes.device)
-        return q6_weights(self.codes[rows], self.super_scales[rows], self.sub_scales[rows])
-
-    def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
-        return self.codes, self.super_scales, self.sub_scales
 
     def _format(self) -> str:
         return "6-bit, GGUF's Q6_K blocks as stored, qkv's kernel"

@@ -368,9 +368,10 @@ static inline int32_t four(const int8_t *p)
     return v;
 }
 
-static void x8_portable(const uint8_t *c, const uint16_t *wd, const uint16_t *wm, const int8_t *p, const float *e,
+static void x8_portable(const uint8_t *c, const uint16_t *wd, const void *m, const int8_t *p, const float *e,
                         const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
+    const uint16_t *wm = m;
     for (int k = 0; k < count; k++)
         for (int r = 0; r < GROUP; r++) {
             float acc = 0.0f;
@@ -454,23 +455,30 @@ __attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static inline __m256
 X8_BODY(x8_avx2_body, x8_sums_avx2, "avx2,fma,f16c")
 X8_BODY(x8_vnni_body, x8_sums_vnni, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 
-/* A variant's group function: the body with the count a constant. */
-#define GROUPS(name, body, targets)                                                                                  \
-    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const uint16_t *wm,      \
+/* A variant's function: its body (a group of eight rows, a Q6 or a Q5 row) with the count a constant, so that the
+ * loops over activation rows unroll and the sums stay in registers; `m` is the format's own (Q4X8's offsets, Q6's
+ * int8 scales, Q5's scales and minimums). */
+#define BY_COUNT(name, body, targets)                                                                                \
+    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const void *m,           \
                                                       const int8_t *p, const float *e, const float *s,               \
                                                       int64_t blocks, int64_t n, int count, float *out)              \
     {                                                                                                                \
         switch (count) {                                                                                             \
-        case 1: body(c, wd, wm, p, e, s, blocks, n, 1, out); break;                                                  \
-        case 2: body(c, wd, wm, p, e, s, blocks, n, 2, out); break;                                                  \
-        case 3: body(c, wd, wm, p, e, s, blocks, n, 3, out); break;                                                  \
-        default: body(c, wd, wm, p, e, s, blocks, n, TILE, out);                                                     \
+        case 1: body(c, wd, m, p, e, s, blocks, n, 1, out); break;                                                   \
+        case 2: body(c, wd, m, p, e, s, blocks, n, 2, out); break;                                                   \
+        case 3: body(c, wd, m, p, e, s, blocks, n, 3, out); break;                                                   \
+        default: body(c, wd, m, p, e, s, blocks, n, TILE, out);                                                      \
         }                                                                                                            \
     }
 
-GROUPS(x8_avx2, x8_avx2_body, "avx2,fma,f16c")
-GROUPS(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
+BY_COUNT(x8_avx2, x8_avx2_body, "avx2,fma,f16c")
+BY_COUNT(x8_vnni, x8_vnni_body, "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")
 #endif
+
+/* A variant's function (BY_COUNT, or a portable one): its weights, their scales d, the format's `m`, and the
+ * activations' codes, scales e and e * sum p. */
+typedef void (*counted_dot)(const uint8_t *, const uint16_t *, const void *, const int8_t *, const float *,
+                            const float *, int64_t, int64_t, int, float *);
 
 /* ------------------------------------------------------------------------------------- Q6: GGUF's Q6_K as stored
  *
@@ -509,9 +517,11 @@ static int32_t block_sum_q6_portable(const uint8_t *c, int64_t b, const int8_t *
     return sc[0] * half[0] + sc[1] * half[1];
 }
 
-static void q6_portable(const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e,
-                        int64_t blocks, int64_t n, int count, float *out)
+static void q6_portable(const uint8_t *c, const uint16_t *wd, const void *m, const int8_t *p, const float *e,
+                        const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
+    const int8_t *sc = m;
+    (void)s;  /* no offsets */
     for (int k = 0; k < count; k++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
@@ -552,9 +562,10 @@ __attribute__((target("avx2"))) static inline __m256i q6_products_avx2(__m256i c
 /* One Q6 row against `count` (1 to TILE) activation rows: each pair of blocks unpacked once for all of them, each
  * block's lanes scaled by d e into two accumulators (even and odd blocks), as avx2_body does for Q8. */
 __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_avx2_body(
-    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,
-    int64_t n, const int count, float *out)
+    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, const float *s,
+    int64_t blocks, int64_t n, const int count, float *out)
 {
+    (void)s;  /* no offsets */
     __m256 acc[TILE][2];
     for (int k = 0; k < count; k++)
         acc[k][0] = acc[k][1] = _mm256_setzero_ps();
@@ -577,17 +588,34 @@ __attribute__((target("avx2,fma,f16c"), always_inline)) static inline void q6_av
         out[k] = sum8_ps(_mm256_add_ps(acc[k][0], acc[k][1]));
 }
 
+/* The AVX-512 K-quant bodies' float steps: d e of block b in lanes 0..7 and of b + 1 in 8..15 (e: the two blocks'
+ * activation scales), and at the end an accumulator's halves (the even blocks', the odd ones') added and summed, as
+ * the AVX2 bodies add their two accumulators. */
+__attribute__((target(VNNI_TARGETS))) static inline __m512 pair_scales(__m512 d, const float *e)
+{
+    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m128 two = _mm_castpd_ps(_mm_load_sd((const double *)e));
+    return _mm512_mul_ps(d, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(two)));
+}
+
+__attribute__((target(VNNI_TARGETS))) static inline float pair_total(__m512 acc)
+{
+    __m256 even = _mm512_castps512_ps256(acc);
+    __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    return sum8_ps(_mm256_add_ps(even, odd));
+}
+
 /* The AVX-512 variant's Q6 rows: a pair of blocks in 512-bit registers (block b in lanes 0..7, b + 1 in 8..15), the
  * same integer lanes as q6_products_avx2's, each half scaled by its own block's d e: lanes 0..7 so gather the even
  * blocks and 8..15 the odd ones, as q6_avx2_body's two accumulators do, in the same order (the outputs are its own,
  * bit for bit). The high bits come to bits 4 and 5 by one rotation of each 64-bit lane (lane k of a block by
  * 4 - 2 k), the scales of a super-block are widened once and spread a pair at a time. */
 __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_body(
-    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, int64_t blocks,
-    int64_t n, const int count, float *out)
+    const uint8_t *c, const uint16_t *wd, const int8_t *sc, const int8_t *p, const float *e, const float *s,
+    int64_t blocks, int64_t n, const int count, float *out)
 {
+    (void)s;  /* no offsets */
     const __m512i rotations = _mm512_set_epi64(62, 0, 2, 4, 62, 0, 2, 4), twice = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[TILE];
     for (int k = 0; k < count; k++)
         acc[k] = _mm512_setzero_ps();
@@ -620,35 +648,15 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_
             __m512i x = _mm512_loadu_si512((const void *)(p + k * n + b * BLOCK));
             x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
             __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), scales);
-            /* d e of block b in lanes 0..7, of b + 1 in 8..15 */
-            __m512 both = _mm512_mul_ps(d, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
-                                                _mm_castpd_ps(_mm_load_sd((const double *)(e + k * blocks + b))))));
-            acc[k] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(sums), acc[k]);
+            acc[k] = _mm512_fmadd_ps(pair_scales(d, e + k * blocks + b), _mm512_cvtepi32_ps(sums), acc[k]);
         }
     }
-    for (int k = 0; k < count; k++) {
-        __m256 even = _mm512_castps512_ps256(acc[k]);
-        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
-        out[k] = sum8_ps(_mm256_add_ps(even, odd));
-    }
+    for (int k = 0; k < count; k++)
+        out[k] = pair_total(acc[k]);
 }
 
-/* A variant's Q6 row function: the body with the count a constant. */
-#define Q6_ROWS(name, body, targets)                                                                                 \
-    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const int8_t *sc,        \
-                                                      const int8_t *p, const float *e, int64_t blocks, int64_t n,    \
-                                                      int count, float *out)                                         \
-    {                                                                                                                \
-        switch (count) {                                                                                             \
-        case 1: body(c, wd, sc, p, e, blocks, n, 1, out); break;                                                     \
-        case 2: body(c, wd, sc, p, e, blocks, n, 2, out); break;                                                     \
-        case 3: body(c, wd, sc, p, e, blocks, n, 3, out); break;                                                     \
-        default: body(c, wd, sc, p, e, blocks, n, TILE, out);                                                        \
-        }                                                                                                            \
-    }
-
-Q6_ROWS(q6_avx2, q6_avx2_body, "avx2,fma,f16c")
-Q6_ROWS(q6_vnni, q6_vnni_body, VNNI_TARGETS)
+BY_COUNT(q6_avx2, q6_avx2_body, "avx2,fma,f16c")
+BY_COUNT(q6_vnni, q6_vnni_body, VNNI_TARGETS)
 
 __attribute__((target("avx2"))) static int32_t block_sum_q6_avx2(const uint8_t *c, int64_t b, const int8_t *sc,
                                                                  const int8_t *p)
@@ -690,9 +698,10 @@ static int32_t block_sum_q5_portable(const uint8_t *c, int64_t b, int sc, const 
     return sc * sum;
 }
 
-static void q5_portable(const uint8_t *c, const uint16_t *wd, const uint8_t *sm, const int8_t *p, const float *e,
+static void q5_portable(const uint8_t *c, const uint16_t *wd, const void *m, const int8_t *p, const float *e,
                         const float *s, int64_t blocks, int64_t n, int count, float *out)
 {
+    const uint8_t *sm = m;
     for (int k = 0; k < count; k++) {
         float acc = 0.0f;
         for (int64_t b = 0; b < blocks; b++) {
@@ -783,7 +792,6 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q5_vnni_
     const uint8_t *c, const uint16_t *wd, const uint8_t *sm, const int8_t *p, const float *e, const float *s,
     int64_t blocks, int64_t n, const int count, float *out)
 {
-    const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[TILE];
     __m256 offsets[TILE];
     for (int k = 0; k < count; k++) {
@@ -814,33 +822,15 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q5_vnni_
         for (int k = 0; k < count; k++) {
             __m512i x = _mm512_loadu_si512((const void *)(p + k * n + b * BLOCK));
             __m512i sums = _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), scales);
-            __m512 both = _mm512_mul_ps(d, _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(
-                                                _mm_castpd_ps(_mm_load_sd((const double *)(e + k * blocks + b))))));
-            acc[k] = _mm512_fmadd_ps(both, _mm512_cvtepi32_ps(sums), acc[k]);
+            acc[k] = _mm512_fmadd_ps(pair_scales(d, e + k * blocks + b), _mm512_cvtepi32_ps(sums), acc[k]);
         }
     }
-    for (int k = 0; k < count; k++) {
-        __m256 even = _mm512_castps512_ps256(acc[k]);
-        __m256 odd = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[k]), 1));
-        out[k] = sum8_ps(_mm256_add_ps(even, odd)) + sum8_ps(offsets[k]);
-    }
+    for (int k = 0; k < count; k++)
+        out[k] = pair_total(acc[k]) + sum8_ps(offsets[k]);
 }
 
-#define Q5_ROWS(name, body, targets)                                                                                 \
-    __attribute__((target(targets))) static void name(const uint8_t *c, const uint16_t *wd, const uint8_t *sm,       \
-                                                      const int8_t *p, const float *e, const float *s,               \
-                                                      int64_t blocks, int64_t n, int count, float *out)              \
-    {                                                                                                                \
-        switch (count) {                                                                                             \
-        case 1: body(c, wd, sm, p, e, s, blocks, n, 1, out); break;                                                  \
-        case 2: body(c, wd, sm, p, e, s, blocks, n, 2, out); break;                                                  \
-        case 3: body(c, wd, sm, p, e, s, blocks, n, 3, out); break;                                                  \
-        default: body(c, wd, sm, p, e, s, blocks, n, TILE, out);                                                     \
-        }                                                                                                            \
-    }
-
-Q5_ROWS(q5_avx2, q5_avx2_body, "avx2,fma,f16c")
-Q5_ROWS(q5_vnni, q5_vnni_body, VNNI_TARGETS)
+BY_COUNT(q5_avx2, q5_avx2_body, "avx2,fma,f16c")
+BY_COUNT(q5_vnni, q5_vnni_body, VNNI_TARGETS)
 
 __attribute__((target("avx2"))) static int32_t block_sum_q5_avx2(const uint8_t *c, int64_t b, int sc,
                                                                  const int8_t *p)
@@ -851,55 +841,28 @@ __attribute__((target("avx2"))) static int32_t block_sum_q5_avx2(const uint8_t *
 }
 #endif
 
-/* qkv_matmul for Q5 weights: the rows split over the threads, TILE activation rows at a time. */
-static void matmul_q5(int variant, const uint8_t *codes, const uint16_t *d, const uint8_t *sm, int64_t rows,
-                      int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+/* qkv_matmul for Q6 and Q5 weights: the rows split over the threads, TILE activation rows at a time. */
+static void matmul_k(int format, int variant, const uint8_t *codes, const uint16_t *d, const uint8_t *m,
+                     int64_t rows, int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch,
+                     float *y)
 {
-    void (*dot)(const uint8_t *, const uint16_t *, const uint8_t *, const int8_t *, const float *, const float *,
-                int64_t, int64_t, int, float *) = q5_portable;
+    counted_dot dot = format == Q6 ? q6_portable : q5_portable;
 #if defined(__x86_64__)
     if (variant == AVX512_VNNI)
-        dot = q5_vnni;
+        dot = format == Q6 ? q6_vnni : q5_vnni;
     else if (variant == AVX2)
-        dot = q5_avx2;
+        dot = format == Q6 ? q6_avx2 : q5_avx2;
 #else
     (void)variant;  /* one variant only */
 #endif
-    int64_t blocks = n / BLOCK;
+    int64_t blocks = n / BLOCK, pair = format == Q6 ? Q6_PAIR : Q5_PAIR, halves = format == Q6 ? 1 : 2;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < batch; i += TILE) {
+        for (int64_t i = 0; i < batch; i += TILE) {  /* d: one fp16 (Q5: two) a super-block; m: two bytes a block */
             int count = batch - i < TILE ? (int)(batch - i) : TILE;
             float out[TILE];
-            dot(codes + r * blocks / 2 * Q5_PAIR, d + r * 2 * (blocks / SUPER), sm + r * 2 * blocks, xq + i * n,
+            dot(codes + r * blocks / 2 * pair, d + r * halves * (blocks / SUPER), m + r * 2 * blocks, xq + i * n,
                 xd + i * blocks, xs + i * blocks, blocks, n, count, out);
-            for (int k = 0; k < count; k++)
-                y[(i + k) * rows + r] = out[k];
-        }
-}
-
-/* qkv_matmul for Q6 weights: the rows split over the threads, TILE activation rows at a time. */
-static void matmul_q6(int variant, const uint8_t *codes, const uint16_t *d, const int8_t *sc, int64_t rows,
-                      int64_t n, const int8_t *xq, const float *xd, int64_t batch, float *y)
-{
-    void (*dot)(const uint8_t *, const uint16_t *, const int8_t *, const int8_t *, const float *, int64_t, int64_t,
-                int, float *) = q6_portable;
-#if defined(__x86_64__)
-    if (variant == AVX512_VNNI)
-        dot = q6_vnni;
-    else if (variant == AVX2)
-        dot = q6_avx2;
-#else
-    (void)variant;  /* one variant only */
-#endif
-    int64_t blocks = n / BLOCK;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < batch; i += TILE) {
-            int count = batch - i < TILE ? (int)(batch - i) : TILE;
-            float out[TILE];
-            dot(codes + r * blocks / 2 * Q6_PAIR, d + r * (blocks / SUPER), sc + r * 2 * blocks, xq + i * n,
-                xd + i * blocks, blocks, n, count, out);
             for (int k = 0; k < count; k++)
                 y[(i + k) * rows + r] = out[k];
         }
@@ -966,15 +929,13 @@ static int64_t row_bytes(int format, int64_t n)
     return format == Q8 ? n : n / 2;
 }
 
-typedef void (*groups_dot)(const uint8_t *, const uint16_t *, const uint16_t *, const int8_t *, const float *,
-                           const float *, int64_t, int64_t, int, float *);
 
 /* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
  * other lanes zeros) gives only its rows' outputs. */
 static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
                       int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
 {
-    groups_dot dot = x8_portable;
+    counted_dot dot = x8_portable;
 #if defined(__x86_64__)
     if (variant == AVX512_VNNI)
         dot = x8_vnni;
@@ -1006,12 +967,8 @@ int qkv_matmul(int format, int variant, const uint8_t *codes, const uint16_t *d,
 {
     if (!qkv_runs_variant(variant) || format < Q4 || format > Q5 || (format >= Q6 && n % (SUPER * BLOCK)))
         return -1;
-    if (format == Q5) {
-        matmul_q5(variant, codes, d, (const uint8_t *)m, rows, n, xq, xd, xs, batch, y);
-        return 0;
-    }
-    if (format == Q6) {
-        matmul_q6(variant, codes, d, (const int8_t *)m, rows, n, xq, xd, batch, y);
+    if (format == Q6 || format == Q5) {
+        matmul_k(format, variant, codes, d, (const uint8_t *)m, rows, n, xq, xd, xs, batch, y);
         return 0;
     }
     if (format == Q4X8) {
