@@ -48,7 +48,8 @@ never through a float32 copy of the model. Which formats are taken over exactly 
   a weight error under a thirtieth of one 4-bit step.
 * **Q8_0** is held as stored by qkv's kernel (int8 codes, an fp16 scale per 32 inputs), and so are **Q6_K** and
   **Q5_K** (:class:`~qkv.kernels.layer.KernelInt6Linear`, :class:`~qkv.kernels.layer.KernelInt5Linear`) where
-  every tensor of a layer is of that kind and ``mode`` is ``"auto"``; **F16, BF16, F32 matrices** (and the
+  every tensor of a layer is of that kind, ``mode`` is ``"auto"`` and the kernel runs its AVX-512 variant
+  (:func:`qkv.interop.at_rest.holds_k_quants`); **F16, BF16, F32 matrices** (and the
   K-quants otherwise) are quantized again, to int8 per 32 inputs there (per output row with PyTorch's kernel,
   :class:`Int8Linear`, which also takes Q8_0 again per row), or to int4 when asked, from their decoded values a
   few hundred rows at a time: half an int8 step of the block's (the row's) largest weight.

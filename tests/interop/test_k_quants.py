@@ -13,7 +13,7 @@ from hf_greedy import greedy_qkv, greedy_uncached
 from tiny_gguf import VOCAB, gguf_tensors, q5_k, q6_k, tiny_llama, write_gguf
 
 from qkv import kernels
-from qkv.interop import load_gpt_from_gguf
+from qkv.interop import at_rest, load_gpt_from_gguf
 from qkv.interop.at_rest import load_quantized_gpt
 from qkv.quantize import QuantizedEmbedding, QuantizedLinear
 
@@ -35,6 +35,18 @@ def k_file(request, tmp_path_factory):
               for name, array in tensors.items()}
     path = tmp_path_factory.mktemp("k") / f"{request.param}.gguf"
     return request.param, write_gguf(path, stored, d_model=WIDTH, d_ff=WIDTH)
+
+
+@pytest.fixture(autouse=True)
+def held_as_stored(monkeypatch):
+    """The K-quants held as stored on any CPU (by default only with AVX-512: see the test below): the kernel's
+    other variants compute them as well, the tests check."""
+    monkeypatch.setattr(at_rest, "holds_k_quants", lambda: True)
+
+
+def test_k_quants_are_held_as_stored_by_default_only_with_avx_512(monkeypatch):
+    monkeypatch.undo()
+    assert at_rest.holds_k_quants() == (kernels.best_variant() == "avx512-vnni")
 
 
 def _ids(seed: int = 1) -> torch.Tensor:

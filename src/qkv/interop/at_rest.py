@@ -16,9 +16,9 @@ Q4_K                        int4, groups of 32, as above    each group's scale d
                                                             (bf16 with PyTorch's kernel)
 Q8_0                        int8, its blocks as stored      nothing with qkv's kernel; with PyTorch's,
                             (qkv's kernel), else per row    per row again as below
-Q6_K, Q5_K                  6 or 5 bits, the blocks as      nothing with qkv's kernel (a layer whose
-                            stored (qkv's kernel), else     tensors are all Q6_K or all Q5_K); else as
-                            as below                        below
+Q6_K, Q5_K                  6 or 5 bits, the blocks as      nothing with qkv's kernel on AVX-512 (a
+                            stored (qkv's kernel with       layer whose tensors are all Q6_K or all
+                            AVX-512), else as below         Q5_K); else as below
 Q5_K, Q6_K, F16, BF16, F32  int8, quantized again: a scale  half an int8 step of the block's (or, with
 (matrices)                  per 32 inputs with qkv's        PyTorch's kernel, the row's) largest weight
                             kernel, per row with PyTorch's
@@ -288,8 +288,7 @@ class _Builder:
         if self.mode in FLOAT_LAYERS:
             return self.mode
         inputs, kinds = sources[0].inputs, {s.kind for s in sources}
-        if self.mode == "auto" and kinds in ({"Q6_K"}, {"Q5_K"}) and inputs % SUPER == 0 and \
-                int8_class(inputs) is not Int8Linear:
+        if self.mode == "auto" and kinds in ({"Q6_K"}, {"Q5_K"}) and inputs % SUPER == 0 and holds_k_quants():
             return K_QUANTS[kinds.pop()]
         if output or self.mode == "int8":
             return "int8"
@@ -421,6 +420,16 @@ def _q8_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool
             layer.write_rows(offset + start, codes, scales)
         offset += source.rows
     return layer
+
+
+def holds_k_quants() -> bool:
+    """Whether ``mode="auto"`` holds Q6_K and Q5_K blocks as stored: where qkv's kernel multiplies them with AVX-512
+    (from memory as fast as int8 blocks, or within a fifth, for a quarter to a third less memory). With AVX2 or the
+    portable C, unpacking them costs more than the bytes saved (1.3-1.4x an int8 block's time): they become int8
+    blocks there, as with PyTorch's kernel (docs/quantization.md)."""
+    from .. import kernels
+
+    return int8_class(SUPER) is not Int8Linear and kernels.best_variant() == "avx512-vnni"
 
 
 def _k_quant_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> QuantizedLinear:
