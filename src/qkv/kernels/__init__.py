@@ -40,7 +40,7 @@ BLOCK = 32  # inputs per block, of the weights and of the quantized activations
 GROUP = 8  # 4-bit rows interleaved at a time for decoding (q4.c's Q4X8 layout, :func:`interleaved`)
 Q6_PAIR = 48  # two blocks of 32 six-bit codes (q4.c's Q6 layout)
 Q5_PAIR = 40  # two blocks of 32 five-bit codes (q4.c's Q5 layout)
-SUPER = 256  # inputs of a Q6_K super-block: one scale d
+SUPER = 256  # inputs of a K-quant super-block (Q6_K, Q5_K): one d
 VARIANTS = ("portable", "avx2", "avx512-vnni")  # in the order q4.c numbers them
 
 _HERE = Path(__file__).resolve().parent
@@ -117,9 +117,9 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return xq, xd, xs
 
 
-def _inputs(codes: Tensor) -> int:
+def inputs(codes: Tensor) -> int:
     """A weight row's inputs: two a byte in 4-bit codes (uint8), one in 8-bit ones (int8); 32 a block of
-    interleaved ones, 64 a pair of 6-bit blocks."""
+    interleaved ones, 64 a pair of 6-bit or 5-bit blocks."""
     if codes.dim() == 3:
         return codes.size(1) * BLOCK * (2 if _format(codes) in (3, 4) else 1)
     return codes.size(1) * (1 if codes.dtype == torch.int8 else 2)
@@ -150,7 +150,7 @@ def write_rows(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, pairs
                m: Tensor) -> None:
     """Rows ``start ...`` of interleaved buffers (contiguous, on the CPU): their blocks' bytes ``(r, blocks, 16)``
     in the Q4 layout and their fp16 scales and offsets ``(r, blocks)``, copied by the kernel's library."""
-    rows, n = len(pairs), _inputs(codes)
+    rows, n = len(pairs), inputs(codes)
     pairs, d, m = (t.contiguous().cpu() for t in (pairs.reshape(rows, n // 2), d.half(), m.half()))
     if start < 0 or start + rows > codes.size(0) * GROUP or d.shape != (rows, n // BLOCK) or m.shape != d.shape:
         raise ValueError(f"rows {start} to {start + rows} of {n} inputs do not fit weights of "
@@ -184,32 +184,40 @@ def interleaved(codes: Tensor, scales: Tensor, offsets: Tensor) -> tuple[Tensor,
     return out
 
 
+def _whole_super_blocks(n: int, bits: int) -> None:
+    if n % SUPER:
+        raise ValueError(f"{bits}-bit weights come in super-blocks of {SUPER} inputs, got {n}")
+
+
+def _pairs(q: Tensor, bits: int) -> tuple[Tensor, Tensor]:
+    """K-quant codes ``q`` ``(rows, n)`` two blocks of 32 at a time: the pair's low four bits two to a byte (input
+    ``i`` of the first block low, of the second high) ``(rows, n / 64, 32)``, and the bits above them ``(rows,
+    n / 64, 2, 4, 8)`` (block, then its inputs ``8 j + i`` as ``[j, i]``)."""
+    rows, n = q.shape
+    _whole_super_blocks(n, bits)
+    pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
+    low, high = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
+    return low[..., 0, :] | low[..., 1, :] << 4, high
+
+
 def q6_codes(q: Tensor) -> Tensor:
     """6-bit codes ``q`` ``(rows, n)`` in 0..63 as q4.c's Q6 layout, two blocks of 32 at a time: ``(rows, n / 64,
     48)`` uint8, the pair's low four bits two to a byte (input ``i`` of the first block low, of the second high),
     then each block's high two bits four to a byte (byte ``i``: inputs ``i``, ``8 + i``, ``16 + i``, ``24 + i``, from
     the lowest bits up)."""
-    rows, n = q.shape
-    if n % SUPER:
-        raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
-    pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
-    low, high = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
+    nibbles, high = _pairs(q, 6)
     crumbs = high[..., 0, :] | high[..., 1, :] << 2 | high[..., 2, :] << 4 | high[..., 3, :] << 6
-    return torch.cat([low[..., 0, :] | low[..., 1, :] << 4, crumbs.flatten(-2)], dim=-1).contiguous()
+    return torch.cat([nibbles, crumbs.flatten(-2)], dim=-1).contiguous()
 
 
 def q5_codes(q: Tensor) -> Tensor:
     """5-bit codes ``q`` ``(rows, n)`` in 0..31 as q4.c's Q5 layout, two blocks of 32 at a time: ``(rows, n / 64,
     40)`` uint8, the pair's low four bits as :func:`q6_codes` lays them, then each block's fifth bits, a
     little-endian 32-bit word (bit ``i``: input ``i``)."""
-    rows, n = q.shape
-    if n % SUPER:
-        raise ValueError(f"5-bit weights come in super-blocks of {SUPER} inputs, got {n}")
-    pairs = q.to(torch.uint8).view(rows, n // (2 * BLOCK), 2, BLOCK)
-    low, fifth = pairs & 15, (pairs >> 4).view(rows, n // (2 * BLOCK), 2, 4, 8)
+    nibbles, fifth = _pairs(q, 5)
     weights = torch.tensor([1 << i for i in range(8)], dtype=torch.uint8)
-    bits = (fifth * weights).sum(-1, dtype=torch.uint8)  # (rows, pairs, 2, 4): byte j holds inputs 8 j .. 8 j + 7
-    return torch.cat([low[..., 0, :] | low[..., 1, :] << 4, bits.flatten(-2)], dim=-1).contiguous()
+    words = (fifth * weights).sum(-1, dtype=torch.uint8)  # (rows, pairs, 2, 4): byte j holds inputs 8 j .. 8 j + 7
+    return torch.cat([nibbles, words.flatten(-2)], dim=-1).contiguous()
 
 
 def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *, rows: int | None = None,
@@ -220,23 +228,17 @@ def matmul(x: Tensor, codes: Tensor, scales: Tensor, offsets: Tensor | None = No
     int8, no offsets; 6-bit (:func:`q6_codes`): ``codes``, the super-blocks' ``scales`` and ``offsets`` the int8
     scales of each 16 inputs; 5-bit (:func:`q5_codes`): ``codes``, the super-blocks' ``d`` and ``dmin`` and
     ``offsets`` the blocks' scales and minimums."""
-    n, rows = _inputs(codes), _rows(codes, rows)
-    if _format(codes) == 4:
-        if n % SUPER:
-            raise ValueError(f"5-bit weights come in super-blocks of {SUPER} inputs, got {n}")
-        _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q5_PAIR), "codes")
-        _check(scales, torch.float16, (rows, n // SUPER, 2), "scales")
+    n, rows = inputs(codes), _rows(codes, rows)
+    if bits(codes) in (5, 6):
+        five = bits(codes) == 5
+        _whole_super_blocks(n, bits(codes))
+        _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q5_PAIR if five else Q6_PAIR), "codes")
+        _check(scales, torch.float16, (rows, n // SUPER, 2) if five else (rows, n // SUPER), "scales")
         if offsets is None:
-            raise ValueError("5-bit weights need their blocks' scales and minimums (offsets)")
-        _check(offsets, torch.uint8, (rows, 2, n // BLOCK), "offsets")
-    elif _format(codes) == 3:
-        if n % SUPER:
-            raise ValueError(f"6-bit weights come in super-blocks of {SUPER} inputs, got {n}")
-        _check(codes, torch.uint8, (rows, n // (2 * BLOCK), Q6_PAIR), "codes")
-        _check(scales, torch.float16, (rows, n // SUPER), "scales")
-        if offsets is None:
-            raise ValueError("6-bit weights need their scales per 16 inputs (offsets)")
-        _check(offsets, torch.int8, (rows, n // 16), "offsets")
+            raise ValueError("5-bit weights need their blocks' scales and minimums (offsets)" if five else
+                             "6-bit weights need their scales per 16 inputs (offsets)")
+        _check(offsets, torch.uint8 if five else torch.int8, (rows, 2, n // BLOCK) if five else (rows, n // 16),
+               "offsets")
     elif codes.dim() == 3:
         shape = (groups(rows), n // BLOCK)
         _check(codes, torch.uint8, (*shape, GROUP * BLOCK // 2), "codes")
@@ -287,7 +289,7 @@ def dequantize(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, out: 
     """Rows ``start`` to ``start + len(out)`` of :func:`interleaved` weights as float32 into ``out`` ``(r, n)``:
     ``q · scale + offset``, rounded as :meth:`~qkv.quantize.QuantizedLinear.dequantized` computes them; returns
     ``out``."""
-    _library().qkv_q4x8_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), _inputs(codes), start,
+    _library().qkv_q4x8_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), inputs(codes), start,
                                    start + out.size(0), out.data_ptr())
     return out
 
@@ -323,6 +325,11 @@ def _best() -> int:
     return VARIANTS.index(chosen)
 
 
+def bits(codes: Tensor) -> int:
+    """The weights' bits: 8 for int8 codes, 6 and 5 for q4.c's Q6 and Q5 blocks, else 4."""
+    return {1: 8, 3: 6, 4: 5}.get(_format(codes), 4)
+
+
 def _format(codes: Tensor) -> int:
     """q4.c's number for the weights' format: 0 for 4-bit codes (uint8, two a byte), 1 for 8-bit ones (int8), 2 for
     interleaved 4-bit ones, 3 for 6-bit ones (48 bytes a pair of blocks), 4 for 5-bit ones (40 bytes)."""
@@ -336,7 +343,7 @@ def block_sums(codes: Tensor, xq: Tensor, *, variant: str, sub: Tensor | None = 
     int32, as ``variant`` computes it (the tests hold each variant to a reference). 4-bit codes uint8, 8-bit int8,
     6-bit ones with their scales ``sub`` (each block's sum is then ``sub_0 Σ (q - 32) p + sub_1 Σ (q - 32) p`` over
     its two halves), 5-bit ones with their blocks' scales ``sub`` ``(rows, n / 32)`` uint8 (``sub · Σ q p``)."""
-    rows, n = codes.size(0), _inputs(codes)
+    rows, n = codes.size(0), inputs(codes)
     _check(codes, codes.dtype, (rows, *codes.shape[1:]), "codes")
     _check(xq, torch.int8, (n,), "xq")
     if _format(codes) == 3:
@@ -356,11 +363,13 @@ __all__ = [
     "VARIANTS",
     "available",
     "best_variant",
+    "bits",
     "block_sums",
     "bound_linear",
     "dequantize",
     "groups",
     "in_use",
+    "inputs",
     "interleaved",
     "linear",
     "matmul",

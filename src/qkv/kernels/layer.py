@@ -44,9 +44,11 @@ from . import (
     Q6_PAIR,
     SUPER,
     best_variant,
+    bits,
     bound_linear,
     dequantize,
     groups,
+    inputs,
     interleaved,
     linear,
     q5_codes,
@@ -76,19 +78,12 @@ def widen_rows(bits: int) -> int:
     return WIDEN_ROWS[bits][best_variant()]
 
 
-def _bits(codes: Tensor) -> int:
-    """The weights' bits: 8 for int8 codes, 6 for Q6 blocks (48 bytes a pair), 5 for Q5 ones (40), else 4."""
-    if codes.dtype == torch.int8:
-        return 8
-    return {Q6_PAIR: 6, Q5_PAIR: 5}.get(codes.size(-1), 4) if codes.dim() == 3 else 4
-
-
 def _widened(codes: Tensor, scales: Tensor, offsets: Tensor | None, start: int, end: int, out: Tensor) -> Tensor:
     """Weight rows ``start`` to ``end`` as float32 into ``out`` ``(end - start, in)``: 4-bit ones (interleaved) by
     the kernel's library, 8-bit ones (no offsets) as codes times their blocks' scales, 6-bit ones as
     :func:`q6_weights` and :func:`q5_weights` give them."""
-    if _bits(codes) in (5, 6):
-        widen = q6_weights if _bits(codes) == 6 else q5_weights
+    if bits(codes) in (5, 6):
+        widen = q6_weights if bits(codes) == 6 else q5_weights
         return out.copy_(widen(codes[start:end], scales[start:end], offsets[start:end]))
     if offsets is not None:
         return dequantize(codes, scales, offsets, start, out)
@@ -103,18 +98,17 @@ def _product(codes: Tensor, scales: Tensor, offsets: Tensor | None, rows: int,
     looked up at each call). From :func:`widen_rows` rows on (a prompt), the same int8-rounded inputs
     times the weights widened a tile of rows at a time, by PyTorch's float matrix product: equal up to float
     rounding, and several times faster there (docs/quantization.md)."""
-    inputs = codes.size(1) * BLOCK * (2 if _bits(codes) in (5, 6) else 1) if codes.dim() == 3 else \
-        scales.size(1) * BLOCK
-    tile = max(1, WIDEN_TILE_WEIGHTS // inputs)
+    width = inputs(codes)
+    tile = max(1, WIDEN_TILE_WEIGHTS // width)
     kernel = kernel or functools.partial(linear, codes=codes, scales=scales, offsets=offsets, rows=rows)
-    widen = widen_rows(_bits(codes))
+    widen = widen_rows(bits(codes))
 
     def product(x: Tensor) -> Tensor:
         if x.size(0) < widen:
             return kernel(x)
         rounded = rounded_activations(x).T.contiguous()  # (in, batch): each tile's outputs are rows of y^T
         y = x.new_empty(rows, x.size(0))
-        weights = x.new_empty(min(tile, rows), inputs)
+        weights = x.new_empty(min(tile, rows), width)
         for start in range(0, rows, tile):
             end = min(start + tile, rows)
             torch.mm(_widened(codes, scales, offsets, start, end, weights[: end - start]), rounded, out=y[start:end])
@@ -324,14 +318,20 @@ class KernelInt8Linear(_KernelProduct, Int8Linear):
         return "int8, fp16 scales per 32 inputs, qkv's kernel"
 
 
+def _low_bits(codes: Tensor) -> Tensor:
+    """The low four bits of K-quant codes laid out in pairs of blocks (:func:`qkv.kernels.q6_codes`,
+    :func:`~qkv.kernels.q5_codes`): ``(rows, pairs, 2, 32)``."""
+    nibbles = codes[..., :BLOCK]
+    return torch.stack([nibbles & 15, nibbles >> 4], dim=2)
+
+
 def q6_weights(codes: Tensor, d: Tensor, sub: Tensor) -> Tensor:
     """Q6 blocks (:func:`qkv.kernels.q6_codes`) as float32 ``(rows, in)``: ``d · sub · (q - 32)``, each a product
     float32 holds exactly (the ``gguf`` package's numbers for the file's blocks)."""
     rows, pairs = codes.shape[:2]
-    nibbles, crumbs = codes[..., :BLOCK], codes[..., BLOCK:].view(rows, pairs, 2, 1, 8)
-    low = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (rows, pairs, 2, 32)
+    crumbs = codes[..., BLOCK:].view(rows, pairs, 2, 1, 8)
     high = torch.cat([crumbs >> 2 * k & 3 for k in range(4)], dim=3).view(rows, pairs, 2, BLOCK)
-    q = (low | high << 4).view(rows, -1).float() - 32
+    q = (_low_bits(codes) | high << 4).view(rows, -1).float() - 32
     scale = (d.float().repeat_interleave(SUPER // 16, 1) * sub.float()).repeat_interleave(16, 1)
     return q * scale
 
@@ -340,10 +340,9 @@ def q5_weights(codes: Tensor, dm: Tensor, sub: Tensor) -> Tensor:
     """Q5 blocks (:func:`qkv.kernels.q5_codes`) as float32 ``(rows, in)``: ``d · scale · q - dmin · minimum``, the
     ``gguf`` package's numbers for the file's blocks."""
     rows, pairs = codes.shape[:2]
-    nibbles, words = codes[..., :BLOCK], codes[..., BLOCK:].view(rows, pairs, 2, 4, 1)
-    low = torch.stack([nibbles & 15, nibbles >> 4], dim=2)  # (rows, pairs, 2, 32)
+    words = codes[..., BLOCK:].view(rows, pairs, 2, 4, 1)
     fifth = (words >> torch.arange(8, dtype=torch.uint8) & 1).view(rows, pairs, 2, BLOCK)
-    q = (low | fifth << 4).view(rows, -1).float()
+    q = (_low_bits(codes) | fifth << 4).view(rows, -1).float()
     d, dmin = (t.float().repeat_interleave(SUPER // BLOCK, 1) for t in dm.unbind(-1))
     scale, offset = (d * sub[:, 0].float()).repeat_interleave(BLOCK, 1), (dmin * sub[:, 1].float())
     return scale * q - offset.repeat_interleave(BLOCK, 1)

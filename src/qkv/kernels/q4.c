@@ -21,7 +21,8 @@
  *           Q6: GGUF's Q6_K, 6-bit codes with a scale per 16 inputs (below), 48 bytes a pair of blocks;
  *           Q5: GGUF's Q5_K, 5-bit codes with a scale and a minimum per block (below), 40 bytes a pair of blocks
  *   d, m    (rows, n / 32) fp16: each block's scale d and offset m (Q4 only; Q4X8: (rows / 8, n / 32, 8); Q6: d
- *           (rows, n / 256) fp16, and in m's place the int8 scales (rows, n / 16))
+ *           (rows, n / 256) fp16, and in m's place the int8 scales (rows, n / 16); Q5: d and dmin (rows, n / 256,
+ *           2) fp16, and in m's place the blocks' scales, then their minimums, (rows, 2, n / 32) bytes)
  *   xq      (batch, n) int8, xd and xs (batch, n / 32) floats: the activations' codes, scales e, and e * sum_j p_j
  *   y       (batch, rows) floats
  *
@@ -615,7 +616,8 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_
     int64_t blocks, int64_t n, const int count, float *out)
 {
     (void)s;  /* no offsets */
-    const __m512i rotations = _mm512_set_epi64(62, 0, 2, 4, 62, 0, 2, 4), twice = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i rotations = _mm512_set_epi64(62, 0, 2, 4, 62, 0, 2, 4);
+    const __m512i twice = _mm512_set_epi64(1, 1, 1, 1, 0, 0, 0, 0);  /* block b's high bytes, then b + 1's */
     __m512 acc[TILE];
     for (int k = 0; k < count; k++)
         acc[k] = _mm512_setzero_ps();
@@ -631,7 +633,8 @@ __attribute__((target(VNNI_TARGETS), always_inline)) static inline void q6_vnni_
         }
         __m256i nibbles = _mm256_loadu_si256((const __m256i *)pair);
         __m512i codes = _mm512_inserti64x4(_mm512_castsi256_si512(nibbles), _mm256_srli_epi16(nibbles, 4), 1);
-        __m512i high = _mm512_permutexvar_epi64(twice, _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(pair + BLOCK))));
+        __m128i bits = _mm_loadu_si128((const __m128i *)(pair + BLOCK));
+        __m512i high = _mm512_permutexvar_epi64(twice, _mm512_castsi128_si512(bits));
         high = _mm512_and_si512(_mm512_rolv_epi64(high, rotations), _mm512_set1_epi8(0x30));
         codes = _mm512_ternarylogic_epi32(codes, _mm512_set1_epi8(15), high, 0xea);  /* (codes & 15) | high */
         codes = _mm512_sub_epi8(codes, _mm512_set1_epi8(32));
@@ -928,7 +931,6 @@ static int64_t row_bytes(int format, int64_t n)
 {
     return format == Q8 ? n : n / 2;
 }
-
 
 /* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
  * other lanes zeros) gives only its rows' outputs. */
