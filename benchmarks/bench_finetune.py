@@ -73,20 +73,22 @@ def write_chats(source: Path, work: Path, n_train: int, n_valid: int, seed: int 
         (work / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def qkv_task(model, tokenizer, train: list, valid: list, batch: int, context: int):
-    """qkv's fine-tuning task on these examples, one example a (padded) row."""
+def qkv_task(model, tokenizer, train: list, valid: list, batch: int, context: int, share: bool = True):
+    """qkv's fine-tuning task on these examples, one example a (padded) row; ``share``: the tokens that begin
+    every chat alike (the template's system prompt) computed once a batch."""
     from qkv.tasks.finetune import FineTuneTask
 
-    return FineTuneTask(model, tokenizer, train, valid, context=context, batch_size=batch, packed=False)
+    return FineTuneTask(model, tokenizer, train, valid, context=context, batch_size=batch, packed=False,
+                        share=share)
 
 
-def read_task(pre, work: Path, batch: int, context: int):
+def read_task(pre, work: Path, batch: int, context: int, share: bool = True):
     """The task of the chats in ``work``, read as ``qkv finetune`` reads them."""
     from qkv.tasks.finetune import fitting, read_examples
 
     train, valid = (fitting(read_examples(work / f"{n}.jsonl", pre.tokenizer, pre.chat_template), context, n)
                     for n in ("train", "valid"))
-    return qkv_task(pre.model, pre.tokenizer, train, valid, batch, context)
+    return qkv_task(pre.model, pre.tokenizer, train, valid, batch, context, share)
 
 
 def valid_batches(task) -> list:
@@ -94,16 +96,17 @@ def valid_batches(task) -> list:
     from qkv.tasks.finetune import collate
 
     rows = task.valid_rows
-    return [collate(rows[i : i + task.batch_size], task.pad_id) for i in range(0, len(rows), task.batch_size)]
+    return [collate(rows[i : i + task.batch_size], task.pad_id, share=task.share)
+            for i in range(0, len(rows), task.batch_size)]
 
 
 def real_tokens(batch) -> int:
     """Tokens that are not padding."""
-    return batch.real.numel()
+    return int((batch.copies >= 0).sum())
 
 
 def as_tensors(batches: list) -> list:
-    return [(b.ids, b.segments, b.targets, b.real) for b in batches]
+    return [(b.ids, b.segments, b.targets, b.real, b.copies) for b in batches]
 
 
 def from_tensors(saved: list) -> list:
@@ -217,7 +220,8 @@ def child_batches(spec: dict) -> dict:
     torch.save({"train": as_tensors(train), "valid": as_tensors(valid_batches(task))}, work / "batches.pt")
     return {"rows": len(task.rows), "valid_rows": len(task.valid_rows), "steps": len(train),
             "mean_width": statistics.mean(b.ids.shape[1] for b in train),
-            "tokens_per_step": statistics.mean(real_tokens(b) for b in train)}
+            "tokens_per_step": statistics.mean(real_tokens(b) for b in train),
+            "computed_per_step": statistics.mean(b.real.numel() for b in train)}
 
 
 def _timed(step: Callable, batches: list, warmup: int) -> dict:
@@ -247,11 +251,11 @@ def child_qkv(spec: dict) -> dict:
         from qkv.models.common import compile_blocks
 
         compile_blocks(pre.model, dynamic=True)  # as qkv finetune --compile does; compiled in the first step
-    task = read_task(pre, work, spec["batch"], spec["context"])
+    task = read_task(pre, work, spec["batch"], spec["context"], spec.get("share", True))
     saved = torch.load(work / "batches.pt", weights_only=True)
     batches = task.batches(0)[: spec["steps"]]
     pairs = zip(saved["train"], as_tensors(batches), strict=True)
-    assert all(torch.equal(a, b) for s, m in pairs for a, b in zip(s, m, strict=True)), "batches differ"
+    assert all(torch.equal(a, b) for s, m in pairs for a, b in zip(s[:3], m[:3], strict=True)), "batches differ"
     out = _timed(qkv_step(task, spec["lr"]), batches, spec["warmup"])
     with torch.no_grad():
         out["valid_loss"] = task.evaluate(pre.model.eval())["val_loss"]
@@ -368,10 +372,12 @@ def float_bytes(shape: tuple) -> int:
 
 def speed_and_loss(spec: dict, repeats: int, compiled: bool) -> dict:
     data = run("batches", spec)
-    runs: dict[str, list[dict]] = {"qkv": [], **({"qkv compiled": []} if compiled else {}), "peft": []}
+    runs: dict[str, list[dict]] = {"qkv": [], "qkv unshared": [], **({"qkv compiled": []} if compiled else {}),
+                                   "peft": []}
     for _ in range(repeats):
         for who in runs:
-            runs[who].append(run(who.split()[0], {**spec, "compiled": who == "qkv compiled"}))
+            runs[who].append(run(who.split()[0], {**spec, "compiled": who == "qkv compiled",
+                                                  "share": who != "qkv unshared"}))
     out = {"data": data}
     for who, rs in runs.items():
         out[who] = {k: statistics.median(r[k] for r in rs) for k in ("tokens_per_s", "ms_per_step", "valid_loss",
@@ -421,7 +427,8 @@ def _report_lora(args, r: dict) -> None:
     d = r["data"]
     print(f"\nLoRA, SmolLM2-135M-Instruct fp32, rank {args.rank}, alpha {args.alpha:g}, q/k/v/o/gate/up/down, lr "
           f"{args.lr:g}, batch {args.batch} padded rows (mean width {d['mean_width']:.0f}, {d['tokens_per_step']:.0f} "
-          f"real tokens), {d['steps']} steps ({args.warmup} untimed), {args.repeats} round(s), medians")
+          f"real tokens, {d['computed_per_step']:.0f} once those every chat begins with are shared), {d['steps']} steps "
+          f"({args.warmup} untimed), {args.repeats} round(s), medians")
     print(f"  {'contender':12s} {'tokens/s':>9s} {'ms/step':>8s} {'ratio':>6s} {'peak MB':>8s} {'step-0 loss':>12s} "
           f"{'held-out loss':>14s}")
     for who in [w for w in r if w not in ("data",) and isinstance(r[w], dict) and "tokens_per_s" in r[w]]:

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..config import GPTConfig
 from ..nn import Decoder, DecoderCache, padding_mask, segment_mask, segment_positions
-from ..nn.unpadded import first_in_rows, spread, take, unpadded
+from ..nn.unpadded import first_in_rows, in_rows, spread, take, unpadded
 from . import common
 from .common import WithAttention
 
@@ -52,12 +52,12 @@ class GPT(common.Model):
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                logits_at: Tensor | None = None, real: Tensor | None = None,
+                logits_at: Tensor | None = None, real: Tensor | None = None, copies: Tensor | None = None,
                 return_attention: Literal[False] = False) -> Tensor: ...
     @overload
     def forward(self, ids: Tensor, *, attention_mask: Tensor | None = None, positions: Tensor | None = None,
                 segments: Tensor | None = None, cache: DecoderCache | None = None, last_only: bool = False,
-                logits_at: Tensor | None = None, real: Tensor | None = None,
+                logits_at: Tensor | None = None, real: Tensor | None = None, copies: Tensor | None = None,
                 return_attention: Literal[True]) -> WithAttention: ...
 
     def forward(
@@ -71,6 +71,7 @@ class GPT(common.Model):
         last_only: bool = False,
         logits_at: Tensor | None = None,
         real: Tensor | None = None,
+        copies: Tensor | None = None,
         return_attention: bool = False,
     ) -> Tensor | WithAttention:
         """Next-token logits for every position.
@@ -94,6 +95,10 @@ class GPT(common.Model):
                 its products on padding (:mod:`qkv.nn.unpadded`), and the other positions are padding; positions
                 count the real tokens, as ``attention_mask`` has them. No ``attention_mask``, cache,
                 ``last_only`` or attention weights.
+            copies: with ``real``, where several positions hold one token, ``(B, T)``: the token (its place in
+                ``real``, which then lists each token's first position) each position holds, −1 at padding.
+                Examples that begin alike (a chat template's system prompt) do the work of those tokens once
+                (:func:`qkv.nn.unpadded.shared_tokens`); the same logits and gradients.
             return_attention: also return the attention weights.
 
         Returns:
@@ -107,11 +112,13 @@ class GPT(common.Model):
         past = 0 if cache is None else len(cache)
         b, t = ids.shape
         where = rows = None
+        if copies is not None and (real is None or copies.shape != ids.shape):
+            raise ValueError(f"copies must come with real and have the shape of ids {tuple(ids.shape)}")
         if real is not None:
             if attention_mask is not None or cache is not None or last_only or return_attention:
                 raise ValueError("real (the batch's real tokens) takes no attention_mask, cache, last_only or "
                                  "return_attention")
-            where = unpadded(real, (b, t))
+            where = unpadded(real, (b, t), copies)
             rows = first_in_rows(where)  # where attention lays them out: each row's first, the padding after
         elif attention_mask is None and cfg.pad_id is not None and cache is None:
             attention_mask = padding_mask(ids, cfg.pad_id)
@@ -126,8 +133,8 @@ class GPT(common.Model):
                 raise ValueError(f"segments must have the shape of ids {tuple(ids.shape)}, without a cache; got "
                                  f"{tuple(segments.shape)}")
             positions = segment_positions(segments) if positions is None else positions
-            if rows is not None:  # the segments as attention lays the tokens out
-                segments = spread(rows, take(where, segments[..., None]))[..., 0]
+            if rows is not None:  # the segments as attention lays the positions out
+                segments = in_rows(where, segments)
             attn_mask = segment_mask(segments)  # (B, 1, T, T)
         if positions is None:
             positions = torch.arange(past, past + t, device=ids.device)
@@ -136,7 +143,7 @@ class GPT(common.Model):
         if self.positions is not None:
             x = x + self.positions(positions)
         if where is not None:  # (1, N, D): the real tokens end to end; their positions as attention lays them out
-            x, positions = take(where, x), spread(rows, take(where, positions.expand(b, t)[..., None]))[..., 0]
+            x, positions = take(where, x), in_rows(where, positions.expand(b, t))
         x, weights, _ = self.decoder(
             self.emb_dropout(x), key_padding_mask=attention_mask, attn_mask=attn_mask, positions=positions,
             cache=cache, need_weights=return_attention, checkpointing=self.checkpointing and self.training,
@@ -145,9 +152,8 @@ class GPT(common.Model):
         x = x[:, -1:] if last_only else x
         if where is not None and logits_at is None:
             x = spread(where, x)  # (B, T, D), zeros at the padding
-        elif where is not None:  # logits_at's positions among the real tokens
-            logits_at = torch.zeros(b * t, dtype=torch.long, device=x.device).index_copy_(
-                0, real, torch.arange(real.numel(), device=x.device)).index_select(0, logits_at)
+        elif where is not None:  # the tokens that logits_at's positions hold
+            logits_at = where.source.index_select(0, logits_at)
         if logits_at is not None:
             x = x.flatten(0, 1).index_select(0, logits_at)  # (N, D)
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
+from ..nn.unpadded import shared_tokens
 from ..tokenizers import encode_prompt
 
 log = logging.getLogger(__name__)
@@ -107,13 +108,16 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
 class PackedBatch:
     """Rows of packed examples: ``ids``, ``segments`` (each token's example, numbered within its row) and
     ``targets`` (the next token where it is learnt, else :data:`IGNORE`), all ``(B, T)``; ``real`` the flat
-    positions ``(N,)`` of the tokens that are not padding (the model's products run on those alone);
-    ``n_tokens`` counts the targets that carry loss, from the targets themselves."""
+    positions ``(N,)`` of the tokens the model computes (the model's products run on those alone) and ``copies``
+    ``(B, T)`` the token each position holds, −1 at padding: examples that begin alike share those tokens
+    (:func:`qkv.nn.unpadded.shared_tokens`). ``n_tokens`` counts the targets that carry loss, from the targets
+    themselves."""
 
     ids: Tensor
     segments: Tensor
     targets: Tensor
     real: Tensor
+    copies: Tensor
 
     @property
     def n_tokens(self) -> int:
@@ -123,7 +127,7 @@ class PackedBatch:
     def packed_segments(self) -> Tensor | None:
         """``segments`` where a row holds several examples; None where each holds one (the causal mask then keeps
         them apart, and attention runs without a mask)."""
-        return self.segments if bool(self.segments.flatten()[self.real].any()) else None
+        return self.segments if bool(self.segments[self.copies >= 0].any()) else None
 
 
 def fitting(examples: Sequence[Example], context: int, what: str) -> list[Example]:
@@ -170,14 +174,13 @@ def pack(examples: Sequence[Example], context: int, *, packed: bool = True) -> l
     return rows
 
 
-def collate(rows: Sequence[Sequence[Example]], pad_id: int) -> PackedBatch:
+def collate(rows: Sequence[Sequence[Example]], pad_id: int, *, share: bool = True) -> PackedBatch:
     """Rows of examples as tensors, padded to the longest row (a padding token is a segment of its own that
-    learns nothing)."""
+    learns nothing); examples that begin alike share those tokens (``share=False``: none shared)."""
     width = max(sum(len(e.ids) for e in row) for row in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     segments = torch.full((len(rows), width), -1, dtype=torch.long)
     targets = torch.full((len(rows), width), IGNORE, dtype=torch.long)
-    lengths = []
     for r, row in enumerate(rows):
         at = 0
         for s, e in enumerate(row):
@@ -188,9 +191,8 @@ def collate(rows: Sequence[Sequence[Example]], pad_id: int) -> PackedBatch:
             targets[r, at : at + n - 1] = torch.where(torch.tensor(e.learn[1:]), learnt, IGNORE)
             at += n
         segments[r, at:] = torch.arange(len(row), len(row) + width - at)  # each padding token alone
-        lengths.append(at)
-    real = (torch.arange(width) < torch.tensor(lengths)[:, None]).flatten().nonzero().squeeze(1)
-    return PackedBatch(ids, segments, targets, real)
+    real, copies = shared_tokens([[e.ids for e in row] for row in rows], width, share=share)
+    return PackedBatch(ids, segments, targets, real, copies)
 
 
 class FineTuneTask:
@@ -204,6 +206,7 @@ class FineTuneTask:
         batch_size: rows a batch.
         seed: the order of the rows, epoch by epoch, follows (seed, epoch).
         packed: pack several examples a row (False: one a row).
+        share: examples that begin alike do the work of those tokens once (False: each its own).
         meta: what the checkpoints record besides the model.
     """
 
@@ -212,7 +215,7 @@ class FineTuneTask:
     unit = "tokens"
 
     def __init__(self, model: nn.Module, tokenizer, train: Sequence[Example], valid: Sequence[Example], *,
-                 context: int, batch_size: int, seed: int = 0, packed: bool = True,
+                 context: int, batch_size: int, seed: int = 0, packed: bool = True, share: bool = True,
                  meta: dict[str, Any] | None = None) -> None:
         if not valid:
             raise DataError("no validation examples; give --valid-data or more examples")
@@ -221,7 +224,7 @@ class FineTuneTask:
         self.pad_id = 0 if pad is None else pad  # never learnt, never attended to
         self.rows = pack(train, context, packed=packed)
         self.valid_rows = pack(valid, context, packed=packed)
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed, self.share = batch_size, seed, share
         self.meta = {"task": "finetune", **(meta or {})}
         self._epoch: tuple[int, list[PackedBatch]] | None = None
 
@@ -229,7 +232,7 @@ class FineTuneTask:
         if self._epoch is None or self._epoch[0] != epoch:
             order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
             rows = [self.rows[i] for i in order.tolist()]
-            self._epoch = (epoch, [collate(rows[i : i + self.batch_size], self.pad_id)
+            self._epoch = (epoch, [collate(rows[i : i + self.batch_size], self.pad_id, share=self.share)
                                    for i in range(0, len(rows), self.batch_size)])
         return self._epoch[1]
 
@@ -239,12 +242,12 @@ class FineTuneTask:
         packed = batch.packed_segments  # read on the host once
         segments = None if packed is None else to_device(packed, device)
         logits = model(to_device(batch.ids, device), segments=segments, logits_at=to_device(learnt, device),
-                       real=to_device(batch.real, device))  # (N, vocab): the learnt positions' logits only
+                       real=to_device(batch.real, device), copies=to_device(batch.copies, device))  # (N, vocab)
         loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
         return loss, batch.n_tokens
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
-        batches = [collate(self.valid_rows[i : i + self.batch_size], self.pad_id)
+        batches = [collate(self.valid_rows[i : i + self.batch_size], self.pad_id, share=self.share)
                    for i in range(0, len(self.valid_rows), self.batch_size)]
         total, tokens = 0.0, 0
         for batch in group.shard(batches):
