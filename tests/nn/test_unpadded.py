@@ -1,6 +1,6 @@
 """A padded batch's real tokens run end to end (``real=``): the same logits and gradients as the padded batch, for
-padding on either side and for packed rows, with stacked and quantized layers too; and the arguments it cannot
-take are one-line errors."""
+padding on either side and for packed rows, with stacked and quantized layers too; examples that begin alike
+sharing those tokens (``copies=``) give the same again; and the arguments it cannot take are one-line errors."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch
 from qkv import GPT, GPTConfig
 from qkv.lora import LoRAConfig, add_lora
 from qkv.nn import MultiHeadAttention
-from qkv.nn.unpadded import first_in_rows, spread, take, unpadded
+from qkv.nn.unpadded import first_in_rows, shared_tokens, spread, take, unpadded
 from qkv.quantize import quantize
 
 
@@ -104,6 +104,59 @@ def test_an_attention_that_is_not_causal_masks_the_padding_itself():
     torch.testing.assert_close(attention(take(where, x), unpadded=first_in_rows(where))[0][0], expected)
 
 
+def test_positions_that_begin_alike_hold_one_token():
+    """Two rows, the second of two packed examples; every example begins 5, 6 and the last two go on alike."""
+    rows = [[[5, 6, 7]], [[5, 6, 8, 1], [5, 6, 7, 2]]]
+    index, copies = shared_tokens(rows, 8)
+    assert index.tolist() == [0, 1, 2, 10, 11, 15]  # 5, 6, 7 (row 0); 8, 1 (row 1); 2 (its second example)
+    assert copies.tolist() == [[0, 1, 2, -1, -1, -1, -1, -1], [0, 1, 3, 4, 0, 1, 2, 5]]
+    index, copies = shared_tokens(rows, 8, share=False)
+    assert index.tolist() == [0, 1, 2, 8, 9, 10, 11, 12, 13, 14, 15]
+    assert copies.tolist() == [[0, 1, 2, -1, -1, -1, -1, -1], [3, 4, 5, 6, 7, 8, 9, 10]]
+
+
+def _shared_rows(packed):
+    """Rows of examples that begin with the same six tokens (a system prompt), one an exact repeat of another;
+    packed: several a row."""
+    g = torch.Generator().manual_seed(1)
+    start = torch.randint(1, 64, (6,), generator=g).tolist()
+    examples = [start + torch.randint(1, 64, (n,), generator=g).tolist() for n in (3, 7, 1, 5)]
+    examples.append(examples[1])
+    return [examples[:2], examples[2:]] if packed else [[e] for e in examples]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["one-a-row", "packed"])
+def test_shared_tokens_give_the_logits_and_gradients_of_every_copy(packed):
+    from qkv.tasks.finetune import collate
+
+    model = add_lora(_model(), LoRAConfig(rank=4)).train()
+    for p in model.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.05)
+    results = []
+    for share in (False, True):
+        batch = collate([[_example(ids) for ids in row] for row in _shared_rows(packed)], 0, share=share)
+        learnt = (batch.copies.flatten() >= 0).nonzero().squeeze(1)  # every real position, shared ones too
+        model.zero_grad()
+        logits = model(batch.ids, segments=batch.packed_segments, real=batch.real, copies=batch.copies,
+                       logits_at=learnt)
+        logits.square().mean().backward()
+        results.append((batch.real.numel(), logits, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                     if p.requires_grad}))
+    (apart, each_logits, each_grads), (shared, logits, grads) = results
+    assert shared == apart - 4 * 6 - 7  # the beginning once, the repeat not at all
+    torch.testing.assert_close(logits, each_logits, atol=1e-5, rtol=1e-4)
+    for name, grad in each_grads.items():
+        assert grad.abs().sum() > 0, name
+        torch.testing.assert_close(grads[name], grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def _example(ids):
+    from qkv.tasks.finetune import Example
+
+    return Example(ids, [True] * len(ids))
+
+
 def test_what_real_tokens_cannot_take_is_a_one_line_error():
     model = _model().eval()
     ids, real = _batch([3, 5], 5)
@@ -112,3 +165,5 @@ def test_what_real_tokens_cannot_take_is_a_one_line_error():
                    {"attention_mask": real}):
         with pytest.raises(ValueError, match="real"):
             model(ids, real=index, **kwargs)
+    with pytest.raises(ValueError, match="copies must come with real"):
+        model(ids, copies=torch.zeros_like(ids))
