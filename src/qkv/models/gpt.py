@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..config import GPTConfig
 from ..nn import Decoder, DecoderCache, padding_mask, segment_mask, segment_positions
-from ..nn.unpadded import first_in_rows, in_rows, spread, take, unpadded
+from ..nn.unpadded import first_in_rows, in_rows, spread, take, unpadded, zeros_at_padding
 from . import common
 from .common import WithAttention
 
@@ -151,7 +151,7 @@ class GPT(common.Model):
         )
         x = x[:, -1:] if last_only else x
         if where is not None and logits_at is None:
-            x = spread(where, x)  # (B, T, D), zeros at the padding
+            x = zeros_at_padding(where, spread(where, x))  # (B, T, D)
         elif where is not None:  # the tokens that logits_at's positions hold
             logits_at = where.source.index_select(0, logits_at)
         if logits_at is not None:

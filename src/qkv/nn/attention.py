@@ -401,8 +401,9 @@ class MultiHeadAttention(nn.Module):
                 default they continue from the cache.
             cache: a :class:`KVCache` to read and extend (incremental decoding).
             need_weights: also return the attention weights (runs the explicit path).
-            unpadded: ``query`` is a padded batch's real tokens end to end, ``(1, N, d_model)``, and where they
-                lie in the ``(B, T)`` rows they attend in, each row's real tokens first
+            unpadded: ``query`` is a padded batch's real tokens end to end, ``(1, N, d_model)`` (a token that
+                several positions hold, once), and where they lie in the ``(B, T)`` rows they attend in, each
+                row's real tokens first
                 (:func:`~qkv.nn.unpadded.first_in_rows`): projected as they are, the projections laid out in
                 those rows, the output ``(1, N, d_model)`` again. ``positions`` and ``attn_mask`` are the rows';
                 the padding after the real tokens is masked for the keys unless the attention is causal (then

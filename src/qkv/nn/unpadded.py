@@ -6,7 +6,7 @@ real. Every layer but attention works on each position alone (the projections, t
 norms, the residual sums), so it may as well see the ``N`` real tokens in one row ``(1, N, D)``: the same numbers
 for them, and none of the work on padding, which in a batch of chats is a fifth of every product. Attention is
 the one place where positions meet: it lays its queries, keys and values out in rows again, each row's real
-tokens first and zeros after them (:func:`first_in_rows`), attends, and takes the real positions' outputs back
+tokens first and the padding after them (:func:`first_in_rows`), attends, and takes the real positions' outputs back
 out. Laid out so, a causal attention needs no padding mask: every position before a real token is real, and the
 fused kernel applies the causal mask itself.
 
@@ -83,11 +83,15 @@ def take(where: Unpadded, x: Tensor) -> Tensor:
 
 
 def spread(where: Unpadded, x: Tensor) -> Tensor:
-    """The tokens ``x`` ``(1, N, ...)`` back at every position that holds them ``(B, T, ...)``, zeros at the
-    padding."""
+    """The tokens ``x`` ``(1, N, ...)`` back at every position that holds them ``(B, T, ...)``; the padding holds
+    the first token's (attention never lets a real query see it; :func:`zeros_at_padding` clears it)."""
     b, t = where.real.shape
-    rows = x[0].index_select(0, where.source).view(b, t, *x.shape[2:])  # keeps only the index for backward
-    return rows.masked_fill(~where.real.view(b, t, *(1,) * (x.dim() - 2)), 0)
+    return x[0].index_select(0, where.source).view(b, t, *x.shape[2:])  # keeps only the index for backward
+
+
+def zeros_at_padding(where: Unpadded, x: Tensor) -> Tensor:
+    """``x`` ``(B, T, ...)`` with zeros at the padding."""
+    return x.masked_fill(~where.real.view(*where.real.shape, *(1,) * (x.dim() - 2)), 0)
 
 
 def shared_tokens(rows: Sequence[Sequence[Sequence[int]]], width: int, *, share: bool = True
