@@ -22,7 +22,9 @@ must agree: the table prints the difference, a check of the benchmark itself.
 1. **Speed**: each contender is its own process, qkv and peft alternating for ``--repeats`` rounds; a process
    trains ``--steps`` steps (forward, backward, AdamW step, the loss read back), the first ``--warmup`` untimed.
    Tokens/s counts the real (non-padding) tokens of the timed steps; medians over rounds. Target: qkv ≥ 1.5×
-   peft.
+   peft. qkv runs as ``qkv finetune`` does, the tokens every chat begins with alike computed once a batch
+   (``qkv.nn.unpadded.shared_tokens``), and again with each row's computed apart (``qkv unshared``), to show
+   what that sharing gives.
 2. **Held-out loss** after those steps, the mean per learnt token over the held-out chats (qkv's
    ``FineTuneTask.evaluate``; peft: transformers' loss on the same rows). Target: within 2% of peft's.
 3. **QLoRA at 1.7B** (``--skip-1.7b`` to leave out): a SmolLM2-1.7B-shaped GGUF with random weights
