@@ -429,8 +429,8 @@ def _report_lora(args, r: dict) -> None:
     d = r["data"]
     print(f"\nLoRA, SmolLM2-135M-Instruct fp32, rank {args.rank}, alpha {args.alpha:g}, q/k/v/o/gate/up/down, lr "
           f"{args.lr:g}, batch {args.batch} padded rows (mean width {d['mean_width']:.0f}, {d['tokens_per_step']:.0f} "
-          f"real tokens, {d['computed_per_step']:.0f} once those every chat begins with are shared), {d['steps']} steps "
-          f"({args.warmup} untimed), {args.repeats} round(s), medians")
+          f"real tokens, {d['computed_per_step']:.0f} once those every chat begins with are shared), "
+          f"{d['steps']} steps ({args.warmup} untimed), {args.repeats} round(s), medians")
     print(f"  {'contender':12s} {'tokens/s':>9s} {'ms/step':>8s} {'ratio':>6s} {'peak MB':>8s} {'step-0 loss':>12s} "
           f"{'held-out loss':>14s}")
     for who in [w for w in r if w not in ("data",) and isinstance(r[w], dict) and "tokens_per_s" in r[w]]:
