@@ -3,6 +3,7 @@ running on its base (`--adapter`), an exact `--resume`, and bad input as one lin
 
 import csv
 import json
+import re
 
 import pytest
 from clitools import last_line_error, ok, qkv
@@ -21,8 +22,9 @@ def work(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lora_run(work):
-    ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "lora", "--max-steps", "4",
-           "--eval-every", "2", "--rank", "4", *SMALL, cwd=work))
+    done = ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "lora", "--max-steps", "4",
+                  "--eval-every", "2", "--rank", "4", *SMALL, cwd=work))
+    (work / "lora.stderr").write_text(done.stderr, encoding="utf-8")
     return work / "lora"
 
 
@@ -43,6 +45,13 @@ def test_a_lora_run_keeps_its_adapters_alone_and_they_run_on_the_base(work, lora
     from_run = ok(qkv("generate", "--model", "lora", *prompt, cwd=work)).stdout
     on_base = ok(qkv("generate", "--pretrained", "base", "--adapter", "lora/best/adapter", *prompt, cwd=work)).stdout
     assert from_run == on_base
+
+
+def test_the_chats_share_their_template_s_beginning_and_the_log_says_how_much(lora_run):
+    said = re.search(r"([\d,]+) of an epoch's ([\d,]+) tokens are computed", (lora_run.parent / "lora.stderr").read_text())
+    assert said, "no line on shared tokens"
+    computed, real = (int(n.replace(",", "")) for n in said.groups())
+    assert 0 < computed < real
 
 
 def test_the_run_loads_as_its_base_with_the_adapters_learnt(work, lora_run):

@@ -146,6 +146,12 @@ class FineTuneRecipe(Recipe):
         log.info("fine-tuning %s (%s): %s of %s parameters learn; %d examples (%s tokens) for training, %d for "
                  "validation, context %d", s.pretrained, s.method, f"{trainable:,}", f"{total:,}", len(self.train),
                  f"{tokens:,}", len(self.valid), self.context)
-        return FineTuneTask(model, self.tokenizer, self.train, self.valid, context=self.context,
+        task = FineTuneTask(model, self.tokenizer, self.train, self.valid, context=self.context,
                             batch_size=s.batch_size, seed=s.seed, packed=s.packing,
                             meta=self.meta(base=self.base_record, chat_template=self.template))
+        batches = task.batches(0)
+        real, computed = sum(int((b.copies >= 0).sum()) for b in batches), sum(b.real.numel() for b in batches)
+        if computed < real:
+            log.info("examples that begin alike share those tokens' work: %s of an epoch's %s tokens are computed "
+                     "(%.0f%%)", f"{computed:,}", f"{real:,}", 100 * computed / real)
+        return task
