@@ -48,7 +48,8 @@ def test_a_lora_run_keeps_its_adapters_alone_and_they_run_on_the_base(work, lora
 
 
 def test_the_chats_share_their_template_s_beginning_and_the_log_says_how_much(lora_run):
-    said = re.search(r"([\d,]+) of an epoch's ([\d,]+) tokens are computed", (lora_run.parent / "lora.stderr").read_text())
+    log = (lora_run.parent / "lora.stderr").read_text()
+    said = re.search(r"([\d,]+) of an epoch's ([\d,]+) tokens are computed", log)
     assert said, "no line on shared tokens"
     computed, real = (int(n.replace(",", "")) for n in said.groups())
     assert 0 < computed < real
