@@ -93,15 +93,6 @@ def read_task(pre, work: Path, batch: int, context: int, share: bool = True):
     return qkv_task(pre.model, pre.tokenizer, train, valid, batch, context, share)
 
 
-def valid_batches(task) -> list:
-    """The held-out batches, as ``FineTuneTask.evaluate`` makes them."""
-    from qkv.tasks.finetune import collate
-
-    rows = task.valid_rows
-    return [collate(rows[i : i + task.batch_size], task.pad_id, share=task.share)
-            for i in range(0, len(rows), task.batch_size)]
-
-
 def real_tokens(batch) -> int:
     """Tokens that are not padding."""
     return int((batch.copies >= 0).sum())
@@ -219,7 +210,7 @@ def child_batches(spec: dict) -> dict:
     work = Path(spec["work"])
     task = read_task(load_base("smollm2", weights="none"), work, spec["batch"], spec["context"])
     train = task.batches(0)[: spec["steps"]]
-    torch.save({"train": as_tensors(train), "valid": as_tensors(valid_batches(task))}, work / "batches.pt")
+    torch.save({"train": as_tensors(train), "valid": as_tensors(task.valid_batches())}, work / "batches.pt")
     return {"rows": len(task.rows), "valid_rows": len(task.valid_rows), "steps": len(train),
             "mean_width": statistics.mean(b.ids.shape[1] for b in train),
             "tokens_per_step": statistics.mean(real_tokens(b) for b in train),

@@ -47,4 +47,4 @@ def test_every_finetune_contender_takes_a_step():
     peft_model = bench.peft_lora(hf, 2, 4.0)
     for step in (bench.qkv_step(task, 1e-3), bench.peft_step(peft_model, 1e-3)):
         assert torch.isfinite(torch.tensor(step(batch)))
-    assert bench.peft_evaluate(peft_model.eval(), bench.valid_batches(task)) > 0
+    assert bench.peft_evaluate(peft_model.eval(), task.valid_batches()) > 0

@@ -322,12 +322,15 @@ class _Builder:
             if not tied:
                 _copy_rows(model.lm_head.weight, self.source("output.weight"))
             return
-        table = self.linear([embedding], self.format([embedding], output=True))
+        table = self._table(embedding)
         model.tok_emb = QuantizedEmbedding(table)
-        output = table if tied else self.linear([self.source("output.weight")],
-                                                self.format([self.source("output.weight")], output=True))
+        output = table if tied else self._table(self.source("output.weight"))
         output.exact_largest = True
         model.lm_head = output
+
+    def _table(self, source: _Source) -> QuantizedLinear:
+        """The token table or output layer of ``source``, in the format an output layer takes."""
+        return self.linear([source], self.format([source], output=True))
 
     def _fill_layer(self, layer: nn.Module, prefix: str) -> None:
         _set_norm(layer.self_attn_norm, self.source(f"{prefix}.attn_norm.weight"))

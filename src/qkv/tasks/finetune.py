@@ -246,11 +246,14 @@ class FineTuneTask:
         loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
         return loss, batch.n_tokens
 
+    def valid_batches(self) -> list[PackedBatch]:
+        """The held-out examples' batches, in order."""
+        return [collate(self.valid_rows[i : i + self.batch_size], self.pad_id, share=self.share)
+                for i in range(0, len(self.valid_rows), self.batch_size)]
+
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
-        batches = [collate(self.valid_rows[i : i + self.batch_size], self.pad_id, share=self.share)
-                   for i in range(0, len(self.valid_rows), self.batch_size)]
         total, tokens = 0.0, 0
-        for batch in group.shard(batches):
+        for batch in group.shard(self.valid_batches()):
             summed, n = self.loss(model, batch)
             total, tokens = total + summed.item(), tokens + n
         sums = group.sum({"loss": total, "tokens": tokens})
