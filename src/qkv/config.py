@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 NORMS = ("layer", "rms")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu", "geglu", "geglu_tanh")
 INITS = ("normal", "xavier")
 
 
@@ -113,6 +113,7 @@ class ModelConfig(Config):
         norm_first: Pre-Norm (True) or Post-Norm (False) residual connections.
         norm: ``"layer"`` (LayerNorm) or ``"rms"`` (RMSNorm).
         norm_eps: the epsilon of the norms.
+        norm_offset: RMSNorm gains kept as their offset from 1, applied as ``1 + weight`` (Gemma).
         activation: feed-forward activation: relu, relu2 (ReLU squared), gelu, gelu_tanh, quick_gelu, silu or
             swiglu.
         bias: biases in the linear layers (and LayerNorm shift).
@@ -123,8 +124,14 @@ class ModelConfig(Config):
             (side by side, as the paper writes it) or ``"halves"`` (every sine, then every cosine: tensor2tensor,
             fairseq and Marian).
         rope_base: the θ base of rotary embeddings.
-        rope_freq_factors: the rotary frequencies divided by these, one per feature pair (``head_dim / 2``);
-            Llama 3 slows its low frequencies this way for long contexts (None: unscaled).
+        rope_freq_factors: the rotary frequencies divided by these, one per feature pair (``rotary_dim / 2``);
+            Llama 3, YaRN and linear scaling slow the rotations this way for long contexts (None: unscaled).
+        rotary_dim: the features of each head that rotary positions turn, the first ones (None: all ``head_dim``;
+            Phi-3 and Phi-4-mini turn part of each head).
+        rope_scale: rotary cos and sin times this (YaRN's and LongRoPE's attention factor; 1: none).
+        rope_long_factors: LongRoPE's divisors for calls whose positions reach ``rope_original_context``; the
+            shorter ones use ``rope_freq_factors`` (Phi-3).
+        rope_original_context: the context a LongRoPE model was trained on.
         n_kv_heads: key/value heads for grouped-query attention (default: n_heads).
         head_dim: features per head (default ``d_model / n_heads``); Qwen3 sets it apart, so that its heads
             together are wider or narrower than the model.
@@ -151,6 +158,7 @@ class ModelConfig(Config):
     norm_first: bool = True
     norm: str = "layer"
     norm_eps: float = 1e-5
+    norm_offset: bool = False
     activation: str = "relu"
     bias: bool = True
     qkv_bias: bool | None = None
@@ -158,6 +166,10 @@ class ModelConfig(Config):
     sinusoidal_layout: str = "interleaved"
     rope_base: float = 10000.0
     rope_freq_factors: list[float] | None = None
+    rotary_dim: int | None = None
+    rope_scale: float = 1.0
+    rope_long_factors: list[float] | None = None
+    rope_original_context: int | None = None
     n_kv_heads: int | None = None
     head_dim: int | None = None
     qk_norm: bool = False
@@ -175,6 +187,8 @@ class ModelConfig(Config):
         _check_int("n_kv_heads", self.n_kv_heads, optional=True)
         _check_int("head_dim", self.head_dim, optional=True)
         _check_int("window", self.window, optional=True)
+        _check_int("rotary_dim", self.rotary_dim, optional=True)
+        _check_int("rope_original_context", self.rope_original_context, optional=True)
         _check_int("pad_id", self.pad_id, minimum=0, optional=True)
         if self.head_dim is None:
             if self.d_model % self.n_heads:
@@ -184,7 +198,7 @@ class ModelConfig(Config):
             raise ValueError(f"n_heads={self.n_heads} must be divisible by n_kv_heads={self.n_kv_heads}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(name, getattr(self, name))
-        for name in ("norm_eps", "init_std", "rope_base"):
+        for name in ("norm_eps", "init_std", "rope_base", "rope_scale"):
             check_scale(name, getattr(self, name))
         _check_choice("norm", self.norm, NORMS)
         _check_choice("positional", self.positional, POSITIONALS)
@@ -193,20 +207,34 @@ class ModelConfig(Config):
         _check_choice("init", self.init, INITS)
         if self.positional == "rope" and self.head_dim % 2:
             raise ValueError(f"rope needs an even head dimension, got head_dim={self.head_dim}")
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ValueError(f"rotary_dim turns an even number of a head's features, at most head_dim={self.head_dim};"
+                             f" got rotary_dim={self.rotary_dim}")
+        if self.norm_offset and self.norm != "rms":
+            raise ValueError(f"norm_offset (gains of 1 + weight) is an RMSNorm's; norm is {self.norm!r}")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         self._check_freq_factors()
 
+    @property
+    def rotated(self) -> int:
+        """The features of each head that rotary positions turn."""
+        return self.head_dim if self.rotary_dim is None else self.rotary_dim
+
     def _check_freq_factors(self) -> None:
-        factors = self.rope_freq_factors
-        if factors is None:
-            return
-        if self.positional != "rope":
-            raise ValueError(f"rope_freq_factors scale rotary positions; positional is {self.positional!r}")
-        if not isinstance(factors, list) or len(factors) != self.head_dim // 2 or not all(
-                isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
-            raise ValueError(f"rope_freq_factors must be {self.head_dim // 2} positive numbers (one per rotary "
-                             f"feature pair), got {str(factors)[:60]}")
+        if (self.rope_long_factors is None) != (self.rope_original_context is None):
+            raise ValueError("rope_long_factors and rope_original_context go together (LongRoPE), got "
+                             f"{str(self.rope_long_factors)[:40]} and {self.rope_original_context}")
+        for name in ("rope_freq_factors", "rope_long_factors"):
+            factors = getattr(self, name)
+            if factors is None:
+                continue
+            if self.positional != "rope":
+                raise ValueError(f"{name} scale rotary positions; positional is {self.positional!r}")
+            if not isinstance(factors, list) or len(factors) != self.rotated // 2 or not all(
+                    isinstance(f, (int, float)) and 0 < f < float("inf") for f in factors):
+                raise ValueError(f"{name} must be {self.rotated // 2} positive numbers (one per rotary feature "
+                                 f"pair), got {str(factors)[:60]}")
 
     def table_rows(self, vocab_size: int) -> int:
         """Rows of an embedding or output table: ``vocab_size`` rounded up to ``vocab_multiple``.
@@ -280,15 +308,66 @@ class TransformerConfig(ModelConfig):
             )
 
 
+@dataclass(frozen=True, kw_only=True)
+class LayerSpec:
+    """What sets one decoder layer apart from the others of its model (Gemma's local and global layers, SmolLM3's
+    layers without positions).
+
+    Attributes:
+        window: this layer's sliding window: a query sees the ``window`` latest positions, itself included (None:
+            every earlier position).
+        rotary: rotary positions in this layer (False: none at all, "NoPE": its attention sees order only through
+            what earlier layers wrote).
+        rope_base: this layer's θ base (None: the model's ``rope_base``).
+        rope_scaled: the model's rotary scaling (``rope_freq_factors``, ``rope_scale``, LongRoPE) applies here.
+    """
+
+    window: int | None = None
+    rotary: bool = True
+    rope_base: float | None = None
+    rope_scaled: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("window", self.window, optional=True)
+        if not isinstance(self.rotary, bool) or not isinstance(self.rope_scaled, bool):
+            raise TypeError(f"a layer's rotary and rope_scaled are true or false, got {self.rotary!r} and "
+                            f"{self.rope_scaled!r}")
+        if self.rope_base is not None:
+            check_scale("rope_base", self.rope_base)
+
+    @classmethod
+    def of(cls, value: Any) -> LayerSpec:
+        """A spec, from itself or from its dict (a checkpoint's JSON); unknown keys are an error."""
+        if isinstance(value, LayerSpec):
+            return value
+        fields = {f.name for f in dataclasses.fields(cls)}
+        if not isinstance(value, dict) or set(value) - fields:
+            raise ValueError(f"a layer is described by some of {sorted(fields)}, got {str(value)[:80]}")
+        return cls(**value)
+
+
 @dataclass(kw_only=True)
 class GPTConfig(ModelConfig):
-    """Decoder-only language model; GPT-2 style by default, LLaMA style with the switches.
+    """Decoder-only language model; GPT-2 style by default, LLaMA style with the switches, and the blocks that set
+    today's families apart from LLaMA (each default is LLaMA's, and each family's table is in
+    :mod:`qkv.interop.families`).
 
     Attributes:
         vocab_size: vocabulary size.
         tie_embeddings: the output projection reuses the token embedding matrix.
         vocab_multiple: the embedding and output tables have a multiple of this many rows (see
             :meth:`ModelConfig.table_rows`); logits are cut back to ``vocab_size``.
+        layers: one :class:`LayerSpec` per layer (None: every layer alike, with the model's ``window``).
+        branch_norm: normalise what each sub-layer adds to the stream, before the addition: with ``norm_first``,
+            Gemma's sandwich ``x + N'(f(N(x)))``; without, OLMo 2's ``x + N'(f(x))``.
+        qk_norm_whole: ``qk_norm`` over all heads' queries (and all keys) together, not head by head (OLMo 2).
+        embedding_scale: token embeddings times this (Gemma: √d_model; Granite's ``embedding_multiplier``).
+        residual_scale: each sub-layer's output times this before it is added (Granite's ``residual_multiplier``).
+        attention_scale: the attention scores' factor (None: 1/√head_dim; Gemma's ``query_pre_attn_scalar^-½``,
+            Granite's ``attention_multiplier``).
+        attention_softcap: attention scores capped at ±this with tanh (Gemma 2).
+        logit_scale: the logits times this (Granite divides by ``logits_scaling``).
+        logit_softcap: the logits capped at ±this with tanh (Gemma 2).
     """
 
     vocab_size: int
@@ -302,6 +381,15 @@ class GPTConfig(ModelConfig):
     activation: str = "gelu_tanh"
     positional: str = "learned"
     tie_embeddings: bool = True
+    layers: list[LayerSpec] | None = None
+    branch_norm: bool = False
+    qk_norm_whole: bool = False
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    attention_scale: float | None = None
+    attention_softcap: float | None = None
+    logit_scale: float = 1.0
+    logit_softcap: float | None = None
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12, max_seq_len=1024),
@@ -326,6 +414,33 @@ class GPTConfig(ModelConfig):
         super().__post_init__()
         self._check_vocab("vocab_size", self.vocab_size)
         _check_int("vocab_multiple", self.vocab_multiple)
+        for name in ("embedding_scale", "residual_scale", "logit_scale"):
+            check_scale(name, getattr(self, name))
+        for name in ("attention_scale", "attention_softcap", "logit_softcap"):
+            if getattr(self, name) is not None:
+                check_scale(name, getattr(self, name))
+        if self.qk_norm_whole and not self.qk_norm:
+            raise ValueError("qk_norm_whole says how qk_norm normalises; it needs qk_norm=True")
+        if self.layers is not None:
+            self._check_layers()
+
+    def _check_layers(self) -> None:
+        if not isinstance(self.layers, list | tuple) or len(self.layers) != self.n_layers:
+            raise ValueError(f"layers must describe each of the n_layers={self.n_layers} layers, got "
+                             f"{str(self.layers)[:80]}")
+        self.layers = [LayerSpec.of(spec) for spec in self.layers]
+        if self.window is not None:
+            raise ValueError(f"with layers, each layer has its own window; leave window unset (got {self.window})")
+        if self.positional != "rope" and any(not s.rotary or s.rope_base or not s.rope_scaled for s in self.layers):
+            raise ValueError(f"layers set rotary positions apart; positional is {self.positional!r}, not 'rope'")
+
+    def layer(self, i: int) -> LayerSpec:
+        """Layer ``i`` as it is built: its own spec, or the model's window and rotary positions."""
+        if self.layers is None:
+            return LayerSpec(window=self.window, rotary=self.positional == "rope", rope_base=self.rope_base)
+        spec = self.layers[i]
+        return dataclasses.replace(spec, rotary=spec.rotary and self.positional == "rope",
+                                   rope_base=spec.rope_base or self.rope_base)
 
 
 @dataclass(kw_only=True)

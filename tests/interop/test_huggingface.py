@@ -250,8 +250,9 @@ def test_llama_rope_theta_in_every_format():
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='yarn'"),
-        ({"rope_theta": 5e5, "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+        ({"rope_parameters": {"rope_type": "dynamic", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='dynamic'"),
+        ({"rope_theta": 5e5, "rope_scaling": {"type": "proportional", "factor": 2.0}}, "rope_type='proportional'"),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5}}, "'yarn' needs a positive factor"),
         ({"attention_bias": True}, "attention_bias=true"),
         ({"mlp_bias": True}, "mlp_bias=true"),
         ({"hidden_act": "gelu"}, "hidden_act must be 'silu'"),

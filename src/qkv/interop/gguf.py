@@ -39,7 +39,8 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from .hf_gpt import SIZES, check_size, load_gpt_from_hf
+from .hf_gpt import load_gpt_from_hf
+from .sizes import SIZES, check_size
 
 logger = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ else raises one ValueError that lists every problem found.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -33,15 +32,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import GPTConfig, check_scale
+from ..config import GPTConfig
 from ..footprint import build_model
 from ..models import GPT
+from .families import FAMILIES, MODEL_TYPES, config_from_hf, fused_back, layer_tensors, unfused
 from .hf_common import HFStateDict, check_config, check_written, hf_field
+from .sizes import check_sizes
 
-GPT_MODEL_TYPES = ("gpt2", "llama", "mistral", "qwen2", "qwen3")
-# The LLaMA family: one layout, told apart by their configs (Mistral: a sliding window; Qwen2: biases on Q, K, V;
-# Qwen3: RMSNorm on each head's queries and keys, and a head width of its own)
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "qwen3")
+# The LLaMA family: one layout, its members told apart by the blocks their configs name (qkv.interop.families)
+LLAMA_FAMILY = MODEL_TYPES
+GPT_MODEL_TYPES = ("gpt2", *LLAMA_FAMILY)
 
 
 _GPT2_ACTIVATIONS = {
@@ -52,44 +52,6 @@ _GPT2_ACTIVATIONS = {
     "silu": "silu",
     "swish": "silu",
 }
-
-# Every size a decoder's config states, with the largest qkv takes: far above any published model's (Llama 3.1
-# 405B: 126 layers 16,384 wide, 128 heads of 128, 53,248 in the feed-forward layer, 131,072 positions), so that
-# a damaged number fails here, before it sizes a loop or an allocation. What the tensors show (layers, widths,
-# heads times their width, the vocabulary) is then checked against them by the strict converter.
-#   config.json key (LLaMA family)  GPT-2's                GGUF key after "{arch}."             at most
-SIZES = (
-    ("num_hidden_layers",         "n_layer",            "block_count",                        2**10),
-    ("hidden_size",               "n_embd",             "embedding_length",                   2**16),
-    ("num_attention_heads",       "n_head",             "attention.head_count",               2**10),
-    ("num_key_value_heads",       None,                 "attention.head_count_kv",            2**10),
-    ("head_dim",                  None,                 "attention.key_length",               2**12),
-    (None,                        None,                 "rope.dimension_count",               2**12),
-    ("intermediate_size",         "n_inner",            "feed_forward_length",                2**20),
-    ("vocab_size",                "vocab_size",         "vocab_size",                         2**22),
-    ("max_position_embeddings",   "n_positions",        "context_length",                     2**24),
-    ("rope_theta",                None,                 "rope.freq_base",                     10**12),
-    ("rms_norm_eps",              None,                 "attention.layer_norm_rms_epsilon",   1),
-    (None,                        "layer_norm_epsilon", "attention.layer_norm_epsilon",       1),
-)
-
-
-def check_size(name: str, value: Any, bound: float) -> None:
-    """A number a file states (``name``, as the file names it), at most ``bound``."""
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > bound:
-        raise ValueError(f"{name}={value} is beyond what qkv takes (at most {bound:,}); the file is damaged, or "
-                         "not a model qkv reads")
-
-
-BOUNDS = {key: bound for *keys, _, bound in SIZES for key in keys if key}  # config.json key -> its bound
-
-
-def check_sizes(hf_config: Mapping[str, Any]) -> None:
-    """Each number of :data:`SIZES` a config.json holds, at most its bound."""
-    for key, bound in BOUNDS.items():
-        check_size(key, hf_config.get(key), bound)
-
-
 
 def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     """Translate a Hugging Face ``config.json`` of a GPT-2 or LLaMA model into a :class:`GPTConfig`.
@@ -112,7 +74,7 @@ def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
     if model_type in LLAMA_FAMILY:
-        return _llama_config(hf_config)
+        return config_from_hf(hf_config)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
 
@@ -152,101 +114,6 @@ def _gpt2_config(hf_config: Mapping[str, Any]) -> GPTConfig:
 
 
 
-def _llama_config(hf_config: Mapping[str, Any]) -> GPTConfig:
-    for flag in ("attention_bias", "mlp_bias"):
-        if hf_config.get(flag, False):
-            raise ValueError(f"{flag}=true is not supported: a LLaMA-style qkv GPT has no biases (bias=False)")
-    if hf_config.get("use_sliding_window", False):
-        raise ValueError("use_sliding_window=true (a window on some layers only) is not supported")
-    activation = hf_field(hf_config, "hidden_act", "silu")
-    if activation != "silu":
-        raise ValueError(f"LLaMA hidden_act must be 'silu' (qkv's swiglu), got {activation!r}")
-    d_model, n_heads = hf_field(hf_config, "hidden_size"), hf_field(hf_config, "num_attention_heads")
-    head_dim = hf_config.get("head_dim") or d_model // n_heads
-    qwen3 = hf_config["model_type"] == "qwen3"
-    return GPTConfig(
-        vocab_size=hf_field(hf_config, "vocab_size"),
-        d_model=d_model,
-        n_heads=n_heads,
-        n_kv_heads=hf_field(hf_config, "num_key_value_heads", n_heads),
-        head_dim=head_dim,
-        qk_norm=qwen3,
-        n_layers=hf_field(hf_config, "num_hidden_layers"),
-        d_ff=hf_field(hf_config, "intermediate_size"),
-        max_seq_len=hf_field(hf_config, "max_position_embeddings", 2048),
-        dropout=0.0,
-        pad_id=None,
-        norm_first=True,
-        norm="rms",
-        norm_eps=float(hf_field(hf_config, "rms_norm_eps", 1e-6)),
-        activation="swiglu",
-        bias=False,
-        positional="rope",
-        qkv_bias=hf_config["model_type"] == "qwen2",
-        rope_base=_rope_base(hf_config),
-        rope_freq_factors=hf_config.get("rope_freq_factors") or _llama3_factors(hf_config, head_dim),
-        window=hf_config.get("sliding_window") if hf_config["model_type"] == "mistral" else None,
-        tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
-    )
-
-
-
-def _rope_params(hf_config: Mapping[str, Any]) -> dict[str, Any]:
-    """The rotary settings, in either format: transformers 5 writes ``rope_parameters``; 4.x wrote ``rope_theta``
-    and ``rope_scaling`` (the later wins). Only plain RoPE and Llama 3's scaling are taken."""
-    merged: dict[str, Any] = {"rope_theta": hf_config.get("rope_theta")}
-    for key in ("rope_scaling", "rope_parameters"):
-        params = hf_config.get(key)
-        if params is None:
-            continue
-        if not isinstance(params, Mapping):
-            raise ValueError(f"{key} must be a dict, got {type(params).__name__} {params!r}")
-        kind = params.get("rope_type", params.get("type", "default"))
-        if kind not in ("default", "llama3"):
-            raise ValueError(f"{key} has rope_type={kind!r}; qkv implements plain RoPE and Llama 3's scaling only "
-                             "(rope_type 'default' or 'llama3')")
-        merged.update({k: v for k, v in params.items() if v is not None or k != "rope_theta"}, rope_type=kind)
-    return merged
-
-
-def _rope_base(hf_config: Mapping[str, Any]) -> float:
-    theta = _rope_params(hf_config)["rope_theta"]
-    if theta is None:
-        return 10000.0
-    check_scale("rope_theta", theta)  # named as the file names it
-    check_size("rope_theta", theta, BOUNDS["rope_theta"])
-    return float(theta)
-
-
-def _llama3_factors(hf_config: Mapping[str, Any], head_dim: int) -> list[float] | None:
-    """Llama 3's rotary scaling as one divisor per frequency (see ``RotaryEmbedding``'s ``freq_factors``): a
-    pair whose wavelength is longer than the original context over ``low_freq_factor`` turns ``factor`` times
-    slower; one shorter than the context over ``high_freq_factor`` is left alone; in between, the two blend by
-    where the wavelength lies (Meta's published rule)."""
-    params = _rope_params(hf_config)
-    if params.get("rope_type") != "llama3":
-        return None
-    factor, low, high = (float(params.get(k, d)) for k, d in (("factor", 8.0), ("low_freq_factor", 1.0),
-                                                                ("high_freq_factor", 4.0)))
-    context = float(params.get("original_max_position_embeddings", 8192))
-    if not (factor > 0 and high > low > 0 and context > 0):
-        raise ValueError(f"llama3 rope scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0, got "
-                         f"{factor}, {high}, {low}")
-    theta = _rope_base(hf_config)
-    factors = []
-    for i in range(head_dim // 2):
-        wavelength = 2 * math.pi * theta ** (2 * i / head_dim)
-        if wavelength < context / high:
-            factors.append(1.0)
-        elif wavelength > context / low:
-            factors.append(factor)
-        else:
-            smooth = (context / wavelength - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return factors
-
-
-
 def _transposed(weight: Tensor | None) -> Tensor | None:
     """Conv1D ``(in, out)`` -> Linear ``(out, in)``."""
     return None if weight is None else weight.t().contiguous()
@@ -279,7 +146,7 @@ def gpt_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig, mod
     if model_type == "gpt2":
         return _gpt2_state_dict(state_dict, cfg)
     if model_type in LLAMA_FAMILY:
-        return _llama_state_dict(state_dict, cfg)
+        return _llama_state_dict(state_dict, cfg, model_type)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
 
@@ -324,43 +191,15 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
 
 
 
-def _llama_layer(cfg: GPTConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """One LLaMA-family layer's tensors: Hugging Face name -> (qkv name, shape); the rotate-half order of the
-    query and key rows is qkv's too, so every tensor is taken as it is, both ways."""
-    d, d_ff = cfg.d_model, cfg.d_ff
-    d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-    layer = {
-        "self_attn.q_proj.weight": ("self_attn.q_proj.weight", (d_q, d)),
-        "self_attn.k_proj.weight": ("self_attn.k_proj.weight", (d_kv, d)),
-        "self_attn.v_proj.weight": ("self_attn.v_proj.weight", (d_kv, d)),
-        "self_attn.o_proj.weight": ("self_attn.out_proj.weight", (d, d_q)),
-        "mlp.gate_proj.weight": ("feed_forward.gate.weight", (d_ff, d)),
-        "mlp.up_proj.weight": ("feed_forward.up.weight", (d_ff, d)),
-        "mlp.down_proj.weight": ("feed_forward.down.weight", (d, d_ff)),
-        "input_layernorm.weight": ("self_attn_norm.weight", (d,)),
-        "post_attention_layernorm.weight": ("ffn_norm.weight", (d,)),
-    }
-    if cfg.qkv_bias:  # Qwen2
-        layer.update({f"self_attn.{p}.bias": (f"self_attn.{p}.bias", (n,)) for p, n in
-                      (("q_proj", d_q), ("k_proj", d_kv), ("v_proj", d_kv))})
-    if cfg.qk_norm:  # Qwen3
-        layer.update({f"self_attn.{n}.weight": (f"self_attn.{n}.weight", (cfg.head_dim,))
-                      for n in ("q_norm", "k_norm")})
-    return layer
-
-
-def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[str, Tensor]:
-    check_config(
-        cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu",), bias=(False,),
-        norm_first=(True,), gated_attention=(False,),
-    )
-    ckpt = HFStateDict(
-        state_dict, family="LLaMA", prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq")
-    )
+def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig, model_type: str) -> dict[str, Tensor]:
+    check_config(cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu", "geglu", "geglu_tanh"),
+                 bias=(False,), gated_attention=(False,))
+    ckpt = HFStateDict(unfused(state_dict, cfg, model_type), family=FAMILIES[model_type].title, prefix="model.",
+                       ignore=lambda key: key.endswith("rotary_emb.inv_freq"))
     d = cfg.d_model
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
     for i in ckpt.layers("layers.", cfg.n_layers):
-        for hf_name, (qkv_name, shape) in _llama_layer(cfg).items():
+        for hf_name, (qkv_name, shape) in layer_tensors(cfg, model_type).items():
             out[f"decoder.layers.{i}.{qkv_name}"] = ckpt.take(f"layers.{i}.{hf_name}", shape)
     out["decoder.norm.weight"] = ckpt.take("norm.weight", (d,))
     out["lm_head.weight"] = ckpt.output_head("lm_head.weight", cfg, out["tok_emb.weight"])
@@ -391,8 +230,7 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
 # ------------------------------------------------------------------------------------ qkv -> Hugging Face
 
 # The class transformers builds for each model_type (config.json's "architectures").
-HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                    "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", **{name: f.architecture for name, f in FAMILIES.items()}}
 # Besides training's fields, not compared when a config is read back: padding a language model leaves to
 # attention_mask, and table padding
 _NOT_COMPARED = ("pad_id", "vocab_multiple")
@@ -459,11 +297,13 @@ def gpt_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> di
     if cfg.norm == "layer":
         out = _gpt2_tensors(sd, cfg)
     else:
+        model_type = gpt_config_to_hf(cfg)["model_type"]
         out = {"model.embed_tokens.weight": sd["tok_emb.weight"][: cfg.vocab_size],
                "model.norm.weight": sd["decoder.norm.weight"]}
         for i in range(cfg.n_layers):
-            for hf_name, (qkv_name, _) in _llama_layer(cfg).items():
+            for hf_name, (qkv_name, _) in layer_tensors(cfg, model_type).items():
                 out[f"model.layers.{i}.{hf_name}"] = sd[f"decoder.layers.{i}.{qkv_name}"]
+        out = fused_back(out, model_type)
     return {name: t.contiguous().clone() for name, t in (out | head).items()}
 
 

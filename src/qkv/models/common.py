@@ -50,19 +50,24 @@ def absolute_positions(cfg: ModelConfig) -> nn.Module | None:
     return None
 
 
-def rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
+def rotary(cfg: ModelConfig, *, base: float | None = None, scaled: bool = True) -> RotaryEmbedding | None:
+    """The config's rotary embedding (None without one); ``base`` for another θ base than the config's, and
+    ``scaled=False`` without its scaling (the local layers of Gemma 3)."""
     if cfg.positional != "rope":
         return None
-    return RotaryEmbedding(cfg.head_dim, base=cfg.rope_base, freq_factors=cfg.rope_freq_factors)
+    scaling = dict(freq_factors=cfg.rope_freq_factors, scale=cfg.rope_scale, long_factors=cfg.rope_long_factors,
+                   original_context=cfg.rope_original_context) if scaled else {}
+    return RotaryEmbedding(cfg.head_dim, base=base or cfg.rope_base, rotary_dim=cfg.rotary_dim, **scaling)
 
 
-def norm(cfg: ModelConfig) -> nn.Module:
-    return build_norm(cfg.norm, cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+def norm(cfg: ModelConfig, width: int | None = None) -> nn.Module:
+    """The config's norm over ``width`` features (default ``d_model``)."""
+    return build_norm(cfg.norm, width or cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias, unit_offset=cfg.norm_offset)
 
 
 def head_norm(cfg: ModelConfig) -> nn.Module:
     """The norm of one head's queries or keys (``qk_norm``): the config's kind, over ``head_dim`` features."""
-    return build_norm(cfg.norm, cfg.head_dim, eps=cfg.norm_eps, bias=cfg.bias)
+    return norm(cfg, cfg.head_dim)
 
 
 def final_norm(cfg: ModelConfig) -> nn.Module | None:
@@ -202,8 +207,8 @@ def init_weights(model: nn.Module, cfg: ModelConfig, *, residual_layers: int | N
                 nn.init.normal_(module.weight, 0.0, std)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, (LayerNorm, RMSNorm)):
-            nn.init.ones_(module.weight)
+        elif isinstance(module, (LayerNorm, RMSNorm)):  # gains of 1 (stored as 0 where they are 1 + weight)
+            (nn.init.zeros_ if getattr(module, "unit_offset", False) else nn.init.ones_)(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
     # Embeddings last: a tied output projection shares their matrix and must keep their initialisation.

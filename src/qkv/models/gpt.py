@@ -3,7 +3,9 @@
     ids ─ token embedding (+ positions) ─ N × [causal self-attention, FFN] ─ final norm ─ Linear ─ logits
 
 GPT-2 style by default (LayerNorm, learned positions, GELU, biases); the config switches give the LLaMA
-family (RMSNorm, rotary positions, SwiGLU, grouped key/value heads, no biases).
+family (RMSNorm, rotary positions, SwiGLU, grouped key/value heads, no biases), and the blocks of the families
+since (:func:`decoder_layer`): layers of their own kinds (local or global, with or without rotary positions),
+norms around each sub-layer's output, scaled or capped scores, embeddings and logits.
 """
 
 from __future__ import annotations
@@ -13,11 +15,60 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
-from ..config import GPTConfig
-from ..nn import Decoder, DecoderCache, padding_mask, segment_mask, segment_positions
+from ..config import GPTConfig, LayerSpec
+from ..nn import (
+    Decoder,
+    DecoderCache,
+    DecoderLayer,
+    MultiHeadAttention,
+    RotaryEmbedding,
+    padding_mask,
+    segment_mask,
+    segment_positions,
+)
 from ..nn.unpadded import first_in_rows, in_rows, spread, take, unpadded, zeros_at_padding
 from . import common
 from .common import WithAttention
+
+
+def decoder_layer(cfg: GPTConfig, spec: LayerSpec, rope: RotaryEmbedding | None) -> DecoderLayer:
+    """One layer of a decoder-only model: causal self-attention with this layer's window and rotary positions
+    (``spec``), then the feed-forward network, each in a residual connection with the config's norms."""
+    head_norms = {}
+    if cfg.qk_norm:  # per head, or over all the heads' queries and all the keys
+        widths = (cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim) \
+            if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
+        head_norms = {"q_norm": common.norm(cfg, widths[0]), "k_norm": common.norm(cfg, widths[1]),
+                      "qk_norm_whole": cfg.qk_norm_whole}
+    attention = MultiHeadAttention(
+        cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout, bias=cfg.bias,
+        qkv_bias=cfg.qkv_bias, causal=True, window=spec.window, gated=cfg.gated_attention,
+        rotary=rope if spec.rotary else None, scale=cfg.attention_scale, softcap=cfg.attention_softcap,
+        **head_norms,
+    )
+    in_norms = not cfg.branch_norm or cfg.norm_first  # OLMo 2's norms are in the branches alone
+    return DecoderLayer(
+        self_attn=attention, cross_attn=None, feed_forward=common.feed_forward(cfg),
+        self_attn_norm=common.norm(cfg) if in_norms else None, cross_attn_norm=None,
+        ffn_norm=common.norm(cfg) if in_norms else None,
+        self_attn_out_norm=common.norm(cfg) if cfg.branch_norm else None,
+        ffn_out_norm=common.norm(cfg) if cfg.branch_norm else None,
+        dropout=cfg.dropout, norm_first=cfg.norm_first, residual_scale=cfg.residual_scale,
+    )
+
+
+def _layers(cfg: GPTConfig) -> list[DecoderLayer]:
+    """Every layer, those with the same rotary positions sharing one embedding (its angles computed once a step)."""
+    ropes: dict[tuple, RotaryEmbedding | None] = {}
+    layers = []
+    for i in range(cfg.n_layers):
+        spec = cfg.layer(i)
+        key = (spec.rope_base, spec.rope_scaled)
+        if spec.rotary and key not in ropes:
+            ropes[key] = common.rotary(cfg, base=spec.rope_base, scaled=spec.rope_scaled)
+        layers.append(decoder_layer(cfg, spec, ropes.get(key)))
+    return layers
 
 
 class GPT(common.Model):
@@ -36,10 +87,7 @@ class GPT(common.Model):
         self.tok_emb = nn.Embedding(cfg.table_rows(cfg.vocab_size), cfg.d_model)
         self.positions = common.absolute_positions(cfg)
         self.emb_dropout = nn.Dropout(cfg.dropout)
-        rope = common.rotary(cfg)
-        self.decoder = Decoder(
-            [common.decoder_layer(cfg, rope, cross=False) for _ in range(cfg.n_layers)], common.final_norm(cfg)
-        )
+        self.decoder = Decoder(_layers(cfg), common.norm(cfg) if cfg.norm_first or cfg.branch_norm else None)
         self.lm_head = nn.Linear(cfg.d_model, cfg.table_rows(cfg.vocab_size), bias=False)
         common.init_weights(self, cfg, residual_layers=cfg.n_layers)
         if cfg.tie_embeddings:
@@ -140,6 +188,8 @@ class GPT(common.Model):
             positions = torch.arange(past, past + t, device=ids.device)
 
         x = self.tok_emb(ids)  # (B, T, D)
+        if cfg.embedding_scale != 1.0:
+            x = x * cfg.embedding_scale
         if self.positions is not None:
             x = x + self.positions(positions)
         if where is not None:  # (1, N, D): the real tokens end to end; their positions as attention lays them out
@@ -157,4 +207,8 @@ class GPT(common.Model):
         if logits_at is not None:
             x = x.flatten(0, 1).index_select(0, logits_at)  # (N, D)
         logits = self.lm_head(x)[..., : cfg.vocab_size]  # the table's padding rows are never a token
+        if cfg.logit_scale != 1.0:
+            logits = logits * cfg.logit_scale
+        if cfg.logit_softcap is not None:
+            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         return WithAttention(logits, weights) if return_attention else logits

@@ -18,7 +18,8 @@ from .unpadded import Unpadded, spread, take
 
 
 def scaled_dot_product_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0, bias: Tensor | None = None
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, dropout_p: float = 0.0, bias: Tensor | None = None,
+    *, scale: float | None = None, softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, written out as the notes derive it.
 
@@ -37,6 +38,10 @@ def scaled_dot_product_attention(
         dropout_p: dropout on the attention weights (applied whenever > 0, as in PyTorch's functional).
         bias: added to the scores before the softmax, broadcastable to ``(..., T_q, T_k)`` (Swin's relative
             position bias: a learned score for each offset between query and key).
+        scale: the scores' factor in place of 1/√d_k (Gemma's ``query_pre_attn_scalar``, Granite's
+            ``attention_multiplier``).
+        softcap: scores squashed into ``(-softcap, softcap)`` as ``softcap · tanh(scores / softcap)`` before the bias
+            and masks (Gemma 2): no score can dominate the softmax without bound.
 
     Returns:
         ``(output, weights)``; ``weights`` are the softmax probabilities before dropout.
@@ -45,7 +50,10 @@ def scaled_dot_product_attention(
         q ``(..., T_q, d_k)``, k ``(..., T_k, d_k)``, v ``(..., T_k, d_v)`` ->
         output ``(..., T_q, d_v)``, weights ``(..., T_q, T_k)``.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., T_q, T_k)
+    scale = 1 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale  # (..., T_q, T_k)
+    if softcap is not None:
+        scores = softcap * torch.tanh(scores / softcap)
     if bias is not None:
         scores = scores + bias
     if mask is not None:
@@ -170,7 +178,10 @@ class MultiHeadAttention(nn.Module):
       before W^O, which lets a head's contribution be switched off for a token.
     * ``rotary``: rotate queries and keys by their positions (RoPE) in self-attention.
     * ``q_norm``, ``k_norm``: normalise each head's queries and keys (over its ``head_dim`` features) before
-      the rotation (Qwen3).
+      the rotation (Qwen3, Gemma 3); with ``qk_norm_whole``, all the heads' queries together, and all the keys
+      (OLMo 2).
+    * ``scale``, ``softcap``: another factor than 1/√d_k on the scores; scores capped with tanh (see
+      :func:`scaled_dot_product_attention`).
 
     Without ``need_weights`` the core runs on :func:`torch.nn.functional.scaled_dot_product_attention`
     (fused kernels); with it, on the explicit :func:`scaled_dot_product_attention`. The two agree.
@@ -190,6 +201,10 @@ class MultiHeadAttention(nn.Module):
         head_dim: features per head (default ``d_model / n_heads``); the heads side by side are
             ``n_heads * head_dim`` wide, which W^O maps back to ``d_model``.
         q_norm, k_norm: norms over ``head_dim`` for each head's queries and keys (both or neither), or None.
+        qk_norm_whole: ``q_norm`` and ``k_norm`` normalise the whole projections (``n_heads * head_dim`` and
+            ``n_kv_heads * head_dim`` features), before the heads are split.
+        scale: the scores' factor (None: 1/√head_dim).
+        softcap: cap the scores at ±softcap with tanh (None: no cap); it takes the explicit path.
 
     Raises:
         ValueError: on inconsistent sizes.
@@ -215,6 +230,9 @@ class MultiHeadAttention(nn.Module):
         head_dim: int | None = None,
         q_norm: nn.Module | None = None,
         k_norm: nn.Module | None = None,
+        qk_norm_whole: bool = False,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -237,7 +255,15 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(self.inner_dim, d_model, bias=bias)
         self.gate_proj = nn.Linear(d_model, self.inner_dim, bias=bias) if gated else None
         self.rotary = rotary
-        self.q_norm, self.k_norm = q_norm, k_norm
+        self.q_norm, self.k_norm, self.qk_norm_whole = q_norm, k_norm, qk_norm_whole
+        self.scale, self.softcap = scale, softcap
+
+    def options(self) -> dict:
+        """The constructor's arguments besides the sizes and layers: what a copy of this attention is built with
+        (:meth:`StackedSelfAttention.from_attention`)."""
+        return dict(n_kv_heads=self.n_kv_heads, dropout=self.dropout, causal=self.causal, window=self.window,
+                    gated=self.gate_proj is not None, rotary=self.rotary, head_dim=self.head_dim, q_norm=self.q_norm,
+                    k_norm=self.k_norm, qk_norm_whole=self.qk_norm_whole, scale=self.scale, softcap=self.softcap)
 
     def _make_input_projections(self, bias: bool) -> None:
         kv_dim = self.n_kv_heads * self.head_dim
@@ -260,22 +286,28 @@ class MultiHeadAttention(nn.Module):
         rotary positions applied, the new keys and values appended to ``cache``; ``unpadded`` tokens laid out
         in their rows first (``positions`` are then the rows')."""
         is_cross = key_value is not None
-        q = self._split_heads(self._in_rows(self.q_proj(query), unpadded), self.n_heads)  # (B, H, T_q, Dh)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
+        whole = self.qk_norm_whole
+        q = self._split_heads(self._in_rows(self._normed(self.q_proj(query), self.q_norm, whole), unpadded),
+                              self.n_heads)  # (B, H, T_q, Dh)
+        q = self._normed(q, self.q_norm, not whole)
         if is_cross and cache is not None and len(cache):
             return q, cache.k, cache.v  # the encoder output has not changed since the first step
         source = key_value if is_cross else query
-        k = self._split_heads(self._in_rows(self.k_proj(source), unpadded), self.n_kv_heads)  # (B, H_kv, T_new, Dh)
+        k = self._split_heads(self._in_rows(self._normed(self.k_proj(source), self.k_norm, whole), unpadded),
+                              self.n_kv_heads)  # (B, H_kv, T_new, Dh)
         v = self._split_heads(self._in_rows(self.v_proj(source), unpadded), self.n_kv_heads)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
+        k = self._normed(k, self.k_norm, not whole)
         if self.rotary is not None and not is_cross:
             positions = self._positions(positions, cache, q.size(2), query.device)
             q, k = self.rotary(q, positions), self.rotary(k, positions)
         if cache is not None:
             k, v = cache.append(k, v)
         return q, k, v
+
+    @staticmethod
+    def _normed(x: Tensor, norm: nn.Module | None, here: bool) -> Tensor:
+        """``norm(x)`` where this is the place of the queries' or keys' norm (per head, or over the projection)."""
+        return norm(x) if here and norm is not None else x
 
     @staticmethod
     def _positions(positions: Tensor | None, cache: KVCache | None, t_q: int, device: torch.device) -> Tensor:
@@ -337,21 +369,26 @@ class MultiHeadAttention(nn.Module):
         # heads themselves (enable_gqa); the explicit path repeats them.
         grouped = self.n_kv_heads != self.n_heads
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights or self.softcap is not None:  # PyTorch's kernels cap no scores
             if grouped:
                 group = self.n_heads // self.n_kv_heads
                 k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, T_k, Dh)
-            return scaled_dot_product_attention(q, k, v, mask, dropout_p, attn_bias)
+            if fused_causal:  # the causal mask the fused kernel would have made
+                mask = self._structural_mask(q.size(2), k.size(2), q.device)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, attn_bias, scale=self.scale,
+                                                        softcap=self.softcap)
+            return out, weights if need_weights else None
         if mask is None:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p,
-                                                 is_causal=fused_causal, enable_gqa=grouped)
+                                                 is_causal=fused_causal, enable_gqa=grouped, scale=self.scale)
             return out, None
         # A query with no allowed key would be NaN on some kernels: let it see everything, then zero it.
         has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
         allowed = mask | ~has_key
         if attn_bias is not None:  # one float mask: the bias where allowed, -inf elsewhere
             allowed = torch.where(allowed, attn_bias.to(q.dtype), float("-inf"))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=grouped)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, enable_gqa=grouped,
+                                             scale=self.scale)
         return out.masked_fill(~has_key, 0.0), None
 
     def _rows_alone(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int]) -> Tensor:
@@ -467,10 +504,7 @@ class StackedSelfAttention(MultiHeadAttention):
         if qkv_proj is None:
             return None
         with torch.device("meta"):  # the layers made here are replaced at once by attention's own
-            stacked = cls(attention.d_model, attention.n_heads, n_kv_heads=attention.n_kv_heads,
-                          dropout=attention.dropout, causal=attention.causal, window=attention.window,
-                          gated=attention.gate_proj is not None, rotary=attention.rotary, head_dim=attention.head_dim,
-                          q_norm=attention.q_norm, k_norm=attention.k_norm)
+            stacked = cls(attention.d_model, attention.n_heads, **attention.options())
         stacked.qkv_proj, stacked.out_proj, stacked.gate_proj = qkv_proj, attention.out_proj, attention.gate_proj
         return stacked.train(attention.training)
 
@@ -479,11 +513,16 @@ class StackedSelfAttention(MultiHeadAttention):
         if key_value is not None:
             raise ValueError("this attention's projections are stacked for self-attention; do not pass key_value")
         h, h_kv = self.n_heads, self.n_kv_heads
-        qkv = self._in_rows(self.qkv_proj(query), unpadded)
+        qkv = self.qkv_proj(query)
+        if self.q_norm is not None and self.qk_norm_whole:  # over all the heads' queries, and all the keys
+            d_q, d_kv = self.inner_dim, h_kv * self.head_dim
+            qkv = torch.cat([self.q_norm(qkv[..., :d_q]), self.k_norm(qkv[..., d_q : d_q + d_kv]),
+                             qkv[..., d_q + d_kv :]], dim=-1)
+        qkv = self._in_rows(qkv, unpadded)
         b, t_q, _ = qkv.shape
         qkv = qkv.view(b, t_q, h + 2 * h_kv, self.head_dim).transpose(1, 2)  # (B, H + 2 H_kv, T, Dh)
         qk, v = qkv[:, : h + h_kv], qkv[:, h + h_kv :]
-        if self.q_norm is not None:  # each with its own gains: Q and K apart
+        if self.q_norm is not None and not self.qk_norm_whole:  # each with its own gains: Q and K apart
             qk = torch.cat([self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])], dim=1)
         if self.rotary is not None:
             qk = self.rotary(qk, self._positions(positions, cache, t_q, query.device))

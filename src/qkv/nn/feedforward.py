@@ -2,6 +2,7 @@
 
     FFN(x)    = W_2 · act(W_1 x + b_1) + b_2          act = ReLU (the paper) or GELU (GPT, BERT)
     SwiGLU(x) = W_2 · (SiLU(W_g x) ⊙ W_1 x)            (Shazeer 2020; LLaMA)
+    GeGLU(x)  = W_2 · (GELU(W_g x) ⊙ W_1 x)            (Shazeer 2020; Gemma, with GELU's tanh form)
 
 Attention mixes information across positions; this is where each position is transformed on its own.
 """
@@ -22,18 +23,19 @@ ACTIVATIONS = {
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's sigmoid approximation of GELU
     "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer"; the GPT-2 speedruns)
 }
-GATED = {"swiglu": F.silu}
+GATED = {"swiglu": F.silu, "geglu": F.gelu, "geglu_tanh": ACTIVATIONS["gelu_tanh"]}
 
 
 class FeedForward(nn.Module):
-    """Linear -> activation -> dropout -> Linear, or its gated variant (SwiGLU); :class:`StackedFeedForward` is the
-    gated one with W_g and W_1 held as one layer.
+    """Linear -> activation -> dropout -> Linear, or its gated variant (SwiGLU, GeGLU); :class:`StackedFeedForward` is
+    the gated one with W_g and W_1 held as one layer.
 
     Args:
         d_model: input and output width.
         d_ff: hidden width (4 * d_model in the paper; about 8/3 * d_model for SwiGLU).
         activation: ``relu``, ``relu2`` (ReLU squared: sparse like ReLU, smooth at zero like GELU, and cheaper
-            than either), ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu`` or ``swiglu``.
+            than either), ``gelu``, ``gelu_tanh``, ``quick_gelu``, ``silu``, or a gated one: ``swiglu``, ``geglu``
+            or ``geglu_tanh``.
         dropout: dropout on the hidden activations during training.
         bias: whether the linear layers have biases.
 

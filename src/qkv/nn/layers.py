@@ -7,7 +7,13 @@ arrangements:
     Pre-Norm  (GPT-2, LLaMA):           x = x + Dropout(Sublayer(Norm(x)))
 
 Pre-Norm keeps an un-normalised path from input to output, so deep stacks train without warmup tricks; it
-then needs one final norm after the last layer.
+then needs one final norm after the last layer. Two newer arrangements also normalise what a sub-layer adds
+(its *branch*), so that no layer can add without bound to the stream:
+
+    Sandwich  (Gemma 2 and 3):          x = x + Norm_out(Sublayer(Norm(x)))
+    Branch    (OLMo 2):                 x = x + Norm_out(Sublayer(x))
+
+and a branch may be scaled before it is added (Granite's ``residual_multiplier``).
 
 The layers receive their parts (attention modules, feed-forward network, norms) ready-made: the model
 builders in :mod:`qkv.models` decide which attention, which norm, which activation.
@@ -25,16 +31,25 @@ from .attention import KVCache, MultiHeadAttention
 from .unpadded import Unpadded
 
 
-def _residual(x: Tensor, norm: nn.Module, dropout: nn.Module, norm_first: bool, sublayer) -> tuple:
+def _residual(x: Tensor, norm: nn.Module | None, dropout: nn.Module, norm_first: bool, sublayer,
+              out_norm: nn.Module | None = None, scale: float = 1.0) -> tuple:
     """Apply ``sublayer`` inside a residual connection; returns (new x, the sublayer's extra output).
 
+    ``norm`` is at the sub-layer's input (Pre-Norm) or after the addition (Post-Norm), or absent (None);
+    ``out_norm`` normalises the branch before it is added, and ``scale`` multiplies it.
     Dropout is the identity outside training, so it is not called then (a decoding step saves a module call a
     sub-layer)."""
-    if norm_first:
-        out, extra = sublayer(norm(x))
-        return x + (dropout(out) if dropout.training else out), extra
-    out, extra = sublayer(x)
-    return norm(x + (dropout(out) if dropout.training else out)), extra
+    before = norm is not None and norm_first
+    out, extra = sublayer(norm(x) if before else x)
+    if out_norm is not None:
+        out = out_norm(out)
+    if dropout.training:
+        out = dropout(out)
+    if scale != 1.0:
+        out = out * scale
+    if norm is None or norm_first:
+        return x + out, extra
+    return norm(x + out), extra
 
 
 class EncoderLayer(nn.Module):
@@ -112,9 +127,12 @@ class DecoderLayer(nn.Module):
         cross_attn: attention from the decoder to the encoder output, or None for decoder-only models.
         feed_forward: the position-wise feed-forward network.
         self_attn_norm, cross_attn_norm, ffn_norm: the norm of each sub-layer (``cross_attn_norm`` None
-            exactly when ``cross_attn`` is).
+            exactly when ``cross_attn`` is); None for a sub-layer normalised in its branch alone (OLMo 2).
+        self_attn_out_norm, ffn_out_norm: norms of what the self-attention and the feed-forward network add to the
+            stream (Gemma's sandwich, OLMo 2), or None.
         dropout: dropout on each sub-layer's output before the residual addition.
         norm_first: Pre-Norm (True) or Post-Norm (False).
+        residual_scale: each sub-layer's output times this before it is added (Granite).
 
     Shape:
         x ``(B, T, d_model)``, memory ``(B, S, d_model)``, memory_key_padding_mask ``(B, S)`` ->
@@ -127,19 +145,28 @@ class DecoderLayer(nn.Module):
         self_attn: MultiHeadAttention,
         cross_attn: MultiHeadAttention | None,
         feed_forward: nn.Module,
-        self_attn_norm: nn.Module,
+        self_attn_norm: nn.Module | None,
         cross_attn_norm: nn.Module | None,
-        ffn_norm: nn.Module,
+        ffn_norm: nn.Module | None,
+        self_attn_out_norm: nn.Module | None = None,
+        ffn_out_norm: nn.Module | None = None,
         dropout: float = 0.0,
         norm_first: bool = True,
+        residual_scale: float = 1.0,
     ) -> None:
         super().__init__()
         if (cross_attn is None) != (cross_attn_norm is None):
             raise ValueError("cross_attn and cross_attn_norm must be given together")
+        for name, norm, out_norm in (("self_attn", self_attn_norm, self_attn_out_norm),
+                                     ("ffn", ffn_norm, ffn_out_norm)):
+            if norm is None and out_norm is None:
+                raise ValueError(f"{name} needs a norm: {name}_norm, {name}_out_norm or both")
         self.self_attn, self.cross_attn, self.feed_forward = self_attn, cross_attn, feed_forward
         self.self_attn_norm, self.cross_attn_norm, self.ffn_norm = self_attn_norm, cross_attn_norm, ffn_norm
+        self.self_attn_out_norm, self.ffn_out_norm = self_attn_out_norm, ffn_out_norm
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
+        self.residual_scale = residual_scale
 
     def forward(
         self,
@@ -177,11 +204,14 @@ class DecoderLayer(nn.Module):
                 cache=None if cache is None else cache.cross_attn, need_weights=need_weights,
             )
 
-        x, self_weights = _residual(x, self.self_attn_norm, self.dropout, self.norm_first, attend_self)
+        scale = self.residual_scale
+        x, self_weights = _residual(x, self.self_attn_norm, self.dropout, self.norm_first, attend_self,
+                                    self.self_attn_out_norm, scale)
         cross_weights = None
         if self.cross_attn is not None:
             x, cross_weights = _residual(x, self.cross_attn_norm, self.dropout, self.norm_first, attend_memory)
-        x, _ = _residual(x, self.ffn_norm, self.dropout, self.norm_first, lambda h: (self.feed_forward(h), None))
+        x, _ = _residual(x, self.ffn_norm, self.dropout, self.norm_first, lambda h: (self.feed_forward(h), None),
+                         self.ffn_out_norm, scale)
         return x, self_weights, cross_weights
 
 

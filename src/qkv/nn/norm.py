@@ -2,6 +2,7 @@
 
     LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * γ + β     (var biased: divide by d, not d - 1)
     RMSNorm(x)   = x / sqrt(mean(x²) + eps) * γ                  (no centring, no bias; LLaMA)
+                 = x / sqrt(mean(x²) + eps) * (1 + w)            (Gemma: gains kept as their offset from 1)
 
 Both are computed in float32 whatever the input dtype (bf16 sums of squares lose too much), then cast back.
 
@@ -54,28 +55,39 @@ class RMSNorm(nn.Module):
     Args:
         d_model: feature width.
         eps: added to the mean square (1e-5 or 1e-6 in LLaMA-style models).
+        unit_offset: the gains are ``1 + weight`` (Gemma stores them so: a weight of 0 is the identity, and weight
+            decay pulls the gains towards 1, not 0).
 
     Shape:
         ``(..., d_model)`` -> same.
     """
 
-    def __init__(self, d_model: int, *, eps: float = 1e-6, fused: bool = True) -> None:
+    def __init__(self, d_model: int, *, eps: float = 1e-6, fused: bool = True, unit_offset: bool = False) -> None:
         super().__init__()
-        self.eps, self.fused = eps, fused
-        self.weight = nn.Parameter(torch.ones(d_model))  # γ
+        self.eps, self.fused, self.unit_offset = eps, fused, unit_offset
+        self.weight = nn.Parameter(torch.zeros(d_model) if unit_offset else torch.ones(d_model))  # γ, or γ - 1
+
+    def gains(self) -> Tensor:
+        """γ, in float32 (bf16 weights would take the fused kernel's slow path)."""
+        return self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.fused:  # in float32, the gains too (bf16 weights would take the kernel's slow path)
-            return F.rms_norm(x.float(), self.weight.shape, self.weight.float(), self.eps).type_as(x)
+        if self.fused:
+            return F.rms_norm(x.float(), self.weight.shape, self.gains(), self.eps).type_as(x)
         xf = x.float()
         y = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return (y * self.weight).type_as(x)
+        return (y * self.gains()).type_as(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, eps={self.eps}" + (", gains 1 + weight" if self.unit_offset else "")
 
 
-def build_norm(kind: str, d_model: int, *, eps: float, bias: bool = True) -> nn.Module:
-    """``"layer"`` -> :class:`LayerNorm`, ``"rms"`` -> :class:`RMSNorm`."""
+def build_norm(kind: str, d_model: int, *, eps: float, bias: bool = True, unit_offset: bool = False) -> nn.Module:
+    """``"layer"`` -> :class:`LayerNorm`, ``"rms"`` -> :class:`RMSNorm` (``unit_offset``: gains ``1 + weight``)."""
     if kind == "layer":
+        if unit_offset:
+            raise ValueError("gains of 1 + weight (norm_offset) are an RMSNorm's; norm='layer' has none")
         return LayerNorm(d_model, eps=eps, bias=bias)
     if kind == "rms":
-        return RMSNorm(d_model, eps=eps)
+        return RMSNorm(d_model, eps=eps, unit_offset=unit_offset)
     raise ValueError(f"norm must be 'layer' or 'rms', got {kind!r}")

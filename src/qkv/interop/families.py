@@ -1,0 +1,292 @@
+"""The decoder families qkv reads, each as a table: what its ``config.json`` says -> the
+:class:`~qkv.config.GPTConfig` fields that set it apart from LLaMA, and its tensors' names -> qkv's.
+
+Every family here is a LLaMA (RMSNorm, rotary positions, a gated feed-forward network, grouped key/value heads, no
+biases) with a few blocks changed, each a block of :mod:`qkv.nn`; "what makes Gemma 3 Gemma 3" is its entry below.
+
+=============  =====================================================================================================
+family         what differs from LLaMA (the GPTConfig fields)
+=============  =====================================================================================================
+llama          nothing (Llama 3's rotary scaling is read from its rope_scaling)
+mistral        a sliding window in every layer (``window``)
+qwen2          biases on Q, K and V (``qkv_bias``)
+qwen3          RMSNorm on each head's queries and keys (``qk_norm``); heads wider than ``d_model / n_heads``
+gemma3         GeGLU; sandwich norms (``branch_norm``); RMSNorm gains 1 + w (``norm_offset``); QK-norm; embeddings
+               × √d; five local layers (window 512 at 270M, θ 10k) to one global (θ 1M); scores × 1/√q_pre_attn
+gemma2         Gemma 3 without QK-norm, one local layer to one global, attention and final logits capped with tanh
+phi3           Q, K, V and gate, up stored fused; rotary on part of each head; LongRoPE
+smollm3        no rotary positions in every fourth layer ("NoPE")
+olmo2          norms on each sub-layer's output only (x + N(f(x))); QK-norm over the whole projection
+granite        embeddings, attention scores, each branch and the logits scaled by constants
+=============  =====================================================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..config import GPTConfig, LayerSpec
+from .hf_common import hf_field
+from .rope_scaling import rope_parameters, rotary_settings
+
+# One LLaMA layer's tensors: Hugging Face name (under model.layers.{i}.) -> qkv name (under decoder.layers.{i}.)
+LLAMA_NAMES = {
+    "self_attn.q_proj": "self_attn.q_proj",
+    "self_attn.k_proj": "self_attn.k_proj",
+    "self_attn.v_proj": "self_attn.v_proj",
+    "self_attn.o_proj": "self_attn.out_proj",
+    "mlp.gate_proj": "feed_forward.gate",
+    "mlp.up_proj": "feed_forward.up",
+    "mlp.down_proj": "feed_forward.down",
+    "input_layernorm": "self_attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+QK_NORMS = {"self_attn.q_norm": "self_attn.q_norm", "self_attn.k_norm": "self_attn.k_norm"}
+# Gemma's four norms a layer: LLaMA's "post_attention_layernorm" (its norm before the feed-forward network) is
+# Gemma's norm of the attention's output
+GEMMA_NAMES = {**{k: v for k, v in LLAMA_NAMES.items() if k != "post_attention_layernorm"},
+               "post_attention_layernorm": "self_attn_out_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "ffn_out_norm"}
+OLMO2_NAMES = {**{k: v for k, v in LLAMA_NAMES.items() if "layernorm" not in k},
+               "post_attention_layernorm": "self_attn_out_norm", "post_feedforward_layernorm": "ffn_out_norm",
+               **QK_NORMS}
+# Phi-3 stores [Q; K; V] as one matrix and [gate; up] as another: read apart, written back together
+PHI3_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+              "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its names, what sets it apart, and how to read that from its ``config.json``.
+
+    Attributes:
+        model_type: config.json's ``model_type``.
+        title: the family's name for people.
+        architecture: the class transformers builds (config.json's ``architectures``).
+        differs: what differs from LLaMA, in a line.
+        settings: config.json -> the GPTConfig fields that set the family apart.
+        names: one layer's tensors, Hugging Face names -> qkv's (weights; ``.weight``/``.bias`` added).
+        fused: tensors the family stores stacked, Hugging Face name -> the LLaMA names of its parts, in order.
+    """
+
+    model_type: str
+    title: str
+    architecture: str
+    differs: str
+    settings: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda hf: {}
+    names: Mapping[str, str] = field(default_factory=lambda: LLAMA_NAMES)
+    fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _no_flags(*flags: str) -> Callable[[Mapping[str, Any]], None]:
+    def check(hf: Mapping[str, Any]) -> None:
+        for flag in flags:
+            if hf.get(flag):
+                raise ValueError(f"{flag}={hf[flag]!r} is not supported for model_type {hf.get('model_type')!r}")
+    return check
+
+
+def _mistral(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"window": hf.get("sliding_window")}
+
+
+def _qwen3(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"qk_norm": True}
+
+
+def _layer_types(hf: Mapping[str, Any], every: int) -> list[str]:
+    """Gemma's ``layer_types``, or as older configs imply it: one global layer after ``every - 1`` local ones."""
+    n = hf_field(hf, "num_hidden_layers")
+    types = hf.get("layer_types")
+    if types is None:
+        every = hf.get("sliding_window_pattern") or every
+        types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(n)]
+    unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+    if unknown or len(types) != n:
+        raise ValueError(f"layer_types must name each of the {n} layers 'full_attention' or 'sliding_attention', got "
+                         f"{unknown or len(types)}")
+    return list(types)
+
+
+def _gemma(hf: Mapping[str, Any], *, every: int) -> dict[str, Any]:
+    """What Gemma 2 and 3 share: GeGLU, sandwich norms of 1 + w, √d embeddings, local and global layers."""
+    if hf.get("use_bidirectional_attention"):
+        raise ValueError("use_bidirectional_attention=true (an encoder, EmbeddingGemma) is not a decoder qkv reads")
+    activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    gated = {"gelu_pytorch_tanh": "geglu_tanh", "gelu_new": "geglu_tanh", "gelu": "geglu"}.get(activation)
+    if gated is None:
+        raise ValueError(f"Gemma's hidden_activation must be gelu_pytorch_tanh or gelu, got {activation!r}")
+    head_dim = hf_field(hf, "head_dim")
+    local = rotary_settings(hf, head_dim, "sliding_attention")
+    if set(local) - {"rope_base", "rotary_dim"}:
+        raise ValueError("qkv scales the rotary positions of Gemma's global layers only; the sliding_attention "
+                         f"layers' rope_type must be 'default', got {rope_parameters(hf, 'sliding_attention')}")
+    window = hf_field(hf, "sliding_window")
+    layers = [LayerSpec(window=window, rope_base=local["rope_base"], rope_scaled=False) if kind == "sliding_attention"
+              else LayerSpec() for kind in _layer_types(hf, every)]
+    scalar = hf.get("query_pre_attn_scalar") or head_dim
+    return {"activation": gated, "norm_offset": True, "branch_norm": True, "layers": layers,
+            "embedding_scale": math.sqrt(hf_field(hf, "hidden_size")), "attention_scale": scalar**-0.5,
+            **rotary_settings(hf, head_dim, "full_attention")}
+
+
+def _gemma2(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return _gemma(hf, every=2) | {"attention_softcap": hf.get("attn_logit_softcapping"),
+                                  "logit_softcap": hf.get("final_logit_softcapping")}
+
+
+def _gemma3(hf: Mapping[str, Any]) -> dict[str, Any]:
+    out = _gemma(hf, every=6) | {"qk_norm": True}
+    caps = (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "logit_softcap"))
+    out |= {name: hf[key] for key, name in caps if hf.get(key) is not None}
+    return out
+
+
+def _phi3(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"window": hf.get("sliding_window")}
+
+
+def _smollm3(hf: Mapping[str, Any]) -> dict[str, Any]:
+    _no_flags("use_sliding_window")(hf)
+    n = hf_field(hf, "num_hidden_layers")
+    rope = hf.get("no_rope_layers")
+    if rope is None:
+        every = hf.get("no_rope_layer_interval") or 4
+        rope = [int((i + 1) % every != 0) for i in range(n)]
+    if len(rope) != n or any(r not in (0, 1) for r in rope):
+        raise ValueError(f"no_rope_layers must be 1 (rotary) or 0 (none) for each of the {n} layers, got {rope}")
+    return {"layers": [LayerSpec(rotary=bool(r)) for r in rope]}
+
+
+def _olmo2(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"norm_first": False, "branch_norm": True, "qk_norm": True, "qk_norm_whole": True}
+
+
+def _granite(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return {"embedding_scale": float(hf.get("embedding_multiplier", 1.0)),
+            "residual_scale": float(hf.get("residual_multiplier", 1.0)),
+            "attention_scale": float(hf["attention_multiplier"]) if hf.get("attention_multiplier") else None,
+            "logit_scale": 1.0 / float(hf.get("logits_scaling", 1.0))}
+
+
+FAMILIES = {f.model_type: f for f in (
+    Family("llama", "LLaMA", "LlamaForCausalLM", "the base: RMSNorm, rotary positions, SwiGLU, grouped K/V heads"),
+    Family("mistral", "Mistral", "MistralForCausalLM", "a sliding window in every layer", _mistral),
+    Family("qwen2", "Qwen2", "Qwen2ForCausalLM", "biases on Q, K and V", lambda hf: {"qkv_bias": True}),
+    Family("qwen3", "Qwen3", "Qwen3ForCausalLM", "RMSNorm on each head's queries and keys", _qwen3,
+           {**LLAMA_NAMES, **QK_NORMS}),
+    Family("gemma3_text", "Gemma 3", "Gemma3ForCausalLM",
+           "GeGLU, sandwich norms (1 + w), QK-norm, √d embeddings, 5 local layers to 1 global with their own θ",
+           _gemma3, {**GEMMA_NAMES, **QK_NORMS}),
+    Family("gemma2", "Gemma 2", "Gemma2ForCausalLM",
+           "GeGLU, sandwich norms (1 + w), √d embeddings, local and global layers, scores and logits capped",
+           _gemma2, GEMMA_NAMES),
+    Family("phi3", "Phi-3", "Phi3ForCausalLM", "fused Q/K/V and gate/up, rotary on part of each head, LongRoPE",
+           _phi3, fused=PHI3_FUSED),
+    Family("smollm3", "SmolLM3", "SmolLM3ForCausalLM", "no rotary positions in every fourth layer (NoPE)", _smollm3),
+    Family("olmo2", "OLMo 2", "Olmo2ForCausalLM", "norms on each sub-layer's output only, QK-norm over all heads",
+           _olmo2, OLMO2_NAMES),
+    Family("granite", "Granite", "GraniteForCausalLM", "embeddings, scores, branches and logits scaled", _granite),
+)}
+MODEL_TYPES = tuple(FAMILIES)
+
+
+def family(model_type: str) -> Family:
+    if model_type not in FAMILIES:
+        raise ValueError(f"unsupported model_type {model_type!r}; expected one of {['gpt2', *MODEL_TYPES]}")
+    return FAMILIES[model_type]
+
+
+def config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
+    """A LLaMA-family ``config.json`` -> :class:`GPTConfig`: LLaMA's fields, then the family's own.
+
+    Raises:
+        ValueError: a missing size, a feature qkv does not implement (biases, a rotary scaling: named).
+    """
+    fam = family(hf_config.get("model_type"))
+    for flag in ("attention_bias", "mlp_bias"):
+        if hf_config.get(flag, False):
+            raise ValueError(f"{flag}=true is not supported: a LLaMA-style qkv GPT has no biases (bias=False)")
+    if hf_config.get("use_sliding_window", False) and fam.model_type != "smollm3":
+        raise ValueError("use_sliding_window=true (a window on some layers only) is not supported")
+    activation = hf_config.get("hidden_act") or "silu"
+    if activation != "silu" and not fam.model_type.startswith("gemma"):
+        raise ValueError(f"{fam.title}'s hidden_act must be 'silu' (qkv's swiglu), got {activation!r}")
+    d_model, n_heads = hf_field(hf_config, "hidden_size"), hf_field(hf_config, "num_attention_heads")
+    head_dim = hf_config.get("head_dim") or d_model // n_heads
+    fields = dict(
+        vocab_size=hf_field(hf_config, "vocab_size"), d_model=d_model, n_heads=n_heads,
+        n_kv_heads=hf_field(hf_config, "num_key_value_heads", n_heads), head_dim=head_dim,
+        n_layers=hf_field(hf_config, "num_hidden_layers"), d_ff=hf_field(hf_config, "intermediate_size"),
+        max_seq_len=hf_field(hf_config, "max_position_embeddings", 2048), dropout=0.0, pad_id=None, norm_first=True,
+        norm="rms", norm_eps=float(hf_field(hf_config, "rms_norm_eps", 1e-6)), activation="swiglu", bias=False,
+        qkv_bias=False,
+        positional="rope", rope_freq_factors=hf_config.get("rope_freq_factors"),
+        tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
+    )
+    fields |= {k: v for k, v in rotary_settings(hf_config, head_dim).items() if v is not None or k == "rotary_dim"}
+    return GPTConfig(**fields | fam.settings(hf_config))
+
+
+def layer_tensors(cfg: GPTConfig, model_type: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """One layer's tensors: Hugging Face name -> (qkv name, shape), fused tensors by their parts' LLaMA names (see
+    :func:`unfused`); every tensor is taken as it is, both ways (the rotate-half order of Q and K is qkv's too)."""
+    d, d_ff = cfg.d_model, cfg.d_ff
+    d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+    shapes = {"self_attn.q_proj": (d_q, d), "self_attn.k_proj": (d_kv, d), "self_attn.v_proj": (d_kv, d),
+              "self_attn.out_proj": (d, d_q), "feed_forward.gate": (d_ff, d), "feed_forward.up": (d_ff, d),
+              "feed_forward.down": (d, d_ff), "self_attn.q_norm": (d_q if cfg.qk_norm_whole else cfg.head_dim,),
+              "self_attn.k_norm": (d_kv if cfg.qk_norm_whole else cfg.head_dim,)}
+    names = family(model_type).names
+    layer = {f"{hf}.weight": (f"{ours}.weight", shapes.get(ours, (d,))) for hf, ours in names.items()}
+    if cfg.qkv_bias:  # Qwen2
+        layer |= {f"self_attn.{p}.bias": (f"self_attn.{p}.bias", (n,)) for p, n in
+                  (("q_proj", d_q), ("k_proj", d_kv), ("v_proj", d_kv))}
+    return layer
+
+
+def unfused(state_dict: Mapping[str, Tensor], cfg: GPTConfig, model_type: str) -> dict[str, Tensor]:
+    """A family's stacked tensors (Phi-3's ``qkv_proj``, ``gate_up_proj``) cut into LLaMA's, by rows; the others as
+    they are. A stacked tensor of the wrong size is left whole, for the strict converter to report."""
+    fused = family(model_type).fused
+    if not fused:
+        return dict(state_dict)
+    rows = _part_rows(cfg)
+    out = {}
+    for name, tensor in state_dict.items():
+        stem, _, part = name.rpartition(".")
+        whole = next((f for f in fused if stem.endswith(f)), None)
+        sizes = [rows[p] for p in fused[whole]] if whole else None
+        if whole is None or tensor.size(0) != sum(sizes):
+            out[name] = tensor
+            continue
+        prefix = stem[: -len(whole)]
+        for piece, chunk in zip(fused[whole], tensor.split(sizes), strict=True):
+            out[f"{prefix}{piece}.{part}"] = chunk
+    return out
+
+
+def fused_back(state_dict: Mapping[str, Tensor], model_type: str) -> dict[str, Tensor]:
+    """The inverse of :func:`unfused`: LLaMA's tensors stacked into the family's."""
+    fused = family(model_type).fused
+    out = dict(state_dict)
+    for whole, pieces in fused.items():
+        for name in [n for n in state_dict if n.endswith(f"{pieces[0]}.weight")]:
+            prefix = name[: -len(f"{pieces[0]}.weight")]
+            out[f"{prefix}{whole}.weight"] = torch.cat([out.pop(f"{prefix}{p}.weight") for p in pieces])
+    return out
+
+
+def _part_rows(cfg: GPTConfig) -> dict[str, int]:
+    d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+    return {"self_attn.q_proj": d_q, "self_attn.k_proj": d_kv, "self_attn.v_proj": d_kv, "mlp.gate_proj": cfg.d_ff,
+            "mlp.up_proj": cfg.d_ff}
+
+
+__all__ = ["FAMILIES", "MODEL_TYPES", "Family", "config_from_hf", "family", "fused_back", "layer_tensors", "unfused"]
