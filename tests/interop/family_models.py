@@ -68,7 +68,11 @@ MAKERS = {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "smollm3": _
 FAMILIES = tuple(MAKERS)
 
 
-def family_model(transformers, kind: str, seed: int = 0):
-    """The tiny transformers model of family ``kind``, its weights random (seeded), in eval mode."""
+def family_model(transformers, kind: str, seed: int = 0, vocab: int = VOCAB):
+    """The tiny transformers model of family ``kind``, its weights random (seeded), in eval mode; ``vocab`` tokens."""
     torch.manual_seed(seed)
-    return randomized(MAKERS[kind](transformers))
+    BASE["vocab_size"] = vocab
+    try:
+        return randomized(MAKERS[kind](transformers))
+    finally:
+        BASE["vocab_size"] = VOCAB

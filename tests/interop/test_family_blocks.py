@@ -82,3 +82,21 @@ def test_each_block_changes_the_logits(kind):
             changed = type(model)(dataclasses.replace(model.config, **change)).eval()
             changed.load_state_dict(model.state_dict(), strict=True)
             assert (changed(ids) - reference).abs().max() > 1e-3, (kind, change)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_folders_read_at_rest_equal_transformers(tmp_path, kind):
+    """Read a slice at a time through the safetensors files' memory maps (what ``--pretrained FOLDER`` does): in
+    float32 the same logits; quantized to int8, near them (a wrong tensor is off by the logits' own size)."""
+    from qkv.interop.at_rest import load_hf_gpt_at_rest
+    from qkv.interop.hf_folder import read_config
+
+    hf = family_model(transformers, kind)
+    hf.save_pretrained(tmp_path)
+    ids = _ids(1, 12, seed=5)
+    with torch.no_grad():
+        expected = hf(ids).logits
+        for mode, tolerance in (("none", 1e-4), ("int8", 0.15)):  # int8 weights and activations: near, not equal
+            model = load_hf_gpt_at_rest(tmp_path, read_config(tmp_path), mode=mode)
+            error = (model(ids) - expected).abs().max() / expected.abs().max()
+            assert error < tolerance, (mode, float(error))

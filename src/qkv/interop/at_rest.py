@@ -60,6 +60,7 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
+from .families import family, norm_shift
 from .ggml_blocks import (
     GROUP,
     REPACKED,
@@ -153,6 +154,29 @@ class _SafetensorsSource(_Source):
         return self.handle.get_slice(self.name)[start:end].float()
 
 
+class _Rows(_Source):
+    """Rows ``first ... first + rows - 1`` of a stored tensor: one part of a fused one (Phi-3's Q, K and V in one
+    matrix, its gate and up projections in another)."""
+
+    def __init__(self, whole: _Source, first: int, rows: int) -> None:
+        self.whole, self.first, self.rows = whole, first, rows
+        self.name, self.kind, self.inputs, self.path = whole.name, whole.kind, whole.inputs, whole.path
+
+    def raw(self, start: int, end: int) -> np.ndarray:
+        return self.whole.raw(self.first + start, self.first + end)
+
+    def rows_at(self, start: int, end: int) -> Tensor:
+        return self.whole.rows_at(self.first + start, self.first + end)
+
+    def release(self) -> None:
+        self.whole.release()
+
+
+def _parts(whole: _Source, rows: list[int]) -> list[_Source]:
+    firsts = np.cumsum([0, *rows[:-1]]).tolist()
+    return [_Rows(whole, first, n) for first, n in zip(firsts, rows, strict=True)]
+
+
 def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
     """Which stored row each model row is: the inverse of llama.cpp's pairing of rotary rows (see
     :func:`~qkv.interop.gguf.unpermute_rope_rows`, applied here to row numbers instead of rows)."""
@@ -187,7 +211,8 @@ def load_quantized_gpt(source: str | Path | GGUFHeader, *, mode: str = "auto") -
     if metadata.get("general.architecture") not in PERMUTED_ARCHITECTURES:
         heads = {}
     sources = {name: _GGUFSource(t, path, heads.get(name.split(".")[-2])) for name, t in tensors.items()}
-    return _build(cfg, sources, path, mode), metadata
+    shift = norm_shift(metadata.get("general.architecture"))
+    return _build(cfg, sources, path, mode, norm_shift=shift), metadata
 
 
 def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: str = "none") -> GPT:
@@ -212,8 +237,9 @@ def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: 
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     sources = {}
+    gguf_names = {hf: gguf for gguf, hf in family(hf_config["model_type"]).gguf_names.items()}
     for name, (handle, path) in handles.items():
-        gguf_name = _gguf_name(name.removeprefix("model."))
+        gguf_name = _gguf_name(name.removeprefix("model."), gguf_names)
         if gguf_name is not None:
             sources[gguf_name] = _SafetensorsSource(handle, name, path)
     return _build(cfg, sources, folder, mode)
@@ -222,28 +248,28 @@ def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: 
 _HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
 
 
-def _gguf_name(hf_name: str) -> str | None:
-    """A Hugging Face LLaMA name (without ``model.``) -> its GGUF name, which the builder speaks; None for
-    another."""
-    from .gguf import GLOBAL_NAMES, LAYER_NAMES
+def _gguf_name(hf_name: str, layer_names: dict[str, str]) -> str | None:
+    """A Hugging Face name (without ``model.``) -> its GGUF name, which the builder speaks (``layer_names``: the
+    family's, Hugging Face -> GGUF); None for another."""
+    from .gguf import GLOBAL_NAMES
 
     for gguf, hf in GLOBAL_NAMES.items():
         if hf_name == f"{hf.removeprefix('model.')}.weight":
             return f"{gguf}.weight"
     match = _HF_LAYER.fullmatch(hf_name)
-    layer = {hf: gguf for gguf, hf in LAYER_NAMES.items()}.get(match[2]) if match else None
+    layer = layer_names.get(match[2]) if match else None
     return None if layer is None else f"blk.{match[1]}.{layer}.{match[3]}"
 
 
-def _build(cfg, sources: dict[str, _Source], path: Path, mode: str) -> GPT:
-    builder = _Builder(path, mode, sources)
+def _build(cfg, sources: dict[str, _Source], path: Path, mode: str, *, norm_shift: float = 0.0) -> GPT:
+    builder = _Builder(path, mode, sources, norm_shift=norm_shift)
     check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
     with skip_init():  # every weight is set from the file below; untouched memory is never resident
         model = GPT(cfg)
     if mode == "bf16":
         for param in model.parameters():  # new, untouched memory: the float32 pages are never read
             param.data = torch.empty_like(param, dtype=torch.bfloat16)
-    builder.fill(model)
+    builder.fill(model, cfg)
     if mode not in FLOAT_LAYERS:
         log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
     elif mode == "bf16":
@@ -271,8 +297,9 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
 class _Builder:
     """Makes each of a model's layers from its stored tensors, named as in GGUF files."""
 
-    def __init__(self, path: Path, mode: str, tensors: dict[str, _Source]) -> None:
-        self.path, self.mode, self.tensors = path, mode, tensors
+    def __init__(self, path: Path, mode: str, tensors: dict[str, _Source], *, norm_shift: float = 0.0) -> None:
+        self.path, self.mode, self.tensors, self.norm_shift = path, mode, tensors, norm_shift
+        self.rows: dict[str, int] = {}  # the rows of each part of a fused tensor, once the config is known
         self.made: Counter[str] = Counter()  # "Q4_1 -> int4 as stored": tensors of each kind, for the log
 
     def summary(self) -> str:
@@ -281,6 +308,25 @@ class _Builder:
 
     def source(self, name: str) -> _Source:
         return self.tensors[name]
+
+    def qkv_sources(self, prefix: str) -> list[_Source]:
+        """The Q, K and V projections' weights of layer ``prefix``: three tensors, or the parts of one (Phi-3)."""
+        if f"{prefix}.attn_qkv.weight" in self.tensors:
+            return _parts(self.source(f"{prefix}.attn_qkv.weight"), [self.rows["q"], self.rows["kv"], self.rows["kv"]])
+        return [self.source(f"{prefix}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v")]
+
+    def gate_up_sources(self, prefix: str) -> list[_Source]:
+        """The gate and up projections' weights: two tensors, or the halves of one (Phi-3's ``ffn_up``)."""
+        if f"{prefix}.ffn_gate.weight" not in self.tensors:
+            return _parts(self.source(f"{prefix}.ffn_up.weight"), [self.rows["ff"], self.rows["ff"]])
+        return [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
+
+    def set_norm(self, norm: nn.Module | None, name: str) -> None:
+        """Norm ``norm``'s gains from tensor ``name`` (a GGUF file of Gemma's stores 1 + w: ``norm_shift``)."""
+        if norm is None:
+            return
+        with torch.no_grad():
+            norm.weight.copy_(_vector(self.source(name)).reshape(norm.weight.shape) - self.norm_shift)
 
     def format(self, sources: list[_Source], *, output: bool = False) -> str:
         """What a layer from ``sources`` becomes: "int4", "int8", "int6" or "int5" (Q6_K or Q5_K blocks as stored,
@@ -300,22 +346,25 @@ class _Builder:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
         d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
         d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+        self.rows = {"q": d_q, "kv": d_kv, "ff": d_ff}
         int8 = 1.0 if int8_class(d) is Int8Linear else 1 + 2 / GROUP  # a scale per row, or per block
         per_weight = {"int4": 0.5 + 4 / GROUP, "int5": 180 / SUPER, "int6": 210 / SUPER, "int8": int8, "none": 4.0,
                       "bf16": 2.0}
         layer = 0.0
-        for names, shape in ((("attn_q", "attn_k", "attn_v"), (d_q + 2 * d_kv) * d), (("attn_output",), d * d_q),
-                             (("ffn_gate", "ffn_up"), 2 * d_ff * d), (("ffn_down",), d * d_ff)):
-            sources = [self.source(f"blk.0.{n}.weight") for n in names]
+        for sources, shape in ((self.qkv_sources("blk.0"), (d_q + 2 * d_kv) * d),
+                               ([self.source("blk.0.attn_output.weight")], d * d_q),
+                               (self.gate_up_sources("blk.0"), 2 * d_ff * d),
+                               ([self.source("blk.0.ffn_down.weight")], d * d_ff)):
             layer += per_weight[self.format(sources)] * shape
         tables = 1 if cfg.tie_embeddings else 2
         table = per_weight[self.format([self.source("token_embd.weight")], output=True)] * vocab * d
         return int(cfg.n_layers * (layer + 8 * d) + tables * table)
 
-    def fill(self, model: GPT) -> None:
+    def fill(self, model: GPT, cfg) -> None:
+        self.bytes_needed(cfg)  # sizes the parts of fused tensors
         for i, layer in enumerate(model.decoder.layers):
             self._fill_layer(layer, f"blk.{i}")
-        _set_norm(model.decoder.norm, self.source("output_norm.weight"))
+        self.set_norm(model.decoder.norm, "output_norm.weight")
         embedding, tied = self.source("token_embd.weight"), model.config.tie_embeddings
         if self.mode in FLOAT_LAYERS:
             _copy_rows(model.tok_emb.weight, embedding)
@@ -333,16 +382,15 @@ class _Builder:
         return self.linear([source], self.format([source], output=True))
 
     def _fill_layer(self, layer: nn.Module, prefix: str) -> None:
-        _set_norm(layer.self_attn_norm, self.source(f"{prefix}.attn_norm.weight"))
-        _set_norm(layer.ffn_norm, self.source(f"{prefix}.ffn_norm.weight"))
         attention, ffn = layer.self_attn, layer.feed_forward
-        if attention.q_norm is not None:  # Qwen3
-            _set_norm(attention.q_norm, self.source(f"{prefix}.attn_q_norm.weight"))
-            _set_norm(attention.k_norm, self.source(f"{prefix}.attn_k_norm.weight"))
-        qkv = [self.source(f"{prefix}.{n}.weight") for n in ("attn_q", "attn_k", "attn_v")]
+        for norm, name in ((layer.self_attn_norm, "attn_norm"), (layer.ffn_norm, "ffn_norm"),
+                           (layer.self_attn_out_norm, "post_attention_norm"), (layer.ffn_out_norm, "post_ffw_norm"),
+                           (attention.q_norm, "attn_q_norm"), (attention.k_norm, "attn_k_norm")):
+            self.set_norm(norm, f"{prefix}.{name}.weight")
+        qkv = self.qkv_sources(prefix)
         biases = [self.source(f"{prefix}.{n}.bias") for n in ("attn_q", "attn_k", "attn_v")] \
             if attention.q_proj.bias is not None else None  # Qwen2's
-        gate_up = [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
+        gate_up = self.gate_up_sources(prefix)
         out, down = [self.source(f"{prefix}.attn_output.weight")], [self.source(f"{prefix}.ffn_down.weight")]
         if self.mode in FLOAT_LAYERS:
             for module, sources in ((attention.q_proj, qkv[:1]), (attention.k_proj, qkv[1:2]),
@@ -471,11 +519,6 @@ def _copy_rows(weight: Tensor, source: _Source) -> None:
 def _vector(source: _Source) -> Tensor:
     """A one-row tensor (a norm's gains, a bias), float32, checked finite."""
     return torch.cat([values for _, values in source.chunks()]).flatten()
-
-
-def _set_norm(norm: nn.Module, source: _Source) -> None:
-    with torch.no_grad():
-        norm.weight.copy_(_vector(source).reshape(norm.weight.shape))
 
 
 __all__ = ["MODES", "load_quantized_gpt"]

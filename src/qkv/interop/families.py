@@ -56,6 +56,16 @@ GEMMA_NAMES = {**{k: v for k, v in LLAMA_NAMES.items() if k != "post_attention_l
 OLMO2_NAMES = {**{k: v for k, v in LLAMA_NAMES.items() if "layernorm" not in k},
                "post_attention_layernorm": "self_attn_out_norm", "post_feedforward_layernorm": "ffn_out_norm",
                **QK_NORMS}
+# The same layers in GGUF files, as llama.cpp names them: GGUF name (under blk.{i}.) -> Hugging Face name
+LLAMA_GGUF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+              "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+              "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+              "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+              "post_ffw_norm": "post_feedforward_layernorm"}
+OLMO2_GGUF = {**{k: v for k, v in GEMMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")}}
+PHI3_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")},
+             "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # Phi-3 stores [Q; K; V] as one matrix and [gate; up] as another: read apart, written back together
 PHI3_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
               "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
@@ -73,6 +83,7 @@ class Family:
         settings: config.json -> the GPTConfig fields that set the family apart.
         names: one layer's tensors, Hugging Face names -> qkv's (weights; ``.weight``/``.bias`` added).
         fused: tensors the family stores stacked, Hugging Face name -> the LLaMA names of its parts, in order.
+        gguf_names: one layer's tensors in a GGUF file, llama.cpp's names -> Hugging Face's.
     """
 
     model_type: str
@@ -82,6 +93,7 @@ class Family:
     settings: Callable[[Mapping[str, Any]], dict[str, Any]] = lambda hf: {}
     names: Mapping[str, str] = field(default_factory=lambda: LLAMA_NAMES)
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gguf_names: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF)
 
 
 def _no_flags(*flags: str) -> Callable[[Mapping[str, Any]], None]:
@@ -183,15 +195,15 @@ FAMILIES = {f.model_type: f for f in (
            {**LLAMA_NAMES, **QK_NORMS}),
     Family("gemma3_text", "Gemma 3", "Gemma3ForCausalLM",
            "GeGLU, sandwich norms (1 + w), QK-norm, √d embeddings, 5 local layers to 1 global with their own θ",
-           _gemma3, {**GEMMA_NAMES, **QK_NORMS}),
+           _gemma3, {**GEMMA_NAMES, **QK_NORMS}, gguf_names=GEMMA_GGUF),
     Family("gemma2", "Gemma 2", "Gemma2ForCausalLM",
            "GeGLU, sandwich norms (1 + w), √d embeddings, local and global layers, scores and logits capped",
-           _gemma2, GEMMA_NAMES),
+           _gemma2, GEMMA_NAMES, gguf_names=GEMMA_GGUF),
     Family("phi3", "Phi-3", "Phi3ForCausalLM", "fused Q/K/V and gate/up, rotary on part of each head, LongRoPE",
-           _phi3, fused=PHI3_FUSED),
+           _phi3, fused=PHI3_FUSED, gguf_names=PHI3_GGUF),
     Family("smollm3", "SmolLM3", "SmolLM3ForCausalLM", "no rotary positions in every fourth layer (NoPE)", _smollm3),
     Family("olmo2", "OLMo 2", "Olmo2ForCausalLM", "norms on each sub-layer's output only, QK-norm over all heads",
-           _olmo2, OLMO2_NAMES),
+           _olmo2, OLMO2_NAMES, gguf_names=OLMO2_GGUF),
     Family("granite", "Granite", "GraniteForCausalLM", "embeddings, scores, branches and logits scaled", _granite),
 )}
 MODEL_TYPES = tuple(FAMILIES)
@@ -201,6 +213,12 @@ def family(model_type: str) -> Family:
     if model_type not in FAMILIES:
         raise ValueError(f"unsupported model_type {model_type!r}; expected one of {['gpt2', *MODEL_TYPES]}")
     return FAMILIES[model_type]
+
+
+def norm_shift(gguf_architecture: str | None) -> float:
+    """What a GGUF file of this architecture adds to each norm's stored weight: llama.cpp's converter writes Gemma's
+    gains ``1 + w`` as they are applied, where Hugging Face stores ``w``."""
+    return 1.0 if gguf_architecture in ("gemma2", "gemma3") else 0.0
 
 
 def config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
@@ -289,4 +307,5 @@ def _part_rows(cfg: GPTConfig) -> dict[str, int]:
             "mlp.up_proj": cfg.d_ff}
 
 
-__all__ = ["FAMILIES", "MODEL_TYPES", "Family", "config_from_hf", "family", "fused_back", "layer_tensors", "unfused"]
+__all__ = ["FAMILIES", "MODEL_TYPES", "Family", "config_from_hf", "family", "fused_back", "layer_tensors", "norm_shift",
+           "unfused"]

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
+from .families import LLAMA_GGUF
 from .hf_gpt import load_gpt_from_hf
 from .sizes import SIZES, check_size
 
@@ -53,19 +54,7 @@ ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per fr
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LAYER_NAMES = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
+LAYER_NAMES = LLAMA_GGUF
 # The same for GPT-2 (Hugging Face names under transformer.), whose Conv1D weights Hugging Face stores (in, out)
 GPT2_GLOBAL_NAMES = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
                      "output_norm": "transformer.ln_f", "output": "lm_head"}
