@@ -49,7 +49,16 @@ def _families() -> dict:
     for name, model in models.items():
         total, body = model.num_parameters(), model.num_parameters(exclude_embeddings=True)
         print(f"   {name:34s} {total / 1e6:6.2f}M parameters ({body / 1e6:.2f}M without embeddings)")
+    _pretrained_families()
     return models
+
+
+def _pretrained_families() -> None:
+    from ..interop.families import FAMILIES
+
+    print("   the pretrained families qkv reads (--pretrained), each LLaMA with a few blocks changed:")
+    for fam in FAMILIES.values():
+        print(f"     {fam.title:8s} {fam.differs}")
 
 
 def _invariants(gpt) -> None:
