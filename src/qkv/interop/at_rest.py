@@ -74,7 +74,7 @@ from .ggml_blocks import (
 )
 from .gguf import (
     PERMUTED_ARCHITECTURES,
-    ROPE_FREQS,
+    ROPE_TENSORS,
     GGUFContents,
     hf_config_from_gguf,
     hf_state_dict_from_gguf,
@@ -281,8 +281,9 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
     """The model's config, after the strict converter has checked every name and shape on shape-only tensors."""
     shapes = {name: torch.empty(tuple(reversed([int(n) for n in t.shape])), device="meta")
               for name, t in tensors.items()}
-    if ROPE_FREQS in tensors:  # values, not a shape: they go into the config
-        shapes[ROPE_FREQS] = _vector(_GGUFSource(tensors[ROPE_FREQS], path))
+    for name in ROPE_TENSORS:  # values, not shapes: they go into the config
+        if name in tensors:
+            shapes[name] = _vector(_GGUFSource(tensors[name], path))
     contents = GGUFContents(path=path, metadata=metadata, tensors=shapes,
                             tensor_types={name: t.tensor_type.name for name, t in tensors.items()})
     hf_config = hf_config_from_gguf(contents)

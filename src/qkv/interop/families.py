@@ -84,6 +84,9 @@ class Family:
         names: one layer's tensors, Hugging Face names -> qkv's (weights; ``.weight``/``.bias`` added).
         fused: tensors the family stores stacked, Hugging Face name -> the LLaMA names of its parts, in order.
         gguf_names: one layer's tensors in a GGUF file, llama.cpp's names -> Hugging Face's.
+        gguf_arch: llama.cpp's ``general.architecture`` for the family.
+        from_gguf: what a GGUF file says of the family beyond LLaMA's keys, as config.json keys: called with a
+            checked getter of ``{arch}.{key}`` numbers, the metadata and the tensors.
     """
 
     model_type: str
@@ -94,6 +97,9 @@ class Family:
     names: Mapping[str, str] = field(default_factory=lambda: LLAMA_NAMES)
     fused: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     gguf_names: Mapping[str, str] = field(default_factory=lambda: LLAMA_GGUF)
+    gguf_arch: str = "llama"
+    from_gguf: Callable[[Callable, Mapping[str, Any], Mapping[str, Any]], dict[str, Any]] = \
+        lambda get, meta, tensors: {}
 
 
 def _no_flags(*flags: str) -> Callable[[Mapping[str, Any]], None]:
@@ -187,26 +193,87 @@ def _granite(hf: Mapping[str, Any]) -> dict[str, Any]:
             "logit_scale": 1.0 / float(hf.get("logits_scaling", 1.0))}
 
 
+# ------------------------------------------------------------------------- what GGUF files say of each family
+# llama.cpp's converter writes fewer keys than config.json holds; what it leaves out, llama.cpp's loader assumes,
+# and so does qkv: Gemma 3's pattern of one global layer in six and its local θ of 10k, Gemma 2's alternation and
+# window of 4,096, SmolLM3's NoPE layer in every four, and Gemma's attention scale of 1/√head_dim (the 27B
+# models: 1/√(d_model / n_heads)).
+
+def _gemma_from_gguf(get: Callable, meta: Mapping[str, Any], *, every: int, window: int | None, big: int
+                     ) -> dict[str, Any]:
+    arch = meta["general.architecture"]
+    n, head_dim = get("block_count"), get("attention.key_length")
+    window = get("attention.sliding_window", window)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", every)
+    local = list(pattern) if isinstance(pattern, list) else [i % pattern < pattern - 1 for i in range(n)]
+    if len(local) != n:
+        raise ValueError(f"{arch}.attention.sliding_window_pattern names {len(local)} layers; the model has {n}")
+    scalar = get("embedding_length") // get("attention.head_count") if n == big else head_dim
+    return {"sliding_window": window, "query_pre_attn_scalar": scalar, "hidden_activation": "gelu_pytorch_tanh",
+            "layer_types": ["sliding_attention" if is_local and window else "full_attention" for is_local in local],
+            "rope_local_base_freq": get("rope.freq_base_swa", 10000.0, real=True),
+            "attn_logit_softcapping": meta.get(f"{arch}.attn_logit_softcapping"),
+            "final_logit_softcapping": meta.get(f"{arch}.final_logit_softcapping")}
+
+
+def _phi3_from_gguf(get: Callable, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    out = {"sliding_window": get("attention.sliding_window", 0, minimum=0) or None}
+    if "rope_factors_long.weight" in tensors:
+        out["rope_scaling"] = {
+            "rope_type": "longrope", "long_factor": tensors["rope_factors_long.weight"].flatten().tolist(),
+            "short_factor": tensors["rope_factors_short.weight"].flatten().tolist(),
+            "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+            "attention_factor": get("rope.scaling.attn_factor", 1.0, real=True)}
+    return out
+
+
+def _granite_from_gguf(get: Callable, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {"embedding_multiplier": get("embedding_scale", 1.0, real=True),
+            "residual_multiplier": get("residual_scale", 1.0, real=True),
+            "attention_multiplier": get("attention.scale", None, real=True, optional=True),
+            "logits_scaling": get("logit_scale", 1.0, real=True)}
+
+
+def _smollm3_from_gguf(get: Callable, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    return {"no_rope_layer_interval": 4}
+
+
+def _olmo2_from_gguf(get: Callable, meta: Mapping[str, Any], tensors: Mapping[str, Any]) -> dict[str, Any]:
+    if get("attention.sliding_window", 0, minimum=0):
+        raise ValueError("olmo2.attention.sliding_window: OLMo 3's local layers are not read by qkv")
+    return {}
+
+
 FAMILIES = {f.model_type: f for f in (
     Family("llama", "LLaMA", "LlamaForCausalLM", "the base: RMSNorm, rotary positions, SwiGLU, grouped K/V heads"),
     Family("mistral", "Mistral", "MistralForCausalLM", "a sliding window in every layer", _mistral),
-    Family("qwen2", "Qwen2", "Qwen2ForCausalLM", "biases on Q, K and V", lambda hf: {"qkv_bias": True}),
+    Family("qwen2", "Qwen2", "Qwen2ForCausalLM", "biases on Q, K and V", lambda hf: {"qkv_bias": True},
+           gguf_arch="qwen2"),
     Family("qwen3", "Qwen3", "Qwen3ForCausalLM", "RMSNorm on each head's queries and keys", _qwen3,
-           {**LLAMA_NAMES, **QK_NORMS}),
+           {**LLAMA_NAMES, **QK_NORMS}, gguf_arch="qwen3"),
     Family("gemma3_text", "Gemma 3", "Gemma3ForCausalLM",
            "GeGLU, sandwich norms (1 + w), QK-norm, √d embeddings, 5 local layers to 1 global with their own θ",
-           _gemma3, {**GEMMA_NAMES, **QK_NORMS}, gguf_names=GEMMA_GGUF),
+           _gemma3, {**GEMMA_NAMES, **QK_NORMS}, gguf_names=GEMMA_GGUF, gguf_arch="gemma3",
+           from_gguf=lambda get, meta, tensors: _gemma_from_gguf(get, meta, every=6, window=None, big=62)),
     Family("gemma2", "Gemma 2", "Gemma2ForCausalLM",
            "GeGLU, sandwich norms (1 + w), √d embeddings, local and global layers, scores and logits capped",
-           _gemma2, GEMMA_NAMES, gguf_names=GEMMA_GGUF),
+           _gemma2, GEMMA_NAMES, gguf_names=GEMMA_GGUF, gguf_arch="gemma2",
+           from_gguf=lambda get, meta, tensors: _gemma_from_gguf(get, meta, every=2, window=4096, big=46)),
     Family("phi3", "Phi-3", "Phi3ForCausalLM", "fused Q/K/V and gate/up, rotary on part of each head, LongRoPE",
-           _phi3, fused=PHI3_FUSED, gguf_names=PHI3_GGUF),
-    Family("smollm3", "SmolLM3", "SmolLM3ForCausalLM", "no rotary positions in every fourth layer (NoPE)", _smollm3),
+           _phi3, fused=PHI3_FUSED, gguf_names=PHI3_GGUF, gguf_arch="phi3", from_gguf=_phi3_from_gguf),
+    Family("smollm3", "SmolLM3", "SmolLM3ForCausalLM", "no rotary positions in every fourth layer (NoPE)", _smollm3,
+           gguf_arch="smollm3", from_gguf=_smollm3_from_gguf),
     Family("olmo2", "OLMo 2", "Olmo2ForCausalLM", "norms on each sub-layer's output only, QK-norm over all heads",
-           _olmo2, OLMO2_NAMES, gguf_names=OLMO2_GGUF),
-    Family("granite", "Granite", "GraniteForCausalLM", "embeddings, scores, branches and logits scaled", _granite),
+           _olmo2, OLMO2_NAMES, gguf_names=OLMO2_GGUF, gguf_arch="olmo2", from_gguf=_olmo2_from_gguf),
+    Family("granite", "Granite", "GraniteForCausalLM", "embeddings, scores, branches and logits scaled", _granite,
+           gguf_arch="granite", from_gguf=_granite_from_gguf),
 )}
 MODEL_TYPES = tuple(FAMILIES)
+# GGUF architectures -> the family read from them (a Mistral file is a "llama" one, its window not stated)
+GGUF_FAMILIES = {f.gguf_arch: f for f in FAMILIES.values() if f.model_type != "mistral"}
+# The architectures whose Q and K rows llama.cpp's converter reorders for its interleaved rotary pairs (the others
+# it rotates in halves, as Hugging Face does, and stores as they are)
+PERMUTED_ARCHITECTURES = ("llama", "granite", "smollm3")
 
 
 def family(model_type: str) -> Family:
@@ -307,5 +374,5 @@ def _part_rows(cfg: GPTConfig) -> dict[str, int]:
             "mlp.up_proj": cfg.d_ff}
 
 
-__all__ = ["FAMILIES", "MODEL_TYPES", "Family", "config_from_hf", "family", "fused_back", "layer_tensors", "norm_shift",
-           "unfused"]
+__all__ = ["FAMILIES", "GGUF_FAMILIES", "MODEL_TYPES", "PERMUTED_ARCHITECTURES", "Family", "config_from_hf", "family",
+           "fused_back", "layer_tensors", "norm_shift", "unfused"]

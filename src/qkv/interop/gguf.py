@@ -39,18 +39,17 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from .families import LLAMA_GGUF
+from .families import GGUF_FAMILIES, LLAMA_GGUF, PERMUTED_ARCHITECTURES, norm_shift
 from .hf_gpt import load_gpt_from_hf
 from .sizes import SIZES, check_size
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gpt2")
-# llama.cpp's converter reorders the rows of Q and K for the architectures it rotates in interleaved pairs (see
-# unpermute_rope_rows); Qwen2 and Qwen3 it rotates in halves, as Hugging Face does, and stores as they are.
-PERMUTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = (*GGUF_FAMILIES, "gpt2")
 _BOUNDS = {gguf_key: bound for *_, gguf_key, bound in SIZES}  # every size a header may state, bounded
 ROPE_FREQS = "rope_freqs.weight"  # Llama 3's rotary scaling: one divisor per frequency (config rope_freq_factors)
+# Rotary settings stored as tensors, read into the config: Llama 3's divisors, Phi-3's LongRoPE sets
+ROPE_TENSORS = (ROPE_FREQS, "rope_factors_long.weight", "rope_factors_short.weight")
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
@@ -191,8 +190,9 @@ def _check_architecture(contents: GGUFContents) -> str:
 
 
 def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
-    """The Hugging Face ``config.json`` of a LLaMA or Qwen2 model described by GGUF metadata (with qkv's own
-    ``rope_freq_factors`` when the file holds Llama 3's ``rope_freqs``).
+    """The Hugging Face ``config.json`` of the model a GGUF file's metadata describes (with qkv's own
+    ``rope_freq_factors`` when the file holds Llama 3's ``rope_freqs``): LLaMA's keys, then its family's own
+    (:data:`qkv.interop.families.FAMILIES`).
 
     Keys are ``{architecture}.{name}`` in GGUF (``llama.block_count``); the result uses transformers' names,
     so :func:`~qkv.interop.hf_gpt.gpt_config_from_hf` applies its checks unchanged.
@@ -204,8 +204,8 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
         A dict such as ``{"model_type": "llama", "hidden_size": 576, ...}``.
 
     Raises:
-        ValueError: for another architecture, a missing size or one that is not a positive number (named), a
-            mixture of experts, or rotary embeddings on part of each head only.
+        ValueError: for another architecture, a missing size or one that is not a positive number (named), or a
+            mixture of experts.
     """
     arch = _check_architecture(contents)
     meta = contents.metadata
@@ -217,13 +217,11 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length", d_model // n_heads or 1)
     rotary_dim = get("rope.dimension_count", head_dim)
-    if rotary_dim != head_dim:
-        raise ValueError(
-            f"{contents.path}: rope.dimension_count={rotary_dim} differs from the head size {head_dim}; "
-            "qkv rotates whole heads only"
-        )
+    if rotary_dim > head_dim:
+        raise ValueError(f"{contents.path}: rope.dimension_count={rotary_dim} is more than the head size {head_dim}")
+    family = GGUF_FAMILIES[arch]
     config = {
-        "model_type": arch,
+        "model_type": family.model_type,
         "vocab_size": _vocab_size(contents, arch),
         "hidden_size": d_model,
         "intermediate_size": get("feed_forward_length"),
@@ -234,6 +232,7 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
         "max_position_embeddings": get("context_length", 2048),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5, real=True)),
         "rope_theta": float(get("rope.freq_base", 10000.0, real=True)),
+        "partial_rotary_factor": rotary_dim / head_dim,
         "hidden_act": "silu",
         # llama.cpp leaves out the output matrix of a model that reuses its token embedding.
         "tie_word_embeddings": "output.weight" not in contents.tensors,
@@ -243,9 +242,14 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     if ROPE_FREQS in contents.tensors:
         config["rope_freq_factors"] = contents.tensors[ROPE_FREQS].flatten().tolist()
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none":  # handed on, so that gpt_config_from_hf rejects it with its usual message
-        config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor")}
-    return config
+    if scaling != "none":  # handed on, so that gpt_config_from_hf reads it or rejects it with its usual message
+        config["rope_scaling"] = {"rope_type": scaling, "factor": meta.get(f"{arch}.rope.scaling.factor"),
+                                  "original_max_position_embeddings":
+                                      meta.get(f"{arch}.rope.scaling.original_context_length")}
+    try:
+        return config | family.from_gguf(get, meta, contents.tensors)
+    except ValueError as err:
+        raise ValueError(f"{contents.path}: {err}") from None
 
 
 def _gpt2_hf_config(contents: GGUFContents, get: Callable[..., Any]) -> dict[str, Any]:
@@ -266,18 +270,21 @@ def _vocab_size(contents: GGUFContents, arch: str) -> int:
     return int(contents.metadata.get(f"{arch}.vocab_size", len(contents.metadata.get("tokenizer.ggml.tokens", ()))))
 
 
-def _size(contents: GGUFContents, arch: str, key: str, default: Any = None, *, real: bool = False) -> Any:
-    """Metadata ``{arch}.{key}``: a size (an int >= 1), or with ``real`` a positive number, checked here, where the
-    key can be named."""
+def _size(contents: GGUFContents, arch: str, key: str, default: Any = None, *, real: bool = False,
+          minimum: int = 1, optional: bool = False) -> Any:
+    """Metadata ``{arch}.{key}``: a size (an int >= ``minimum``), or with ``real`` a positive number, checked here,
+    where the key can be named; ``optional``: None when absent."""
     value = contents.metadata.get(f"{arch}.{key}", default)
     if value is None:
+        if optional:
+            return None
         raise ValueError(f"{contents.path}: the metadata has no {arch}.{key}")
     if isinstance(value, bool) or not isinstance(value, (int, float) if real else int) or \
-            not 0 < value < float("inf"):
-        expected = "a positive number" if real else "an integer >= 1"
+            not (value > 0 if real else minimum <= value) or value == float("inf"):
+        expected = "a positive number" if real else f"an integer >= {minimum}"
         raise ValueError(f"{contents.path}: {arch}.{key} must be {expected}, got {value!r}")
     try:
-        check_size(f"{arch}.{key}", value, _BOUNDS[key])
+        check_size(f"{arch}.{key}", value, _BOUNDS.get(key, 2**24))
     except ValueError as err:
         raise ValueError(f"{contents.path}: {err}") from None
     return value
@@ -321,25 +328,29 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
     """
     if hf_config["model_type"] == "gpt2":
         return _gpt2_state_dict(contents)
+    arch = contents.architecture
     heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
-    if hf_config["model_type"] not in PERMUTED_ARCHITECTURES:
+    if arch not in PERMUTED_ARCHITECTURES:
         heads = {}
+    names, shift = GGUF_FAMILIES[arch].gguf_names, norm_shift(arch)
     out: dict[str, Tensor] = {}
     for name, tensor in contents.tensors.items():
-        if name == ROPE_FREQS:  # in the config already
+        if name in ROPE_TENSORS:  # in the config already
             continue
+        if shift and name.endswith("norm.weight"):  # stored as the gains 1 + w
+            tensor = tensor - shift
         base, _, part = name.rpartition(".")
         if base in GLOBAL_NAMES:
             out[f"{GLOBAL_NAMES[base]}.{part}"] = tensor
             continue
         match = _LAYER_TENSOR.fullmatch(name)
-        if match is None or match[2] not in LAYER_NAMES:
+        if match is None or match[2] not in names:
             out[name] = tensor
             continue
         layer, kind, part = match.groups()
         if kind in heads and part == "weight":
             tensor = unpermute_rope_rows(tensor, heads[kind])
-        out[f"model.layers.{layer}.{LAYER_NAMES[kind]}.{part}"] = tensor
+        out[f"model.layers.{layer}.{names[kind]}.{part}"] = tensor
     return out
 
 
