@@ -22,44 +22,48 @@ def randomized(model):
     return model.eval()
 
 
-def _gemma3(transformers):
-    config = transformers.Gemma3TextConfig(
-        **BASE, head_dim=16, query_pre_attn_scalar=12, sliding_window=4, tie_word_embeddings=True,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
-                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}})
+def _gemma3(transformers, **changes):
+    config = transformers.Gemma3TextConfig(**{
+        **BASE, "head_dim": 16, "query_pre_attn_scalar": 12, "sliding_window": 4, "tie_word_embeddings": True,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10.0},
+                            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}},
+        **changes})
     return transformers.Gemma3ForCausalLM(config)
 
 
-def _gemma2(transformers):
-    config = transformers.Gemma2Config(**BASE, head_dim=8, query_pre_attn_scalar=8, sliding_window=5,
-                                       attn_logit_softcapping=2.0, final_logit_softcapping=3.0)
+def _gemma2(transformers, **changes):
+    config = transformers.Gemma2Config(**{**BASE, "head_dim": 8, "query_pre_attn_scalar": 8, "sliding_window": 5,
+                                          "attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0, **changes})
     return transformers.Gemma2ForCausalLM(config)
 
 
-def _phi3(transformers):
-    rotary_pairs = 3  # partial_rotary_factor 0.75 of 8 features: 6 turn, in 3 pairs
-    config = transformers.Phi3Config(
-        **{**BASE, "max_position_embeddings": 64}, original_max_position_embeddings=8, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "longrope", "rope_theta": 100.0, "partial_rotary_factor": 0.75,
-                         "short_factor": [1.0, 1.5, 2.0][:rotary_pairs], "long_factor": [2.0, 4.0, 9.0][:rotary_pairs]},
-        pad_token_id=0)
+def _phi3(transformers, **changes):
+    # partial_rotary_factor 0.75 of 8 features: 6 turn, in 3 pairs
+    config = transformers.Phi3Config(**{
+        **BASE, "original_max_position_embeddings": 8, "tie_word_embeddings": False, "pad_token_id": 0,
+        "rope_parameters": {"rope_type": "longrope", "rope_theta": 100.0, "partial_rotary_factor": 0.75,
+                            "short_factor": [1.0, 1.5, 2.0], "long_factor": [2.0, 4.0, 9.0]},
+        **changes})
     return transformers.Phi3ForCausalLM(config)
 
 
-def _smollm3(transformers):
-    config = transformers.SmolLM3Config(**BASE, no_rope_layers=[1, 0, 1], rope_parameters={"rope_theta": 50.0,
-                                        "rope_type": "default"}, tie_word_embeddings=True, pad_token_id=0)
+def _smollm3(transformers, **changes):
+    config = transformers.SmolLM3Config(**{**BASE, "no_rope_layers": [1, 0, 1], "tie_word_embeddings": True,
+                                           "rope_parameters": {"rope_theta": 50.0, "rope_type": "default"},
+                                           "pad_token_id": 0, **changes})
     return transformers.SmolLM3ForCausalLM(config)
 
 
-def _olmo2(transformers):
-    return transformers.Olmo2ForCausalLM(transformers.Olmo2Config(**BASE, tie_word_embeddings=False, pad_token_id=0))
+def _olmo2(transformers, **changes):
+    config = transformers.Olmo2Config(**{**BASE, "tie_word_embeddings": False, "pad_token_id": 0, **changes})
+    return transformers.Olmo2ForCausalLM(config)
 
 
-def _granite(transformers):
-    config = transformers.GraniteConfig(**BASE, embedding_multiplier=3.0, residual_multiplier=0.4,
-                                        attention_multiplier=0.2, logits_scaling=4.0, tie_word_embeddings=True)
+def _granite(transformers, **changes):
+    config = transformers.GraniteConfig(**{**BASE, "embedding_multiplier": 3.0, "residual_multiplier": 0.4,
+                                           "attention_multiplier": 0.2, "logits_scaling": 4.0,
+                                           "tie_word_embeddings": True, **changes})
     return transformers.GraniteForCausalLM(config)
 
 
@@ -68,11 +72,47 @@ MAKERS = {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "smollm3": _
 FAMILIES = tuple(MAKERS)
 
 
-def family_model(transformers, kind: str, seed: int = 0, vocab: int = VOCAB):
-    """The tiny transformers model of family ``kind``, its weights random (seeded), in eval mode; ``vocab`` tokens."""
+# What llama.cpp's GGUF files leave unsaid and its loader assumes (docs/families.md): one global layer in six for
+# Gemma 3, with an attention scale of 1/√head_dim and a local θ of 10,000; SmolLM3's NoPE layer in every four.
+# These variants fit them.
+AS_LLAMA_CPP_ASSUMES = {
+    "gemma3_text": dict(num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=16, rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}}),
+    "smollm3": dict(num_hidden_layers=4, no_rope_layers=None),
+}
+
+
+def family_model(transformers, kind: str, seed: int = 0, vocab: int = VOCAB, **changes):
+    """The tiny transformers model of family ``kind``, its weights random (seeded), in eval mode; ``vocab`` tokens,
+    and any config ``changes`` (``AS_LLAMA_CPP_ASSUMES[kind]``)."""
     torch.manual_seed(seed)
-    BASE["vocab_size"] = vocab
-    try:
-        return randomized(MAKERS[kind](transformers))
-    finally:
-        BASE["vocab_size"] = VOCAB
+    return randomized(MAKERS[kind](transformers, **{"vocab_size": vocab, **changes}))
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+
+TEXT = ["The cat sat on the mat, and the dog sat by the door.", "猫坐在垫子上。狗在门边。",
+        "def f(x):\n    return x  # 😀", "Hello   world\t\tagain 12345 café ¿qué?",
+        "<start_of_turn>user\nhi<end_of_turn>"]
+# what the tokenizers are held to: Chinese, emoji, code, runs of spaces and tabs, digits, accents, a control token
+SAMPLES = ["Hello   world 猫 😀 12\n  x", "The cat sat. 垫子上 café ¿qué? 🙂🙂 999", "  leading\tand trailing  ",
+           "def g(y):\n\treturn [y, 'ok']  # 注释", "<start_of_turn>user\nhello<end_of_turn>\n"]
+
+
+def train_sentencepiece(path, *, dummy_prefix: bool):
+    """A SentencePiece BPE model with byte fallback, as Gemma's (no space put in front of the text: ``dummy_prefix``
+    False) or LLaMA 2's and Phi-3's (one put in front), trained on :data:`TEXT`: 360 pieces."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(TEXT * 40), model_writer=model, vocab_size=360, model_type="bpe", byte_fallback=True,
+        add_dummy_prefix=dummy_prefix, remove_extra_whitespaces=False, split_digits=True, character_coverage=1.0,
+        normalization_rule_name="identity", user_defined_symbols=["<start_of_turn>", "<end_of_turn>"],
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3, bos_piece="<bos>", eos_piece="<eos>",
+        allow_whitespace_only_pieces=True, minloglevel=2)
+    path.write_bytes(model.getvalue())
+    return path

