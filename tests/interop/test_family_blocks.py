@@ -100,3 +100,47 @@ def test_folders_read_at_rest_equal_transformers(tmp_path, kind):
             model = load_hf_gpt_at_rest(tmp_path, read_config(tmp_path), mode=mode)
             error = (model(ids) - expected).abs().max() / expected.abs().max()
             assert error < tolerance, (mode, float(error))
+
+
+def test_a_multimodal_gemma3_folder_gives_its_text_model(tmp_path, caplog):
+    """Gemma 3 from 4B is Gemma3ForConditionalGeneration: a vision tower, a projector and the text model, under
+    names of their own; qkv reads the text model and says what it leaves."""
+    from qkv.interop.at_rest import load_hf_gpt_at_rest
+    from qkv.interop.hf_folder import read_config
+
+    text = dict(vocab_size=VOCAB, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                intermediate_size=64, head_dim=8, sliding_window=4)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(0)
+    hf = transformers.Gemma3ForConditionalGeneration(transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4)).eval()
+    hf.save_pretrained(tmp_path)
+    model = load_hf_gpt_at_rest(tmp_path, read_config(tmp_path))
+    ids = _ids(1, 12, seed=6)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(input_ids=ids).logits, atol=1e-4, rtol=1e-4)
+    assert "its text model is read, not its vision tower and projector" in caplog.text
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types must name"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10.0},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1000.0}}}, "rope_type='dynamic'"),
+    ({"hidden_activation": "relu"}, "hidden_activation must be"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
+])
+def test_what_qkv_does_not_implement_is_refused_in_one_line_naming_it(change, message):
+    config = family_model(transformers, "gemma3_text").config.to_dict() | change
+    with pytest.raises(ValueError, match=message):
+        load_gpt_from_hf({}, config)
+
+
+def test_other_families_state_what_qkv_refuses():
+    for kind, change, message in (("smollm3", {"no_rope_layers": [1, 2, 1]}, "no_rope_layers must be"),
+                                  ("phi3", {"rope_parameters": {"rope_type": "longrope", "rope_theta": 10.0}},
+                                   "longrope scaling needs short_factor"),
+                                  ("granite", {"attention_bias": True}, "attention_bias=true")):
+        config = family_model(transformers, kind).config.to_dict() | change
+        with pytest.raises(ValueError, match=message):
+            load_gpt_from_hf({}, config)

@@ -60,7 +60,7 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
-from .families import family, norm_shift
+from .families import MULTIMODAL, family, norm_shift, text_model, text_tensor
 from .ggml_blocks import (
     GROUP,
     REPACKED,
@@ -229,19 +229,26 @@ def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: 
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     folder = Path(folder)
-    handles = open_safetensors(folder)
+    # each tensor under its name in the text model -> (its file's handle, the file, its name there)
+    tensors = {name: (handle, path, name) for name, (handle, path) in open_safetensors(folder).items()}
+    if hf_config.get("model_type") in MULTIMODAL:  # the text model's tensors alone, under its own names
+        read = {text_tensor(name): entry for name, entry in tensors.items() if text_tensor(name) is not None}
+        log.warning("%s: a multimodal %s folder; its text model is read, not its vision tower and projector (%d "
+                    "tensors)", folder.name, hf_config["model_type"], len(tensors) - len(read))
+        tensors, hf_config = read, text_model(hf_config)
     cfg = gpt_config_from_hf(hf_config)
-    shapes = {name: torch.empty(h.get_slice(name).get_shape(), device="meta") for name, (h, _) in handles.items()}
+    shapes = {name: torch.empty(h.get_slice(stored).get_shape(), device="meta")
+              for name, (h, _, stored) in tensors.items()}
     try:
         gpt_state_dict_from_hf(shapes, cfg, hf_config["model_type"])  # every name and shape, before any weight
     except ValueError as err:
         raise ValueError(f"{folder}: {err}") from None
     sources = {}
     gguf_names = {hf: gguf for gguf, hf in family(hf_config["model_type"]).gguf_names.items()}
-    for name, (handle, path) in handles.items():
+    for name, (handle, path, stored) in tensors.items():
         gguf_name = _gguf_name(name.removeprefix("model."), gguf_names)
         if gguf_name is not None:
-            sources[gguf_name] = _SafetensorsSource(handle, name, path)
+            sources[gguf_name] = _SafetensorsSource(handle, stored, path)
     return _build(cfg, sources, folder, mode)
 
 

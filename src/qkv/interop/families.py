@@ -282,6 +282,34 @@ def family(model_type: str) -> Family:
     return FAMILIES[model_type]
 
 
+# Multimodal folders whose text model qkv reads: model_type -> the key of the text model's config. Their vision
+# tower and projector are not read (a log line says so).
+MULTIMODAL = {"gemma3": "text_config"}
+_TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
+                  ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head."))
+
+
+def text_model(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+    """The config of a multimodal folder's text model (Gemma 3 from 4B: ``Gemma3ForConditionalGeneration``), as a
+    text-only folder writes it; any other config as it is."""
+    key = MULTIMODAL.get(hf_config.get("model_type"))
+    if key is None:
+        return dict(hf_config)
+    text = hf_config.get(key)
+    if not isinstance(text, Mapping):
+        raise ValueError(f"a {hf_config['model_type']!r} config holds its text model's in {key!r}; this one has none")
+    return {"model_type": "gemma3_text", "tie_word_embeddings": hf_config.get("tie_word_embeddings", True), **text}
+
+
+def text_tensor(name: str) -> str | None:
+    """A multimodal folder's tensor name -> its name in the text model alone (None: the vision tower's or the
+    projector's, not read)."""
+    for prefix, text in _TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return text + name[len(prefix):]
+    return None
+
+
 def norm_shift(gguf_architecture: str | None) -> float:
     """What a GGUF file of this architecture adds to each norm's stored weight: llama.cpp's converter writes Gemma's
     gains ``1 + w`` as they are applied, where Hugging Face stores ``w``."""
@@ -374,5 +402,6 @@ def _part_rows(cfg: GPTConfig) -> dict[str, int]:
             "mlp.up_proj": cfg.d_ff}
 
 
-__all__ = ["FAMILIES", "GGUF_FAMILIES", "MODEL_TYPES", "PERMUTED_ARCHITECTURES", "Family", "config_from_hf", "family",
-           "fused_back", "layer_tensors", "norm_shift", "unfused"]
+__all__ = ["FAMILIES", "GGUF_FAMILIES", "MODEL_TYPES", "MULTIMODAL", "PERMUTED_ARCHITECTURES", "Family",
+           "config_from_hf", "family", "fused_back", "layer_tensors", "norm_shift", "text_model", "text_tensor",
+           "unfused"]

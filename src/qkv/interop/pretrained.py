@@ -30,6 +30,7 @@ from ..models import GPT
 from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
 from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
+from .families import MULTIMODAL
 from .gguf import load_gpt_from_gguf, open_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf_folder import not_found, read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
@@ -160,11 +161,11 @@ def _gguf_tokenizer(metadata: dict, path: Path) -> PretrainedTokenizer:
 def _load_hf_folder(folder: Path, *, mode: str,
                     check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
     # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
-    config = read_config(folder, model_types=GPT_MODEL_TYPES)
+    config = read_config(folder, model_types=(*GPT_MODEL_TYPES, *MULTIMODAL))
     tokenizer = tokenizer_from_hf_folder(folder)
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
-    if config["model_type"] in LLAMA_FAMILY:  # read a slice at a time
+    if config["model_type"] in (*LLAMA_FAMILY, *MULTIMODAL):  # read a slice at a time
         model = load_hf_gpt_at_rest(folder, config, mode=mode)
     else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
         try:
