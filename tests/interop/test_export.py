@@ -127,7 +127,7 @@ def test_what_has_no_hugging_face_form_is_refused_in_one_line_and_nothing_is_wri
         (GPT(GPTConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=1, window=4)),
          "a Hugging Face gpt2 config cannot hold window=4"),
         (GPT(GPTConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, n_layers=1, **LLAMA,
-                       rope_freq_factors=[2.0] * 4)), "a Hugging Face llama config cannot hold rope_freq_factors="),
+                       rope_freq_factors=[1.0, 2.0, 2.0, 8.0])), "kept as per-pair divisors"),
         (GPT(GPTConfig(vocab_size=tokenizer.vocab_size + 1, d_model=32, n_heads=4, n_layers=1)),
          "they were not trained together"),
         (BERT(BERTConfig(vocab_size=30, d_model=32, n_heads=4, n_layers=1)), "a BERT exports with its WordPiece"),

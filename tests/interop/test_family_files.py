@@ -124,3 +124,21 @@ def test_the_gguf_file_llama_cpp_writes_reads_as_transformers_reads_the_folder(t
         assert (pretrained.model(ids) - expected).abs().mean() < 0.25 * expected.abs().mean()
     for text in SAMPLES:
         assert pretrained.tokenizer.encode(text) == reference(text), text
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_an_exported_folder_is_the_model_transformers_reads(tmp_path, kind, sentencepiece_models):
+    """``qkv export --format hf`` of each family: the family's config.json and tensor names (Phi-3's fused again),
+    which transformers builds with no code of qkv's into the same model."""
+    from qkv.interop.export import export_hf
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    hf, _ = _folder(folder, kind, sentencepiece_models)
+    pretrained = load_pretrained(folder)
+    export_hf(pretrained.model, pretrained.tokenizer, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
+    assert type(back) is type(hf)
+    ids = torch.randint(4, hf.config.vocab_size, (2, 14), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)

@@ -310,6 +310,108 @@ def text_tensor(name: str) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------------- GPTConfig -> config.json (export)
+# Each family's fields written back as its config.json states them; qkv reads the result back and compares
+# (hf_gpt.gpt_config_to_hf), so a field written wrong is an error there, never a silent change of the model.
+
+def family_of(cfg: GPTConfig) -> Family:
+    """The family whose config.json holds ``cfg``: told apart by the blocks it uses (LLaMA when none)."""
+    rotary = [cfg.layer(i) for i in range(cfg.n_layers)]
+    if cfg.norm_offset:
+        return FAMILIES["gemma3_text" if cfg.qk_norm else "gemma2"]
+    if cfg.branch_norm:
+        return FAMILIES["olmo2"]
+    if cfg.rotary_dim is not None or cfg.rope_long_factors is not None:
+        return FAMILIES["phi3"]
+    if not all(spec.rotary for spec in rotary):
+        return FAMILIES["smollm3"]
+    if (cfg.embedding_scale, cfg.residual_scale, cfg.logit_scale, cfg.attention_scale) != (1.0, 1.0, 1.0, None):
+        return FAMILIES["granite"]
+    if cfg.qk_norm:
+        return FAMILIES["qwen3"]
+    if cfg.qkv_bias:
+        return FAMILIES["qwen2"]
+    return FAMILIES["mistral" if cfg.window else "llama"]
+
+
+def rope_to_hf(cfg: GPTConfig, *, scaled: bool = True, base: float | None = None) -> dict[str, Any]:
+    """``rope_parameters`` (transformers 5's) of the config's rotary positions: plain, linear (every divisor the
+    same) or LongRoPE; other divisors (Llama 3's, YaRN's) are kept by qkv as divisors alone and are refused."""
+    params: dict[str, Any] = {"rope_type": "default", "rope_theta": base or cfg.rope_base}
+    if cfg.rotary_dim is not None:
+        params["partial_rotary_factor"] = cfg.rotary_dim / cfg.head_dim
+    factors = cfg.rope_freq_factors if scaled else None
+    if cfg.rope_long_factors is not None and scaled:
+        return params | {"rope_type": "longrope", "short_factor": factors, "long_factor": cfg.rope_long_factors,
+                         "original_max_position_embeddings": cfg.rope_original_context,
+                         "attention_factor": cfg.rope_scale}
+    if factors is None:
+        return params
+    if len(set(factors)) == 1 and cfg.rope_scale == 1.0:
+        return params | {"rope_type": "linear", "factor": factors[0]}
+    raise ValueError("a rotary scaling kept as per-pair divisors (Llama 3's, YaRN's) has no config.json form here; "
+                     "rope_freq_factors would be lost")
+
+
+def _gemma_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    specs = [cfg.layer(i) for i in range(cfg.n_layers)]
+    local = [s for s in specs if s.window]
+    if len({s.window for s in local}) > 1 or len({s.rope_base for s in local}) > 1 or \
+            any(s.rope_scaled for s in local) or any(not s.rotary for s in specs):
+        raise ValueError("Gemma's local layers share one window and one unscaled θ, and every layer turns")
+    activation = {"geglu_tanh": "gelu_pytorch_tanh", "geglu": "gelu"}.get(cfg.activation)
+    if activation is None:
+        raise ValueError(f"Gemma's feed-forward network is GeGLU; activation={cfg.activation!r} has no Gemma form")
+    types = ["sliding_attention" if s.window else "full_attention" for s in specs]
+    full = rope_to_hf(cfg)
+    rope = {"full_attention": full, "sliding_attention": rope_to_hf(cfg, scaled=False, base=local[0].rope_base)} \
+        if local else {"full_attention": full, "sliding_attention": full}
+    if not cfg.qk_norm:  # Gemma 2: one rotary setting for every layer
+        rope = full
+    scalar = cfg.head_dim if cfg.attention_scale is None else cfg.attention_scale**-2
+    scalar = round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar  # transformers wants an int
+    return {"hidden_activation": activation, "layer_types": types, "rope_parameters": rope,
+            "sliding_window": local[0].window if local else cfg.max_seq_len, "query_pre_attn_scalar": scalar,
+            "attn_logit_softcapping": cfg.attention_softcap, "final_logit_softcapping": cfg.logit_softcap}
+
+
+def _phi3_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    rope = rope_to_hf(cfg)
+    return {"rope_parameters": rope, "sliding_window": cfg.window,
+            "original_max_position_embeddings": rope.get("original_max_position_embeddings", cfg.max_seq_len)}
+
+
+def _smollm3_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    return {"no_rope_layers": [int(cfg.layer(i).rotary) for i in range(cfg.n_layers)], "use_sliding_window": False}
+
+
+def _granite_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    return {"embedding_multiplier": cfg.embedding_scale, "residual_multiplier": cfg.residual_scale,
+            "attention_multiplier": cfg.attention_scale or cfg.head_dim**-0.5, "logits_scaling": 1 / cfg.logit_scale}
+
+
+_TO_HF = {"gemma3_text": _gemma_to_hf, "gemma2": _gemma_to_hf, "phi3": _phi3_to_hf, "smollm3": _smollm3_to_hf,
+          "granite": _granite_to_hf, "mistral": lambda cfg: {"sliding_window": cfg.window},
+          "llama": lambda cfg: {"attention_bias": False, "mlp_bias": False}}
+
+
+def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    """The config.json of ``cfg``'s family (:func:`family_of`): LLaMA's keys and the family's own.
+
+    Raises:
+        ValueError: a config whose blocks no family's config.json states (said which)."""
+    fam = family_of(cfg)
+    hf = {"model_type": fam.model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
+          "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+          "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads, "head_dim": cfg.head_dim,
+          "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "hidden_act": "silu",
+          "rope_parameters": rope_to_hf(cfg), "architectures": [fam.architecture],
+          "tie_word_embeddings": cfg.tie_embeddings, "pad_token_id": None}  # not a class default past the vocabulary
+    if fam.model_type in ("qwen2", "qwen3"):
+        hf["use_sliding_window"] = False
+    return hf | _TO_HF.get(fam.model_type, lambda cfg: {})(cfg)
+
+
 def norm_shift(gguf_architecture: str | None) -> float:
     """What a GGUF file of this architecture adds to each norm's stored weight: llama.cpp's converter writes Gemma's
     gains ``1 + w`` as they are applied, where Hugging Face stores ``w``."""
@@ -402,6 +504,22 @@ def _part_rows(cfg: GPTConfig) -> dict[str, int]:
             "mlp.up_proj": cfg.d_ff}
 
 
-__all__ = ["FAMILIES", "GGUF_FAMILIES", "MODEL_TYPES", "MULTIMODAL", "PERMUTED_ARCHITECTURES", "Family",
-           "config_from_hf", "family", "fused_back", "layer_tensors", "norm_shift", "text_model", "text_tensor",
-           "unfused"]
+__all__ = [
+    "FAMILIES",
+    "GGUF_FAMILIES",
+    "MODEL_TYPES",
+    "MULTIMODAL",
+    "PERMUTED_ARCHITECTURES",
+    "Family",
+    "config_from_hf",
+    "config_to_hf",
+    "family",
+    "family_of",
+    "fused_back",
+    "layer_tensors",
+    "norm_shift",
+    "rope_to_hf",
+    "text_model",
+    "text_tensor",
+    "unfused",
+]

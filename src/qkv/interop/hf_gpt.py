@@ -35,7 +35,7 @@ from torch import Tensor
 from ..config import GPTConfig
 from ..footprint import build_model
 from ..models import GPT
-from .families import FAMILIES, MODEL_TYPES, config_from_hf, fused_back, layer_tensors, unfused
+from .families import FAMILIES, MODEL_TYPES, config_from_hf, config_to_hf, fused_back, layer_tensors, unfused
 from .hf_common import HFStateDict, check_config, check_written, hf_field
 from .sizes import check_sizes
 
@@ -238,8 +238,9 @@ _NOT_COMPARED = ("pad_id", "vocab_multiple")
 
 def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
     """The Hugging Face ``config.json`` of a :class:`GPT`: GPT-2's for a GPT-2-style model (LayerNorm, learned
-    positions), else the LLaMA family's (RMSNorm, rotary positions, SwiGLU) as the model's features name it:
-    Qwen3 with QK-norm, Qwen2 with biases on Q, K and V, Mistral with a sliding window, LLaMA otherwise.
+    positions), else that of the LLaMA family's member whose blocks the model uses
+    (:func:`qkv.interop.families.family_of`: Gemma, Phi-3, SmolLM3, OLMo 2, Granite, Qwen3 with QK-norm, Qwen2 with
+    biases on Q, K and V, Mistral with a sliding window, LLaMA otherwise).
 
     The result is read back with :func:`gpt_config_from_hf`: a field that would come back different (a window
     in a GPT-2, Llama 3's rotary scaling, which qkv keeps only as divisors) is an error, not a silent change.
@@ -256,19 +257,12 @@ def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
               "n_layer": cfg.n_layers, "n_inner": cfg.d_ff, "n_positions": cfg.max_seq_len,
               "activation_function": activation, "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout,
               "embd_pdrop": cfg.dropout, "attn_pdrop": _attention_dropout(cfg), "scale_attn_weights": True}
-    elif cfg.norm == "rms" and cfg.positional == "rope" and cfg.activation == "swiglu":
-        model_type = "qwen3" if cfg.qk_norm else "qwen2" if _qkv_bias(cfg) else "mistral" if cfg.window else "llama"
-        hf = {"model_type": model_type, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-              "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
-              "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads, "head_dim": cfg.head_dim,
-              "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_base,
-              "hidden_act": "silu", "attention_dropout": _attention_dropout(cfg)}
-        hf |= {"mistral": {"sliding_window": cfg.window}, "llama": {"attention_bias": False, "mlp_bias": False}
-               }.get(model_type, {"use_sliding_window": False})
+    elif cfg.norm == "rms" and cfg.positional == "rope" and cfg.activation in ("swiglu", "geglu", "geglu_tanh"):
+        hf = config_to_hf(cfg) | {"attention_dropout": _attention_dropout(cfg)}
     else:
         raise ValueError(f"a GPT with norm={cfg.norm!r}, positional={cfg.positional!r} and activation="
                          f"{cfg.activation!r} has no Hugging Face family: GPT-2 is norm 'layer' with positional "
-                         "'learned'; LLaMA is norm 'rms', positional 'rope', activation 'swiglu'")
+                         "'learned'; LLaMA is norm 'rms', positional 'rope', activation 'swiglu' (Gemma's geglu)")
     hf |= {"architectures": [HF_ARCHITECTURES[hf["model_type"]]], "tie_word_embeddings": cfg.tie_embeddings}
     check_written(_seen(cfg), _seen(gpt_config_from_hf(hf)), hf["model_type"], ignore=_NOT_COMPARED)
     return hf
