@@ -142,3 +142,21 @@ def test_an_exported_folder_is_the_model_transformers_reads(tmp_path, kind, sent
     ids = torch.randint(4, hf.config.vocab_size, (2, 14), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         torch.testing.assert_close(back(ids).logits, hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_an_exported_gguf_file_reads_back_as_the_model_and_its_tokenizer(tmp_path, kind, sentencepiece_models):
+    """``qkv export --format gguf`` of each family: llama.cpp's names and keys for it (Gemma's gains 1 + w, Phi-3's
+    fused tensors and LongRoPE sets, Granite's scales), and the tokenizer as llama.cpp holds it (SentencePiece
+    pieces with scores, or byte-level BPE); read back, the same logits and the same tokens."""
+    from qkv.interop.gguf_export import export_gguf
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    hf, reference = _folder(folder, kind, sentencepiece_models)
+    pretrained = load_pretrained(folder)
+    export_gguf(pretrained.model, pretrained.tokenizer, tmp_path / "out.gguf", storage="f32")
+    back = load_pretrained(tmp_path / "out.gguf", weights="none")
+    _same_model(back.model, hf, hf.config.vocab_size)
+    for text in SAMPLES:  # as llama.cpp runs the family's tokenizer (see _as_llama_cpp)
+        assert back.tokenizer.encode(text) == reference(text), text

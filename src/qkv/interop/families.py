@@ -412,6 +412,51 @@ def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
     return hf | _TO_HF.get(fam.model_type, lambda cfg: {})(cfg)
 
 
+# --------------------------------------------------------------- GPTConfig -> GGUF metadata (export to llama.cpp)
+
+def gguf_keys(cfg: GPTConfig, arch: str) -> dict[str, Any]:
+    """What a GGUF file of ``arch`` states of ``cfg`` beyond LLaMA's keys (``{arch}.`` left off): the inverse of each
+    family's ``from_gguf``, and only what llama.cpp reads.
+
+    Raises:
+        ValueError: a block llama.cpp's files of that architecture cannot state (named)."""
+    specs = [cfg.layer(i) for i in range(cfg.n_layers)]
+    keys: dict[str, Any] = {"rope.dimension_count": cfg.rotated}
+    if cfg.rope_freq_factors is not None and cfg.rope_long_factors is None:  # linear, as rope_to_hf checks
+        keys |= {"rope.scaling.type": rope_to_hf(cfg)["rope_type"], "rope.scaling.factor": cfg.rope_freq_factors[0]}
+    if arch in ("gemma2", "gemma3"):
+        local = [s for s in specs if s.window]
+        llama_cpp_scale = (cfg.d_model // cfg.n_heads if cfg.n_layers == (62 if arch == "gemma3" else 46)
+                           else cfg.head_dim) ** -0.5
+        if cfg.attention_scale is not None and abs(cfg.attention_scale - llama_cpp_scale) > 1e-6:
+            raise ValueError(f"llama.cpp's {arch} files state no attention scale: it takes {llama_cpp_scale:.4g}, "
+                             f"this model {cfg.attention_scale:.4g} (query_pre_attn_scalar); export with --format hf")
+        keys |= {"attention.sliding_window": local[0].window if local else 0,
+                 "attention.sliding_window_pattern": [bool(s.window) for s in specs],
+                 "rope.freq_base_swa": local[0].rope_base if local else cfg.rope_base}
+        caps = {"attn_logit_softcapping": cfg.attention_softcap, "final_logit_softcapping": cfg.logit_softcap}
+        keys |= {k: v for k, v in caps.items() if v is not None}
+    elif arch == "phi3":
+        keys |= {"attention.sliding_window": cfg.window or 0}
+        if cfg.rope_long_factors is not None:
+            keys |= {"rope.scaling.original_context_length": cfg.rope_original_context,
+                     "rope.scaling.attn_factor": cfg.rope_scale}
+    elif arch == "smollm3" and [s.rotary for s in specs] != [(i + 1) % 4 != 0 for i in range(cfg.n_layers)]:
+        raise ValueError("llama.cpp's smollm3 files have no rotary positions in every fourth layer, and only there")
+    elif arch == "granite":
+        keys |= {"embedding_scale": cfg.embedding_scale, "residual_scale": cfg.residual_scale,
+                 "attention.scale": cfg.attention_scale or cfg.head_dim**-0.5, "logit_scale": 1 / cfg.logit_scale}
+    return keys
+
+
+def gguf_tensors(cfg: GPTConfig) -> dict[str, Tensor]:
+    """The rotary settings a GGUF file stores as tensors: Phi-3's LongRoPE sets."""
+    if cfg.rope_long_factors is None:
+        return {}
+    return {"rope_factors_long.weight": torch.tensor(cfg.rope_long_factors, dtype=torch.float32),
+            "rope_factors_short.weight": torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)}
+
+
 def norm_shift(gguf_architecture: str | None) -> float:
     """What a GGUF file of this architecture adds to each norm's stored weight: llama.cpp's converter writes Gemma's
     gains ``1 + w`` as they are applied, where Hugging Face stores ``w``."""
@@ -516,6 +561,8 @@ __all__ = [
     "family",
     "family_of",
     "fused_back",
+    "gguf_keys",
+    "gguf_tensors",
     "layer_tensors",
     "norm_shift",
     "rope_to_hf",

@@ -31,13 +31,16 @@ Hugging Face export): a character of one byte in UTF-8 is a normal token spelt i
 is ``"Ġ"``), which llama.cpp's BPE looks up as it is; a longer one (``é``, ``猫``) is a user-defined token, which
 llama.cpp matches whole in the text before BPE runs (BPE with no merges could not join its bytes). A character
 the vocabulary lacks is dropped, where qkv's own tokenizer writes ``<unk>``: llama.cpp's BPE has no unknown
-token. qkv's SentencePiece-style BPE (translation) has no GGUF form here.
+token. A SentencePiece BPE (a pretrained Gemma's, Phi-3's or LLaMA 2's: ``▁`` for spaces, byte tokens for the rest) is
+written as llama.cpp's ``llama`` tokenizer: its pieces with scores that rank them as its merges do, and whether a
+``▁`` goes in front of the text.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,17 +49,10 @@ from torch import Tensor, nn
 
 from ..files import write_atomically
 from ..models import GPT
-from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, CharTokenizer
+from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, CharTokenizer, PretrainedTokenizer
 from .export import check_float, check_out, check_size, hf_tokenizer
-from .gguf import (
-    GLOBAL_NAMES,
-    GPT2_CONV1D,
-    GPT2_GLOBAL_NAMES,
-    GPT2_LAYER_NAMES,
-    LAYER_NAMES,
-    PERMUTED_ARCHITECTURES,
-    _import_gguf,
-)
+from .families import FAMILIES, PERMUTED_ARCHITECTURES, gguf_keys, gguf_tensors, norm_shift
+from .gguf import GLOBAL_NAMES, GPT2_CONV1D, GPT2_GLOBAL_NAMES, GPT2_LAYER_NAMES, _import_gguf
 
 log = logging.getLogger(__name__)
 
@@ -84,17 +80,19 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
     check_float(model)
     cfg = model.config
     hf_config = gpt_config_to_hf(cfg)
-    arch = {"mistral": None}.get(hf_config["model_type"], hf_config["model_type"])
-    if arch is None:
+    arch = "gpt2" if hf_config["model_type"] == "gpt2" else FAMILIES[hf_config["model_type"]].gguf_arch
+    if hf_config["model_type"] == "mistral":
         raise ValueError(f"llama.cpp's GGUF files have no sliding window (window={cfg.window}); export this model "
                          "with --format hf")
+    keys = {} if arch == "gpt2" else gguf_keys(cfg, arch)
     vocab = _vocabulary(tokenizer, hf_config["vocab_size"])
-    tensors = _gguf_tensors(gpt_state_dict_to_hf(model.state_dict(), cfg), hf_config)
+    tensors = _gguf_tensors(gpt_state_dict_to_hf(model.state_dict(), cfg), hf_config, arch) | gguf_tensors(cfg)
     kinds = {}
 
     def write(tmp: Path) -> None:
         writer = _writer(gguf, tmp, arch)
         _write_metadata(writer, gguf, hf_config, cfg, storage)
+        _write_keys(writer, gguf, arch, keys)
         _write_tokenizer(writer, gguf, vocab, chat_template)
         for name, tensor in tensors.items():
             array, kinds[name] = _stored(gguf, tensor, storage)
@@ -110,16 +108,20 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
     return out
 
 
-def _gguf_tensors(hf: dict[str, Tensor], hf_config: dict[str, Any]) -> dict[str, Tensor]:
+def _gguf_tensors(hf: dict[str, Tensor], hf_config: dict[str, Any], arch: str) -> dict[str, Tensor]:
     """Hugging Face names -> llama.cpp's (the reader's tables inverted): q and k reordered for the architectures
-    ggml rotates in pairs, GPT-2's Conv1D weights turned to ``(out, in)``."""
+    ggml rotates in pairs, GPT-2's Conv1D weights turned to ``(out, in)``, Gemma's norms stored as their gains."""
     gpt2 = hf_config["model_type"] == "gpt2"
     names = {theirs: ours for ours, theirs in (GPT2_GLOBAL_NAMES if gpt2 else GLOBAL_NAMES).items()}
-    layer_names = {theirs: ours for ours, theirs in (GPT2_LAYER_NAMES if gpt2 else LAYER_NAMES).items()}
-    heads = {} if hf_config["model_type"] not in PERMUTED_ARCHITECTURES else {
+    layers = GPT2_LAYER_NAMES if gpt2 else FAMILIES[hf_config["model_type"]].gguf_names
+    layer_names = {theirs: ours for ours, theirs in layers.items()}
+    heads = {} if arch not in PERMUTED_ARCHITECTURES else {
         "attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
+    shift = norm_shift(arch)
     out = {}
     for name, tensor in hf.items():
+        if shift and name.endswith("norm.weight"):
+            tensor = tensor + shift
         base, _, part = name.rpartition(".")
         if base in names:
             out[f"{names[base]}.{part}"] = tensor
@@ -169,10 +171,23 @@ def _write_metadata(writer, gguf, hf: dict[str, Any], cfg, storage: str) -> None
     writer.add_head_count_kv(cfg.n_kv_heads or cfg.n_heads)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope_base)
     writer.add_layer_norm_rms_eps(cfg.norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
+
+
+def _write_keys(writer, gguf, arch: str, keys: dict[str, Any]) -> None:
+    """The family's own keys (:func:`qkv.interop.families.gguf_keys`), typed as llama.cpp reads them."""
+    kinds = gguf.GGUFValueType
+    for key, value in keys.items():
+        if isinstance(value, list):
+            writer.add_array(f"{arch}.{key}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"{arch}.{key}", value)
+        elif isinstance(value, bool | int):
+            writer.add_key_value(f"{arch}.{key}", int(value), kinds.UINT32)
+        else:
+            writer.add_key_value(f"{arch}.{key}", float(value), kinds.FLOAT32)
 
 
 def _writer(gguf, path: Path, arch: str):
@@ -201,6 +216,8 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     hf, specials = hf_tokenizer(tokenizer)
     data = json.loads(hf.to_str())
     decoders = (data.get("decoder") or {}).get("decoders") or [data.get("decoder") or {}]  # one, or a Sequence
+    if data["model"]["type"] == "BPE" and data["model"].get("byte_fallback"):
+        return _sentencepiece(tokenizer, hf, data, specials, vocab_size)
     if data["model"]["type"] != "BPE" or not any(d.get("type") == "ByteLevel" for d in decoders):
         raise ValueError(f"GGUF files here hold byte-level BPE and character vocabularies; this one is "
                          f"{data['model']['type']} with a {decoders[-1].get('type', 'plain')} decoder: train the "
@@ -209,14 +226,45 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     if pre is None:
         raise ValueError("the tokenizer splits text in a way llama.cpp has no name for; it cannot be a GGUF file")
     size = hf.get_vocab_size(with_added_tokens=True)
-    check_size(size, vocab_size)
+    check_size(size, vocab_size, spare_rows=isinstance(tokenizer, PretrainedTokenizer))
     added = hf.get_added_tokens_decoder()
     types = ["NORMAL" if i not in added else "CONTROL" if added[i].special else "USER_DEFINED" for i in range(size)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     ids = {role: hf.token_to_id(token) for role, token in specials.items() if role != "unk"}
     add_bos = bool(getattr(tokenizer, "add_bos", False))
-    return {"tokens": [hf.id_to_token(i) for i in range(size)], "types": types, "merges": merges, "pre": pre,
-            "ids": ids, "add_bos": add_bos}
+    spare = range(size, vocab_size)  # the table's rows no token uses, as llama.cpp's converter names them
+    return {"model": "gpt2", "tokens": [hf.id_to_token(i) for i in range(size)] + [f"[PAD{i}]" for i in spare],
+            "types": types + ["UNUSED"] * len(spare), "merges": merges, "pre": pre, "ids": ids, "add_bos": add_bos}
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def _sentencepiece(tokenizer, hf, data: dict, specials: dict, vocab_size: int) -> dict[str, Any]:
+    """A SentencePiece BPE (Gemma's, LLaMA 2's, Phi-3's: ``▁`` for spaces, byte tokens for the rest) as llama.cpp's
+    ``llama`` tokenizer holds it: each piece a score, the pieces that merges make ranked by their first merge
+    (llama.cpp joins the pair whose piece scores highest: the same order), and whether a ``▁`` goes in front of the
+    text (``add_space_prefix``)."""
+    size = hf.get_vocab_size(with_added_tokens=True)
+    check_size(size, vocab_size, spare_rows=isinstance(tokenizer, PretrainedTokenizer))
+    tokens = [hf.id_to_token(i) for i in range(size)]
+    rank: dict[str, int] = {}
+    for i, merge in enumerate(data["model"]["merges"]):
+        left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+        rank.setdefault(left + right, i)
+    added = hf.get_added_tokens_decoder()
+    unknown = data["model"].get("unk_token")
+    types = ["CONTROL" if i in added and added[i].special else "USER_DEFINED" if i in added else
+             "UNKNOWN" if token == unknown else "BYTE" if _BYTE_TOKEN.fullmatch(token) else "NORMAL"
+             for i, token in enumerate(tokens)]
+    scores = [-float(rank[token]) if token in rank else -1e9 for token in tokens]
+    spare = range(size, vocab_size)  # the table's rows no token uses, as llama.cpp's converter names them
+    tokens, types, scores = tokens + [f"[PAD{i}]" for i in spare], types + ["UNUSED"] * len(spare), \
+        scores + [-1e9] * len(spare)
+    ids = {role: hf.token_to_id(token) for role, token in specials.items()}
+    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "pre": "default", "ids": ids,
+            "add_bos": bool(getattr(tokenizer, "add_bos", False)), "space_prefix": "Prepend" in json.dumps(
+                data.get("normalizer")) or '"prepend_scheme": "first"' in json.dumps(data.get("pre_tokenizer"))}
 
 
 def _characters(tokenizer: CharTokenizer, vocab_size: int) -> dict[str, Any]:
@@ -238,20 +286,25 @@ def _characters(tokenizer: CharTokenizer, vocab_size: int) -> dict[str, Any]:
         if spelt.setdefault(token, char) != char:
             raise ValueError(f"the characters {spelt[token]!r} and {char!r} are one GGUF token, {token!r}, in "
                              "llama.cpp's byte alphabet; export this model with --format hf")
-    return {"tokens": tokens, "types": types, "merges": [], "pre": "gpt-2",
+    return {"model": "gpt2", "tokens": tokens, "types": types, "merges": [], "pre": "gpt-2",
             "ids": {"bos": BOS_ID, "eos": EOS_ID, "pad": PAD_ID}, "add_bos": False}
 
 
 def _write_tokenizer(writer, gguf, vocab: dict[str, Any], chat_template: str | None) -> None:
-    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_model(vocab["model"])
     writer.add_tokenizer_pre(vocab["pre"])
     writer.add_token_list(vocab["tokens"])
     writer.add_token_types([gguf.TokenType[kind] for kind in vocab["types"]])
-    # add_token_merges([]) would add no key (see _writer)
-    writer.add_key_value(gguf.Keys.Tokenizer.MERGES, vocab["merges"], gguf.GGUFValueType.ARRAY)
-    adders = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "pad": writer.add_pad_token_id}
+    if vocab["model"] == "llama":
+        writer.add_token_scores(vocab["scores"])
+        writer.add_add_space_prefix(vocab["space_prefix"])
+    else:  # add_token_merges([]) would add no key (see _writer)
+        writer.add_key_value(gguf.Keys.Tokenizer.MERGES, vocab["merges"], gguf.GGUFValueType.ARRAY)
+    adders = {"bos": writer.add_bos_token_id, "eos": writer.add_eos_token_id, "pad": writer.add_pad_token_id,
+              "unk": writer.add_unk_token_id}
     for role, token_id in vocab["ids"].items():
-        adders[role](token_id)
+        if token_id is not None:
+            adders[role](token_id)
     writer.add_add_bos_token(vocab["add_bos"])
     if chat_template is not None:
         writer.add_chat_template(chat_template)
