@@ -368,6 +368,9 @@ class GPTConfig(ModelConfig):
         attention_softcap: attention scores capped at ±this with tanh (Gemma 2).
         logit_scale: the logits times this (Granite divides by ``logits_scaling``).
         logit_softcap: the logits capped at ±this with tanh (Gemma 2).
+        family: the Hugging Face ``model_type`` whose files the model was read from: the names its exports and
+            adapters use (Phi-3's fused layers, say, where its blocks alone would read as LLaMA's); None: told by
+            its blocks.
     """
 
     vocab_size: int
@@ -390,6 +393,7 @@ class GPTConfig(ModelConfig):
     attention_softcap: float | None = None
     logit_scale: float = 1.0
     logit_softcap: float | None = None
+    family: str | None = None
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12, max_seq_len=1024),

@@ -56,12 +56,29 @@ class Layout:
         layers: a block's projection layers, by qkv's block-relative name -> the Hugging Face modules each holds
             (several for a stacked layer, in the order of its rows). A module's target is its last name.
         task: PEFT's ``task_type`` for the family's model.
+        fused: LLaMA's names -> the family's fused layer that holds them (Phi-3), so LLaMA's targets are read as
+            the family's (:meth:`own`); the model's separate layers are stacked to match.
     """
 
     family: str
     stacks: Mapping[str, str]
     layers: Mapping[str, tuple[str, ...]]
     task: str
+    fused: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def own(self, targets: tuple[str, ...]) -> tuple[str, ...]:
+        """``targets`` in this family's names: the LLaMA names of a fused layer's parts (Phi-3's ``qkv_proj``
+        holds q_proj, k_proj and v_proj) become that layer's, all its parts or none.
+
+        Raises:
+            ValueError: some parts of a fused layer targeted, not all."""
+        for whole in dict.fromkeys(self.fused.values()):
+            parts = [t for t, w in self.fused.items() if w == whole]
+            chosen = [t for t in parts if t in targets]
+            if chosen and len(chosen) < len(parts):
+                raise ValueError(f"a {self.family} model holds {', '.join(parts)} in one layer, {whole}: target "
+                                 f"{whole} (all of them), not {', '.join(chosen)} alone")
+        return tuple(dict.fromkeys(self.fused.get(t, t) for t in targets))
 
     @property
     def targets(self) -> tuple[str, ...]:
@@ -82,6 +99,14 @@ LLAMA = Layout(
     layers={**_INPUT_PROJECTIONS, "self_attn.out_proj": ("self_attn.o_proj",), "feed_forward.gate": ("mlp.gate_proj",),
             "feed_forward.up": ("mlp.up_proj",), "feed_forward.gate_up": ("mlp.gate_proj", "mlp.up_proj"),
             "feed_forward.down": ("mlp.down_proj",)})
+# Phi-3 stores [W^Q; W^K; W^V] and [W_g; W_1] as one matrix each, and PEFT adapts each as one layer: one A for all
+# its rows. qkv's model takes the same stacked layers, each adapter spanning all of the layer's rows.
+PHI3 = Layout(
+    family="Phi-3", task="CAUSAL_LM", stacks={"decoder.layers": "model.layers"},
+    layers={"self_attn.qkv_proj": ("self_attn.qkv_proj",), "self_attn.out_proj": ("self_attn.o_proj",),
+            "feed_forward.gate_up": ("mlp.gate_up_proj",), "feed_forward.down": ("mlp.down_proj",)},
+    fused={"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+           "up_proj": "gate_up_proj"})
 MARIAN = Layout(
     family="Marian", task="SEQ_2_SEQ_LM",
     stacks={"encoder.layers": "model.encoder.layers", "decoder.layers": "model.decoder.layers"},
@@ -89,21 +114,24 @@ MARIAN = Layout(
             **{f"cross_attn.{p}_proj": (f"encoder_attn.{p}_proj",) for p in ("q", "k", "v", "out")},
             "feed_forward.up": ("fc1",), "feed_forward.down": ("fc2",)})
 TARGETS = LLAMA.targets
-KNOWN_TARGETS = tuple(dict.fromkeys(LLAMA.targets + MARIAN.targets))
+KNOWN_TARGETS = tuple(dict.fromkeys(LLAMA.targets + MARIAN.targets + PHI3.targets))
 
 
 def layout_of(model: nn.Module) -> Layout:
-    """The :class:`Layout` of ``model``: :data:`LLAMA` for a GPT with RMSNorm, RoPE and SwiGLU, :data:`MARIAN` for
-    a Post-Norm encoder-decoder Transformer with an ungated feed-forward.
+    """The :class:`Layout` of ``model``: :data:`LLAMA` for a GPT with RMSNorm, RoPE and a gated feed-forward (the
+    LLaMA family: Gemma, SmolLM3, OLMo 2, Granite, Qwen and Mistral name their projections as LLaMA does),
+    :data:`PHI3` for a Phi-3's, :data:`MARIAN` for a Post-Norm encoder-decoder Transformer with an ungated
+    feed-forward.
 
     Raises:
         ValueError: any other model, described.
     """
+    from .interop.families import family_of
     from .models import GPT, Transformer
 
     config = getattr(model, "config", None)
-    if isinstance(model, GPT) and (config.norm, config.positional, config.activation) == ("rms", "rope", "swiglu"):
-        return LLAMA
+    if isinstance(model, GPT) and (config.norm, config.positional) == ("rms", "rope") and config.activation in GATED:
+        return PHI3 if family_of(config).model_type == "phi3" else LLAMA
     if isinstance(model, Transformer) and not config.norm_first and config.activation not in GATED:
         return MARIAN
     if isinstance(model, GPT):
@@ -114,8 +142,8 @@ def layout_of(model: nn.Module) -> Layout:
     else:
         what = f"a {type(model).__name__}"
     raise ValueError("LoRA adapters are placed by Hugging Face's names in the LLaMA family (a GPT with RMSNorm, RoPE "
-                     "and SwiGLU: llama, mistral, qwen2, qwen3) and in Marian translation models (a Post-Norm "
-                     f"Transformer), got {what}")
+                     "and a gated feed-forward network: llama, mistral, qwen2, qwen3, gemma, phi3, smollm3, olmo2, "
+                     f"granite) and in Marian translation models (a Post-Norm Transformer), got {what}")
 
 
 @dataclass(frozen=True)
@@ -183,23 +211,36 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
             rank larger than a targeted layer's side.
     """
     layout = layout_of(model)
-    foreign = [t for t in config.targets if t not in layout.targets]
+    targets = layout.own(config.targets)
+    foreign = [t for t in targets if t not in layout.targets]
     if foreign:
         raise ValueError(f"the LoRA target modules {foreign} are not projections of a {layout.family} model; choose "
                          f"among {', '.join(layout.targets)}")
     model.requires_grad_(False)
+    if layout.fused:
+        _stack(model, layout)
     for full, name, layer, attention in list(_projections(model, layout)):
         parts = _parts(name, layer, attention, layout)
-        if isinstance(layer, LoRALinear) or not any(p in config.targets for p, _ in parts):
+        if isinstance(layer, LoRALinear) or not any(p in targets for p, _ in parts):
             continue
         try:
             adapted = LoRALinear(layer, rank=config.rank, alpha=config.alpha, dropout=config.dropout,
                                  rslora=config.rslora, parts=parts if len(parts) > 1 else None,
-                                 targets=None if len(parts) == 1 else config.targets)
+                                 targets=None if len(parts) == 1 else targets)
         except ValueError as err:
             raise ValueError(f"{full}: {err}") from None
         _set(model, full, adapted.train(layer.training))  # new modules train by default: dropout in an eval model
     return model
+
+
+def _stack(model: nn.Module, layout: Layout) -> None:
+    """Each block's Q, K, V and gate, up projections as the one layer each that the family's adapters span."""
+    from .nn import StackedFeedForward, StackedSelfAttention
+
+    for stack in layout.stacks:
+        for block in model.get_submodule(stack):
+            block.self_attn = StackedSelfAttention.from_attention(block.self_attn) or block.self_attn
+            block.feed_forward = StackedFeedForward.from_feed_forward(block.feed_forward) or block.feed_forward
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -274,6 +315,7 @@ __all__ = [
     "KNOWN_TARGETS",
     "LLAMA",
     "MARIAN",
+    "PHI3",
     "TARGETS",
     "Layout",
     "LoRAConfig",

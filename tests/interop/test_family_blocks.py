@@ -144,3 +144,36 @@ def test_other_families_state_what_qkv_refuses():
         config = family_model(transformers, kind).config.to_dict() | change
         with pytest.raises(ValueError, match=message):
             load_gpt_from_hf({}, config)
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_a_qkv_adapter_of_each_family_runs_in_peft_as_in_qkv(tmp_path, kind):
+    """LoRA on every projection by the family's own names (Phi-3's fused qkv_proj and gate_up_proj, one adapter each,
+    as PEFT places them): the adapter qkv writes, loaded by peft onto the transformers model, gives qkv's logits;
+    read back by qkv, the same adapter."""
+    peft = pytest.importorskip("peft")
+    from qkv.interop.peft import load_peft_adapter, save_peft_adapter
+    from qkv.lora import LoRAConfig, add_lora, lora_config_of
+
+    hf = family_model(transformers, kind)
+    model = add_lora(_qkv(hf), LoRAConfig(rank=4, alpha=8.0)).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # B starts at zero: adapters that change nothing would check nothing
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.2)
+    config = lora_config_of(model)
+    assert set(config.targets) == ({"qkv_proj", "o_proj", "gate_up_proj", "down_proj"} if kind == "phi3" else
+                                   {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"})
+    save_peft_adapter(model, config, tmp_path / "adapter", base_name=kind)
+    theirs = peft.PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    ids = _ids(2, 12, seed=7)
+    with torch.no_grad():
+        ours, adapted = model(ids), theirs(ids).logits
+        torch.testing.assert_close(ours, adapted, atol=1e-4, rtol=1e-4)
+        with theirs.disable_adapter():
+            assert (theirs(ids).logits - adapted).abs().max() > 0.1
+    again = _qkv(family_model(transformers, kind))
+    load_peft_adapter(again, tmp_path / "adapter")
+    with torch.no_grad():
+        torch.testing.assert_close(again.eval()(ids), ours, atol=1e-5, rtol=1e-5)

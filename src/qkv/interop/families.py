@@ -316,6 +316,8 @@ def text_tensor(name: str) -> str | None:
 
 def family_of(cfg: GPTConfig) -> Family:
     """The family whose config.json holds ``cfg``: told apart by the blocks it uses (LLaMA when none)."""
+    if cfg.family in FAMILIES:
+        return FAMILIES[cfg.family]
     rotary = [cfg.layer(i) for i in range(cfg.n_layers)]
     if cfg.norm_offset:
         return FAMILIES["gemma3_text" if cfg.qk_norm else "gemma2"]
@@ -491,7 +493,7 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
         tie_embeddings=bool(hf_field(hf_config, "tie_word_embeddings", False)),
     )
     fields |= {k: v for k, v in rotary_settings(hf_config, head_dim).items() if v is not None or k == "rotary_dim"}
-    return GPTConfig(**fields | fam.settings(hf_config))
+    return GPTConfig(**fields | fam.settings(hf_config), family=fam.model_type)
 
 
 def layer_tensors(cfg: GPTConfig, model_type: str) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -233,7 +233,7 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
 HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", **{name: f.architecture for name, f in FAMILIES.items()}}
 # Besides training's fields, not compared when a config is read back: padding a language model leaves to
 # attention_mask, and table padding
-_NOT_COMPARED = ("pad_id", "vocab_multiple")
+_NOT_COMPARED = ("pad_id", "vocab_multiple", "family")
 
 
 def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:

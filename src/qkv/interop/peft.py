@@ -40,6 +40,7 @@ from ..lora import (
     KNOWN_TARGETS,
     LLAMA,
     MARIAN,
+    PHI3,
     LoRAConfig,
     add_lora,
     hf_modules,
@@ -59,7 +60,7 @@ _PREFIX = "base_model.model."
 KEY = re.compile(r"base_model\.model\.(model(?:\.encoder|\.decoder)?\.layers)\.(\d+)\.(\w+(?:\.\w+)?)"
                  r"\.lora_([AB])\.weight")
 # Every block's modules in the families read, in a block's order.
-_MODULES = tuple(dict.fromkeys(m for layout in (LLAMA, MARIAN) for ms in layout.layers.values() for m in ms))
+_MODULES = tuple(dict.fromkeys(m for layout in (LLAMA, PHI3, MARIAN) for ms in layout.layers.values() for m in ms))
 # Fields that change what an adapter computes or where it applies: each must hold plain LoRA's value (absent,
 # null, false, "none" or empty) to be read.
 _NOT_SUPPORTED = ("use_dora", "fan_in_fan_out", "bias", "lora_bias", "rank_pattern", "alpha_pattern",
