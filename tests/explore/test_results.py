@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from qkv.checkpoint import load_checkpoint
+from qkv.config import GPTConfig
 from qkv.explore import InputError, lm_result, page, translation_result
 from qkv.explore.results import MAX_TOKENS
 from qkv.generation import LMDecoder, generate
@@ -42,6 +43,25 @@ def test_a_language_model_shows_its_continuation_attention_and_candidates(lm_dir
         assert candidates[0]["p"] == pytest.approx(probs.max().item(), abs=5e-5)
     assert view["stepped"] and json.loads(json.dumps(result)) == result  # plain JSON
     assert (label(tok, tok.stoi[" "]), label(tok, tok.stoi["\n"])) == ("␣", "↵")  # made visible
+
+
+def test_local_and_global_layers_are_named_and_a_local_one_sees_its_window_alone(lm_dir):
+    """A model of Gemma's kinds of layers (two local ones with a window of 3, a global one, one without positions):
+    the page names each layer's kind, and a local layer's weights are zero beyond its window."""
+    from qkv import GPT
+    from qkv.config import LayerSpec
+
+    tok = load_checkpoint(lm_dir).tokenizers["text"]
+    layers = [LayerSpec(window=3), LayerSpec(), LayerSpec(window=3), LayerSpec(rotary=False)]
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=2, n_layers=4, positional="rope",
+                          norm="rms", activation="geglu_tanh", layers=layers)).eval()
+    view = lm_result(model, tok, "the cat sat", name="local", new_tokens=3)["views"][0]
+    assert view["layers"] == ["local, window 3", "global", "local, window 3", "global, no positions"]
+    weights = torch.tensor(view["attention"])  # (layers, heads, T, T)
+    rows, cols = torch.meshgrid(torch.arange(weights.size(-1)), torch.arange(weights.size(-1)), indexing="ij")
+    beyond = rows - cols >= 3
+    assert beyond.any() and (weights[0][:, beyond] == 0).all() and (weights[1][:, beyond] > 0).any()
 
 
 def test_a_translator_shows_encoder_decoder_and_cross_attention(translator_dir):

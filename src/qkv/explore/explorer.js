@@ -60,6 +60,8 @@
   }
 
   const numLayers = (view) => view.attention.length;
+  // a layer's name: its number, and what sets it apart where layers differ (Gemma's local and global layers)
+  const layerName = (view, l) => (view.layers ? `${l} · ${view.layers[l]}` : String(l));
   const numHeads = (view) => (view.attention.length ? view.attention[0].length : 0);
   const matrixOf = (view, layer, head) => (view.attention[layer] || [])[head] || [];
 
@@ -138,7 +140,7 @@
     if (state.detail && (state.detail.layer >= layers || state.detail.head >= heads)) state.detail = null;
     state.query = Math.min(state.query, Math.max(view.queries.length - 1, 0));
     $("view").value = view.id;
-    fillSelect($("layer"), range(layers).map((l) => [l, l]));
+    fillSelect($("layer"), range(layers).map((l) => [l, layerName(view, l)]));
     $("layer").value = String(state.layer);
     buildHeadToggles(heads);
   }
@@ -261,7 +263,7 @@
     for (const h of range(heads)) grid.appendChild(el("span", { class: "col-label" }, `head ${h}`));
     const rows = visibleRows(view);
     for (const l of range(numLayers(view))) {
-      grid.appendChild(el("span", { class: "row-label" }, `layer ${l}`));
+      grid.appendChild(el("span", { class: "row-label" }, `layer ${layerName(view, l)}`));
       for (const h of range(heads)) {
         const canvas = el("canvas", {
           class: "thumb", "data-layer": l, "data-head": h, width: THUMB, height: THUMB, title: `layer ${l}, head ${h}`,

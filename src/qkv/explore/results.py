@@ -51,9 +51,23 @@ def weights(layers: list[Tensor]) -> list:
 
 
 def _view(view_id: str, title: str, queries: list[str], keys: list[str], layers: list[Tensor], *,
-          stepped: bool = False) -> dict[str, Any]:
+          stepped: bool = False, kinds: list[str] | None = None) -> dict[str, Any]:
     return {"id": view_id, "title": title, "queries": queries, "keys": keys, "attention": weights(layers),
-            "stepped": stepped}
+            "stepped": stepped, "layers": kinds}
+
+
+def layer_kinds(model: nn.Module) -> list[str] | None:
+    """What sets each layer of a language model apart, for the page: ``"local, window 512"``, ``"global"``, ``"no
+    positions"`` (Gemma's local and global layers, SmolLM3's NoPE ones); None when every layer is alike."""
+    config = getattr(model, "config", None)
+    if not hasattr(config, "layer"):
+        return None
+    kinds = []
+    for i in range(config.n_layers):
+        spec = config.layer(i)
+        kind = f"local, window {spec.window}" if spec.window else "global"
+        kinds.append(kind if spec.rotary or config.positional != "rope" else f"{kind}, no positions")
+    return kinds if len(set(kinds)) > 1 else None
 
 
 def _check_length(n_tokens: int, limit: int, what: str) -> None:
@@ -115,7 +129,8 @@ def lm_result(model: nn.Module, tokenizer: Tokenizer, text: str, *, name: str, n
     first = len(prompt) - 1  # the prompt's last token is the query that writes the first new one
     top = _steps(logits[0, first : len(ids) - 1], tokenizer, model.config.vocab_size, never)
     return {"model": name, "kind": "lm", "input": text, "image": None,
-            "views": [_view("self", "Self-attention (causal)", tokens, tokens, attention, stepped=True)],
+            "views": [_view("self", "Self-attention (causal)", tokens, tokens, attention, stepped=True,
+                            kinds=layer_kinds(model))],
             "steps": {"first": first, "tokens": tokens[first + 1 :], "top": top}}
 
 
