@@ -182,8 +182,9 @@ class BPETokenizer:
 
 # Tokens that end a turn or a document in common pretrained vocabularies. A chat model ends its answer with its
 # end-of-turn marker, which need not be the tokenizer's eos (SmolLM2's base model's eos is <|endoftext|>, its
-# chat model writes <|im_end|>), so generation stops at any of those the vocabulary has.
-END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>")
+# chat model writes <|im_end|>), so generation stops at any of those the vocabulary has: ChatML's, Llama 3's, Gemma's
+# and Phi-3's, as llama.cpp ends generation at each.
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 
 def default_stop_ids(hf_tokenizer, eos_id: int | None) -> set[int]:
     """The ids that end generation when a model names no others: eos and the END_MARKERS the vocabulary has."""

