@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 NORMS = ("layer", "rms")
 POSITIONALS = ("sinusoidal", "learned", "rope", "none")
-ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "quick_gelu", "silu", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")  # a gate and an up projection (qkv.nn.feedforward)
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "quick_gelu", "silu", *GATED_ACTIVATIONS)
 INITS = ("normal", "xavier")
 
 

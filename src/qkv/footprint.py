@@ -64,6 +64,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .config import GATED_ACTIVATIONS
+
 TRAINING_COPIES = 4  # weights, gradients, AdamW's first and second moments
 FLOAT = 4  # bytes of an fp32 number: every estimate counts fp32
 SINUSOID_BYTES = 16  # a sinusoidal table's entry while it is made: float64, then its float32 copy
@@ -163,7 +165,7 @@ def stacks(config: Any) -> list[Stack]:
     return [Stack(d=d, d_ff=getattr(config, "d_ff", None) or 4 * d, layers=_layer_count(config), heads=heads,
                   outputs=outputs, tokens=tokens, keys=min(tokens, window or tokens),
                   sinusoid_rows=tokens if getattr(config, "positional", None) == "sinusoidal" else 0,
-                  gated=getattr(config, "activation", None) == "swiglu")]
+                  gated=getattr(config, "activation", None) in GATED_ACTIVATIONS)]
 
 
 def _check_config(config: Any, what: str) -> None:

@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import sys
 
+from ..config import GATED_ACTIVATIONS
 from ..options import DEFAULT_GROUP_SIZE, DEVICES, GROUP_SIZES, MODES, PRECISIONS
 from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, real
 
@@ -75,7 +76,7 @@ def add_size_arguments(group: argparse._ArgumentGroup) -> None:
 
 def add_ingredient_arguments(group: argparse._ArgumentGroup, *, activations: str) -> None:
     """The modern recipe's switches of a Transformer's blocks (``activations``: what the preset uses)."""
-    group.add_argument("--activation", choices=["relu", "relu2", "gelu", "gelu_tanh", "silu", "swiglu"],
+    group.add_argument("--activation", choices=["relu", "relu2", "gelu", "gelu_tanh", "silu", *GATED_ACTIVATIONS],
                        help=f"the feed-forward activation ({activations}); relu2 is ReLU squared")
     group.add_argument("--qk-norm", action=argparse.BooleanOptionalAction,
                        help="normalise each head's queries and keys before the scores (as Qwen3 does)")

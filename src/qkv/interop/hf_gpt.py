@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config import GPTConfig
+from ..config import GATED_ACTIVATIONS, GPTConfig
 from ..footprint import build_model
 from ..models import GPT
 from .families import FAMILIES, MODEL_TYPES, config_from_hf, config_to_hf, fused_back, layer_tensors, unfused
@@ -192,7 +192,7 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
 
 
 def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig, model_type: str) -> dict[str, Tensor]:
-    check_config(cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=("swiglu", "geglu", "geglu_tanh"),
+    check_config(cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=GATED_ACTIVATIONS,
                  bias=(False,), gated_attention=(False,))
     ckpt = HFStateDict(unfused(state_dict, cfg, model_type), family=FAMILIES[model_type].title, prefix="model.",
                        ignore=lambda key: key.endswith("rotary_emb.inv_freq"))
@@ -257,7 +257,7 @@ def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
               "n_layer": cfg.n_layers, "n_inner": cfg.d_ff, "n_positions": cfg.max_seq_len,
               "activation_function": activation, "layer_norm_epsilon": cfg.norm_eps, "resid_pdrop": cfg.dropout,
               "embd_pdrop": cfg.dropout, "attn_pdrop": _attention_dropout(cfg), "scale_attn_weights": True}
-    elif cfg.norm == "rms" and cfg.positional == "rope" and cfg.activation in ("swiglu", "geglu", "geglu_tanh"):
+    elif cfg.norm == "rms" and cfg.positional == "rope" and cfg.activation in GATED_ACTIVATIONS:
         hf = config_to_hf(cfg) | {"attention_dropout": _attention_dropout(cfg)}
     else:
         raise ValueError(f"a GPT with norm={cfg.norm!r}, positional={cfg.positional!r} and activation="
