@@ -8,6 +8,7 @@ import torch
 from decoding_reference import continue_prompts
 
 from qkv import GPT, GPTConfig
+from qkv.config import LayerSpec
 from qkv.batching import Batch, Row
 from qkv.generation import GREEDY, Sampling
 
@@ -15,11 +16,24 @@ VOCAB = 50
 STOP = 3
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral"])
+# Gemma's blocks (a local layer with a window shorter than a row, a global one, sandwich norms of 1 + w, QK-norm,
+# capped scores and logits) and Phi-3's (rotary on part of each head, LongRoPE switching sets at position 8)
+FAMILY_BLOCKS = {
+    "gemma": dict(layers=[LayerSpec(window=4), LayerSpec()], norm_offset=True, branch_norm=True, qk_norm=True,
+                  attention_softcap=5.0, logit_softcap=10.0, embedding_scale=2.0, activation="geglu_tanh"),
+    "phi": dict(rotary_dim=4, rope_freq_factors=[1.0, 2.0], rope_long_factors=[2.0, 4.0], rope_original_context=8,
+                rope_scale=1.1),
+}
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "gemma", "phi"])
 def model(request):
     torch.manual_seed(0)
     if request.param == "gpt2":
         cfg = GPTConfig(vocab_size=VOCAB, d_model=32, n_heads=4, n_layers=2, d_ff=64, dropout=0.0, max_seq_len=64)
+    elif request.param in FAMILY_BLOCKS:
+        cfg = GPTConfig.from_preset("llama", vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
+                                    d_ff=64, max_seq_len=64, **FAMILY_BLOCKS[request.param])
     else:  # grouped-query attention and rotary positions; mistral's with a sliding window shorter than a row
         cfg = GPTConfig.from_preset("llama", vocab_size=VOCAB, d_model=32, n_heads=4, n_kv_heads=2, n_layers=2,
                                     d_ff=64, max_seq_len=64, window=6 if request.param == "mistral" else None)
