@@ -8,8 +8,8 @@ import torch
 from decoding_reference import continue_prompts
 
 from qkv import GPT, GPTConfig
-from qkv.config import LayerSpec
 from qkv.batching import Batch, Row
+from qkv.config import LayerSpec
 from qkv.generation import GREEDY, Sampling
 
 VOCAB = 50

@@ -160,3 +160,71 @@ def test_an_exported_gguf_file_reads_back_as_the_model_and_its_tokenizer(tmp_pat
     _same_model(back.model, hf, hf.config.vocab_size)
     for text in SAMPLES:  # as llama.cpp runs the family's tokenizer (see _as_llama_cpp)
         assert back.tokenizer.encode(text) == reference(text), text
+
+
+def _llama_cpp_bin():
+    from llama_cpp_tools import llama_cpp
+
+    return None if llama_cpp("llama-simple") is None or llama_cpp("llama-perplexity") is None else \
+        llama_cpp("llama-simple").parent
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_llama_cpp_bin() is None, reason="no llama.cpp build (set QKV_LLAMA_CPP to its bin folder)")
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_llama_cpp_runs_each_familys_export_as_transformers_and_qkv_do(tmp_path, kind, sentencepiece_models):
+    """The GGUF file qkv writes of each family, run by llama.cpp: its perplexity of a text is transformers' on the
+    folder (within 1%), and its greedy continuation is qkv's."""
+    import subprocess
+
+    from llama_cpp_tools import llama_perplexity
+
+    from qkv.interop.gguf_export import export_gguf
+    from qkv.metrics import chunked_perplexity
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    hf, _ = _folder(folder, kind, sentencepiece_models)
+    pretrained = load_pretrained(folder)
+    export_gguf(pretrained.model, pretrained.tokenizer, tmp_path / "m.gguf", storage="f32")
+    text = " ".join(["The cat sat on the mat, and the dog sat by the door."] * 12)
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    theirs = llama_perplexity(tmp_path / "m.gguf", tmp_path / "text.txt", 32)
+    ids = pretrained.tokenizer.encode_prompt(text)
+    with torch.no_grad():
+        reference = chunked_perplexity(lambda x: hf(x).logits, ids, 32)
+    assert theirs == pytest.approx(reference, rel=0.01)
+    # llama.cpp takes LongRoPE's long set once its context (padded to 256) passes the original one (8 here); qkv and
+    # transformers once a sequence does: Phi-3's prompt passes it, so that both use the long set from the start.
+    # (The others' prompt is shorter than Gemma's window of 4: past it, llama-simple's continuation of the file
+    # llama.cpp's own converter writes differs from transformers', where llama-perplexity agrees with both.)
+    prompt, new = ("The cat sat on the mat, and the dog" if kind == "phi3" else "The cat sat"), 6
+    run = subprocess.run([_llama_cpp_bin() / "llama-simple", "-m", tmp_path / "m.gguf", "-n", str(new), prompt],
+                         capture_output=True, check=True, stdin=subprocess.DEVNULL)
+    with torch.no_grad():
+        ours = greedy_qkv(pretrained.model, torch.tensor([pretrained.tokenizer.encode_prompt(prompt)]), new)[0]
+    # llama-simple writes each token's bytes as they are (the prompt with its leading space, if the tokenizer puts
+    # one in front); compared as bytes, as the random model writes bytes that are no whole character
+    written = run.stdout.removesuffix(b"\n")
+    assert written.removeprefix(b" ").removeprefix(prompt.encode()) == _bytes(pretrained.tokenizer, ours.tolist())
+
+
+def _bytes(tokenizer, ids: list[int]) -> bytes:
+    """The bytes tokens spell: a byte token's byte (``<0xE7>``), a piece's UTF-8 with ``▁`` a space (SentencePiece),
+    or a byte-level BPE piece's bytes."""
+    import re
+
+    from qkv.interop.gguf_tokenizer import SPACE
+
+    out = b""
+    for i in ids:
+        piece = tokenizer.hf.id_to_token(i)
+        if piece is None:  # a row of the table past the tokenizer: llama.cpp's [PAD] token, which writes nothing
+            continue
+        if re.fullmatch(r"<0x[0-9A-F]{2}>", piece):
+            out += bytes([int(piece[3:5], 16)])
+        elif SPACE in piece or tokenizer.hf.decoder is None or "ByteLevel" not in tokenizer.hf.decoder.__repr__():
+            out += piece.replace(SPACE, " ").encode()
+        else:
+            out += tokenizer.hf.decode([i]).encode()
+    return out
