@@ -272,7 +272,7 @@ def run_llama_cpp(bin_dir: Path, path: Path, threads: int) -> dict:
     start = time.perf_counter()
     completion = subprocess.run(["/usr/bin/time", "-v", str(bin_dir / "llama-completion"), "-m", str(path), "-t",
                                  str(threads), "-c", "128", "-p", TEXT, "-n", "1", "-no-cnv", "--no-warmup"],
-                                capture_output=True, text=True, stdin=subprocess.DEVNULL, check=True)
+                                capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL, check=True)
     first = time.perf_counter() - start
     return {"first_token_s": first, "decode_tok_s": speeds["decode"], "prompt_tok_s": speeds["prompt"],
             "peak_bytes": max(_peak_of(bench.stderr), _peak_of(completion.stderr))}

@@ -104,15 +104,24 @@ class _Source:
     def rows_at(self, start: int, end: int) -> Tensor:
         raise NotImplementedError
 
-    def release(self) -> None:
-        """Done with: the file's pages it was read from need not stay in this process's memory."""
+    def release(self, rows: tuple[int, int] | None = None) -> None:
+        """Done with (these rows of) it: the file's pages they were read from need not stay in this process's
+        memory."""
 
     def chunks(self) -> Iterator[tuple[int, Tensor]]:
         """``(first row, float32 rows)`` chunk by chunk, checked finite."""
-        for start in range(0, self.rows, CHUNK_ROWS):
-            values = self.rows_at(start, min(start + CHUNK_ROWS, self.rows))
+        for start, end in self.spans():
+            values = self.rows_at(start, end)
             check_finite([(self.name, values)], f"{self.path} holds", "the file is damaged; use another copy")
             yield start, values
+
+    def spans(self) -> Iterator[tuple[int, int]]:
+        """``(first, past-the-last row)`` of each chunk, the file's pages of each let go once the caller is done
+        with it (when it asks for the next)."""
+        for start in range(0, self.rows, CHUNK_ROWS):
+            end = min(start + CHUNK_ROWS, self.rows)
+            yield start, end
+            self.release((start, end))
 
 
 class _GGUFSource(_Source):
@@ -130,8 +139,8 @@ class _GGUFSource(_Source):
             return self.tensor.data[start:end]
         return self.tensor.data[self.order[start:end]]
 
-    def release(self) -> None:
-        self.tensor.release()
+    def release(self, rows: tuple[int, int] | None = None) -> None:
+        self.tensor.release(rows if self.order is None else None)  # reordered rows: their pages at the end
 
     def rows_at(self, start: int, end: int) -> Tensor:
         values = dequantized_rows(self.kind, self.raw(start, end), self.tensor.tensor_type)
@@ -168,8 +177,8 @@ class _Rows(_Source):
     def rows_at(self, start: int, end: int) -> Tensor:
         return self.whole.rows_at(self.first + start, self.first + end)
 
-    def release(self) -> None:
-        self.whole.release()
+    def release(self, rows: tuple[int, int] | None = None) -> None:
+        self.whole.release(None if rows is None else (self.first + rows[0], self.first + rows[1]))
 
 
 def _parts(whole: _Source, rows: list[int]) -> list[_Source]:
@@ -452,8 +461,8 @@ def _repacked(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool)
     layer = int4_class(GROUP)(inputs, rows, group_size=GROUP, bias=bias)
     offset = 0
     for source in sources:
-        for start in range(0, source.rows, CHUNK_ROWS):
-            raw = source.raw(start, min(start + CHUNK_ROWS, source.rows))
+        for start, end in source.spans():
+            raw = source.raw(start, end)
             if hasattr(layer, "write_halves") and source.kind in ("Q4_0", "Q4_1"):  # the kernel's own blocks
                 pairs, d, m = int4_halves(source.kind, raw)
                 check_finite([(source.name, d), (source.name, m)], f"{source.path} holds",
@@ -473,8 +482,8 @@ def _q8_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool
     layer = int8_class(inputs)(inputs, rows, bias=bias)
     offset = 0
     for source in sources:
-        for start in range(0, source.rows, CHUNK_ROWS):
-            codes, scales = int8_blocks(source.raw(start, min(start + CHUNK_ROWS, source.rows)))
+        for start, end in source.spans():
+            codes, scales = int8_blocks(source.raw(start, end))
             check_finite([(source.name, scales)], f"{source.path} holds", "the file is damaged; use another copy")
             layer.write_rows(offset + start, codes, scales)
         offset += source.rows
@@ -499,8 +508,8 @@ def _k_quant_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias:
     layer = (KernelInt6Linear if six else KernelInt5Linear)(inputs, rows, bias=bias)
     offset = 0
     for source in sources:
-        for start in range(0, source.rows, CHUNK_ROWS):
-            raw = source.raw(start, min(start + CHUNK_ROWS, source.rows))
+        for start, end in source.spans():
+            raw = source.raw(start, end)
             blocks = q6_k_blocks(raw) if six else q5_k_blocks(raw)
             check_finite([(source.name, blocks[1])], f"{source.path} holds", "the file is damaged; use another copy")
             layer.write_blocks(offset + start, *blocks)

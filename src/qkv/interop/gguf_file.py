@@ -46,13 +46,20 @@ class GGUFTensor:
     span: tuple[int, int] = (0, 0)  # its bytes' offsets in the file
     buffer: Any = field(default=None, repr=False)  # the file's memory map
 
-    def release(self) -> None:
-        """Take the pages of this tensor that were read out of the process's memory (they stay in the operating
-        system's file cache): once a layer holds its own copy, the file's pages need not count twice."""
+    def release(self, rows: tuple[int, int] | None = None) -> None:
+        """Take the pages of this tensor (or of its ``rows``, first and past-the-last) that were read out of the
+        process's memory (they stay in the operating system's file cache): once a layer holds its own copy, the
+        file's pages need not count twice. A large table is read a chunk of rows at a time, each let go as it is
+        copied: Gemma's 262,144 rows would otherwise be resident twice while it loads."""
         if isinstance(self.buffer, mmap.mmap) and hasattr(mmap, "MADV_DONTNEED"):
-            begin = self.span[0] // mmap.PAGESIZE * mmap.PAGESIZE
-            end = -(-self.span[1] // mmap.PAGESIZE) * mmap.PAGESIZE
-            self.buffer.madvise(mmap.MADV_DONTNEED, begin, min(end, len(self.buffer)) - begin)
+            first, last = self.span
+            if rows is not None:
+                row_bytes = self.data.shape[1] * self.data.itemsize
+                first, last = first + rows[0] * row_bytes, first + rows[1] * row_bytes
+            begin = -(-first // mmap.PAGESIZE) * mmap.PAGESIZE if rows else first // mmap.PAGESIZE * mmap.PAGESIZE
+            end = last // mmap.PAGESIZE * mmap.PAGESIZE if rows else -(-last // mmap.PAGESIZE) * mmap.PAGESIZE
+            if end > begin:  # the pages wholly inside; a page the next rows share stays
+                self.buffer.madvise(mmap.MADV_DONTNEED, begin, min(end, len(self.buffer)) - begin)
 
 
 @dataclass
