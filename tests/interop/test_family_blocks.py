@@ -177,3 +177,19 @@ def test_a_qkv_adapter_of_each_family_runs_in_peft_as_in_qkv(tmp_path, kind):
     load_peft_adapter(again, tmp_path / "adapter")
     with torch.no_grad():
         torch.testing.assert_close(again.eval()(ids), ours, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("params", [
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 50.0},
+    {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "beta_fast": 16.0, "beta_slow": 2.0,
+     "rope_theta": 500.0, "attention_factor": 1.3},
+    {"rope_type": "linear", "factor": 3.0, "rope_theta": 500.0},
+], ids=["yarn", "yarn-stated", "linear"])
+def test_rotary_scalings_equal_transformers(params):
+    """YaRN (SmolLM3's and Qwen's long-context setting) and linear scaling, as a SmolLM3's config states them."""
+    hf = family_model(transformers, "smollm3", rope_parameters=params, max_position_embeddings=128)
+    model = _qkv(hf)
+    assert model.config.rope_freq_factors is not None
+    ids = _ids(1, 40, seed=8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
