@@ -58,22 +58,48 @@ def test_generate_writes_the_greedy_tokens_transformers_writes(work):
     assert done.stdout.rstrip("\n") == "the cat sat" + tokenizer.decode(out[0, ids.size(1):], skip_special_tokens=True)
 
 
-def test_chat_lays_the_turns_out_with_gemmas_template(work):
-    """The reply is transformers' greedy continuation of the prompt its apply_chat_template makes of the turn."""
+def _transformers_reply(folder, turn: str, new: int) -> str:
+    """transformers' greedy reply to one user turn, laid out by its apply_chat_template, cut at qkv's stop tokens."""
     from qkv.interop import load_pretrained
 
-    turn = "Translate to French: the sea"
-    done = ok(qkv("chat", "--pretrained", "gemma3_text", "--max-new-tokens", "4", cwd=work, input=turn + "\n"))
-    tokenizer = transformers.AutoTokenizer.from_pretrained(work / "gemma3_text")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": turn}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True).input_ids
     assert tokenizer.decode(ids[0]).endswith("<start_of_turn>model\n")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(work / "gemma3_text").eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
-        new = hf.generate(ids, max_new_tokens=4, do_sample=False, min_new_tokens=4)[0, ids.size(1):].tolist()
-    stops = load_pretrained(work / "gemma3_text").tokenizer.stop_ids
-    new = new[: next((i for i, t in enumerate(new) if t in stops), len(new))]
-    assert done.stdout == tokenizer.decode(new, skip_special_tokens=True) + "\n"
+        out = hf.generate(ids, max_new_tokens=new, do_sample=False, min_new_tokens=new)[0, ids.size(1):].tolist()
+    stops = load_pretrained(folder).tokenizer.stop_ids
+    return tokenizer.decode(out[: next((i for i, t in enumerate(out) if t in stops), len(out))],
+                            skip_special_tokens=True)
+
+
+def test_chat_lays_the_turns_out_with_gemmas_template(work):
+    """The reply is transformers' greedy continuation of the prompt its apply_chat_template makes of the turn."""
+    turn = "Translate to French: the sea"
+    done = ok(qkv("chat", "--pretrained", "gemma3_text", "--max-new-tokens", "4", cwd=work, input=turn + "\n"))
+    assert done.stdout == _transformers_reply(work / "gemma3_text", turn, 4) + "\n"
+
+
+def test_serve_answers_an_openai_client_as_transformers_does(work):
+    """qkv serve with a Gemma 3: a greedy chat reply to the official client is transformers' reply."""
+    openai = pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    from live_server import HANG, live
+
+    from qkv.interop import load_pretrained
+    from qkv.serve.app import Server
+    from qkv.serve.engine import Engine
+
+    pre = load_pretrained(work / "gemma3_text")
+    engine = Engine(pre.model, pre.tokenizer, name="gemma", stop_ids=set(pre.tokenizer.stop_ids),
+                    chat_template=pre.chat_template)
+    turn = "Translate to French: the cat"
+    with live(Server(engine)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=HANG)
+        reply = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": turn}],
+                                               temperature=0, max_tokens=4)
+    assert reply.choices[0].message.content == _transformers_reply(work / "gemma3_text", turn, 4).strip()
 
 
 def test_a_phi3_lora_run_adapts_its_fused_layers_and_runs_in_peft(work):

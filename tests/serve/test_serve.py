@@ -5,10 +5,8 @@ answers the whole ones, and every bad request gets OpenAI's error shape with the
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -17,33 +15,14 @@ uvicorn = pytest.importorskip("uvicorn", reason="qkv serve needs uvicorn: pip in
 openai = pytest.importorskip("openai", reason="the tests call the server with the official client: pip install openai")
 httpx = pytest.importorskip("httpx")
 
+from live_server import HANG, live  # noqa: E402
+
 from qkv.interop import smollm2_path  # noqa: E402
 from qkv.serve.app import Server  # noqa: E402
 from qkv.serve.engine import Engine  # noqa: E402
 
 NAME = "smollm2"
 KEY = "a-test-key-of-enough-length"
-HANG = 60  # seconds: a guard against a hung server, not a measure
-
-
-@contextmanager
-def live(server: Server):
-    """``server`` answering on a free port of 127.0.0.1 in a thread; yields its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(server.app(), log_level="warning")
-    running = uvicorn.Server(config)
-    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    for _ in range(HANG * 100):
-        if running.started:
-            break
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        running.should_exit = True
-        thread.join(HANG)
 
 
 @pytest.fixture(scope="module")
