@@ -115,14 +115,7 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
         if arch == "qwen2":
             for name, rows in (("attn_q", d), ("attn_k", d_kv), ("attn_v", d_kv)):
                 tensors[f"blk.{i}.{name}.bias"] = (rng.standard_normal(rows, dtype=np.float32) * 0.02, None)
-    for name, (array, qtype) in tensors.items():
-        writer.add_tensor(name, array, raw_dtype=qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(str(path) + ".part", path)
-    return path
+    return _written(writer, tensors, path)
 
 
 def family_shaped(name: str, cache: Path) -> Path:
@@ -193,6 +186,11 @@ def family_shaped(name: str, cache: Path) -> Path:
         if arch == "olmo2":
             block |= {"attn_q_norm": ones(d_q), "attn_k_norm": ones(d_kv)}
         tensors |= {f"blk.{i}.{name}.weight": tensor for name, tensor in block.items()}
+    return _written(writer, tensors, path)
+
+
+def _written(writer, tensors: dict, path: Path) -> Path:
+    """The file's tensors written after its metadata, then moved into place (a half-written file is never seen)."""
     for name, (array, qtype) in tensors.items():
         writer.add_tensor(name, array, raw_dtype=qtype)
     writer.write_header_to_file()
