@@ -12,6 +12,7 @@ from .masks import (
     segment_positions,
     sliding_window_mask,
 )
+from .moe import MoEFeedForward, Router
 from .norm import LayerNorm, RMSNorm, build_norm
 from .position import LearnedPositionalEmbedding, RotaryEmbedding, SinusoidalPositionalEncoding
 
@@ -27,9 +28,11 @@ __all__ = [
     "LayerNorm",
     "LearnedPositionalEmbedding",
     "LoRALinear",
+    "MoEFeedForward",
     "MultiHeadAttention",
     "RMSNorm",
     "RotaryEmbedding",
+    "Router",
     "SinusoidalPositionalEncoding",
     "StackedFeedForward",
     "StackedSelfAttention",
