@@ -195,7 +195,8 @@ def _unpermuted_order(rows: int, heads: int) -> np.ndarray:
 
 
 def load_quantized_gpt(source: str | Path | GGUFHeader, *, mode: str = "auto") -> tuple[GPT, dict[str, Any]]:
-    """A :class:`GPT` from a LLaMA-architecture GGUF file, its weights quantized at rest (see the module's text).
+    """A :class:`GPT` from a GGUF file of the LLaMA family (any architecture of
+    :data:`qkv.interop.families.GGUF_FAMILIES`), its weights quantized at rest (see the module's text).
 
     Args:
         source: the ``.gguf`` file, or its header as :func:`~qkv.interop.gguf.open_gguf` read it (so that the
@@ -225,7 +226,8 @@ def load_quantized_gpt(source: str | Path | GGUFHeader, *, mode: str = "auto") -
 
 
 def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: str = "none") -> GPT:
-    """A :class:`GPT` from a Hugging Face folder of the LLaMA family (``model_type`` llama, mistral, qwen2, qwen3), read
+    """A :class:`GPT` from a Hugging Face folder of the LLaMA family (any ``model_type`` of
+    :data:`qkv.interop.families.FAMILIES`, or a multimodal Gemma 3's text model), read
     through memory maps of its safetensors files and converted (``mode`` "none": float32; "bf16") or quantized
     ("int8", "int4"; "auto" is int8 for these) a chunk of rows at a time.
 

