@@ -63,7 +63,7 @@ LLAMA_GGUF = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_
               "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
               "post_ffw_norm": "post_feedforward_layernorm"}
-OLMO2_GGUF = {**{k: v for k, v in GEMMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")}}
+OLMO2_GGUF = {k: v for k, v in GEMMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")}
 PHI3_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")},
              "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 # Phi-3 stores [Q; K; V] as one matrix and [gate; up] as another: read apart, written back together
@@ -102,20 +102,8 @@ class Family:
         lambda get, meta, tensors: {}
 
 
-def _no_flags(*flags: str) -> Callable[[Mapping[str, Any]], None]:
-    def check(hf: Mapping[str, Any]) -> None:
-        for flag in flags:
-            if hf.get(flag):
-                raise ValueError(f"{flag}={hf[flag]!r} is not supported for model_type {hf.get('model_type')!r}")
-    return check
-
-
 def _mistral(hf: Mapping[str, Any]) -> dict[str, Any]:
     return {"window": hf.get("sliding_window")}
-
-
-def _qwen3(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return {"qk_norm": True}
 
 
 def _layer_types(hf: Mapping[str, Any], every: int) -> list[str]:
@@ -171,7 +159,6 @@ def _phi3(hf: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _smollm3(hf: Mapping[str, Any]) -> dict[str, Any]:
-    _no_flags("use_sliding_window")(hf)
     n = hf_field(hf, "num_hidden_layers")
     rope = hf.get("no_rope_layers")
     if rope is None:
@@ -249,8 +236,8 @@ FAMILIES = {f.model_type: f for f in (
     Family("mistral", "Mistral", "MistralForCausalLM", "a sliding window in every layer", _mistral),
     Family("qwen2", "Qwen2", "Qwen2ForCausalLM", "biases on Q, K and V", lambda hf: {"qkv_bias": True},
            gguf_arch="qwen2"),
-    Family("qwen3", "Qwen3", "Qwen3ForCausalLM", "RMSNorm on each head's queries and keys", _qwen3,
-           {**LLAMA_NAMES, **QK_NORMS}, gguf_arch="qwen3"),
+    Family("qwen3", "Qwen3", "Qwen3ForCausalLM", "RMSNorm on each head's queries and keys",
+           lambda hf: {"qk_norm": True}, {**LLAMA_NAMES, **QK_NORMS}, gguf_arch="qwen3"),
     Family("gemma3_text", "Gemma 3", "Gemma3ForCausalLM",
            "GeGLU, sandwich norms (1 + w), QK-norm, √d embeddings, 5 local layers to 1 global with their own θ",
            _gemma3, {**GEMMA_NAMES, **QK_NORMS}, gguf_names=GEMMA_GGUF, gguf_arch="gemma3",
@@ -475,7 +462,7 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     for flag in ("attention_bias", "mlp_bias"):
         if hf_config.get(flag, False):
             raise ValueError(f"{flag}=true is not supported: a LLaMA-style qkv GPT has no biases (bias=False)")
-    if hf_config.get("use_sliding_window", False) and fam.model_type != "smollm3":
+    if hf_config.get("use_sliding_window", False):
         raise ValueError("use_sliding_window=true (a window on some layers only) is not supported")
     activation = hf_config.get("hidden_act") or "silu"
     if activation != "silu" and not fam.model_type.startswith("gemma"):
