@@ -156,6 +156,21 @@ def test_train_lm_takes_the_speedrun_ingredients_and_keeps_them_on_resume(work, 
                         cwd=work), "--activation gelu differs from this run's relu2")
 
 
+def test_train_lm_with_experts_trains_a_mixture_and_generates_from_it(work, tmp_path, here):
+    """--experts 4 --top-k 2: every feed-forward network a mixture of 4 experts, each token through 2; the run
+    trains (the balancing loss added to its loss), saves, and generates."""
+    import json
+
+    run = tmp_path / "moe"
+    ok(here("train", "lm", "--text", "shakespeare.txt", "--out", run, "--max-steps", "2", *TINY, "--style", "llama",
+            "--experts", "4", "--top-k", "2", cwd=work))
+    config = json.loads((run / "last" / "config.json").read_text())["model"]
+    assert (config["n_experts"], config["expert_top_k"], config["activation"]) == (4, 2, "swiglu")
+    ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", cwd=work))
+    one_line_error(here("train", "lm", "--text", "shakespeare.txt", "--out", tmp_path / "bad", "--max-steps", "2",
+                        *TINY, "--experts", "2", "--top-k", "3", cwd=work), "expert_top_k=3 routes each token")
+
+
 def test_speedrun_is_the_default_recipe_and_classic_stays_reachable(work, tmp_path, here):
     """A new run records the speedrun recipe (Muon, wsd); --recipe classic gives the recipe before it; a run
     stored before recipes had names resumes as classic; a resume cannot change its recipe."""

@@ -321,16 +321,18 @@ class LayerSpec:
             what earlier layers wrote).
         rope_base: this layer's θ base (None: the model's ``rope_base``).
         rope_scaled: the model's rotary scaling (``rope_freq_factors``, ``rope_scale``, LongRoPE) applies here.
+        dense: in a mixture-of-experts model, this layer's feed-forward network is one dense network.
     """
 
     window: int | None = None
     rotary: bool = True
     rope_base: float | None = None
     rope_scaled: bool = True
+    dense: bool = False
 
     def __post_init__(self) -> None:
         _check_int("window", self.window, optional=True)
-        if not isinstance(self.rotary, bool) or not isinstance(self.rope_scaled, bool):
+        if not all(isinstance(flag, bool) for flag in (self.rotary, self.rope_scaled, self.dense)):
             raise TypeError(f"a layer's rotary and rope_scaled are true or false, got {self.rotary!r} and "
                             f"{self.rope_scaled!r}")
         if self.rope_base is not None:
@@ -372,6 +374,11 @@ class GPTConfig(ModelConfig):
         family: the Hugging Face ``model_type`` whose files the model was read from: the names its exports and
             adapters use (Phi-3's fused layers, say, where its blocks alone would read as LLaMA's); None: told by
             its blocks.
+        n_experts: a mixture of this many experts in place of each feed-forward network (:mod:`qkv.nn.moe`;
+            None: dense), each ``expert_d_ff`` wide (None: ``d_ff``), each token sent to ``expert_top_k`` of them,
+            their weights renormalised to sum to 1 (``expert_normalize``); ``shared_expert_d_ff``: an expert every
+            token goes through as well (None: none).
+        balance_loss: the weight of the experts' balancing loss in training (Switch Transformer: 0.01).
     """
 
     vocab_size: int
@@ -395,6 +402,12 @@ class GPTConfig(ModelConfig):
     logit_scale: float = 1.0
     logit_softcap: float | None = None
     family: str | None = None
+    n_experts: int | None = None
+    expert_top_k: int = 2
+    expert_d_ff: int | None = None
+    expert_normalize: bool = True
+    shared_expert_d_ff: int | None = None
+    balance_loss: float = 0.01
 
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {
         "gpt2": dict(vocab_size=50257, d_model=768, n_heads=12, n_layers=12, max_seq_len=1024),
@@ -424,10 +437,21 @@ class GPTConfig(ModelConfig):
         for name in ("attention_scale", "attention_softcap", "logit_softcap"):
             if getattr(self, name) is not None:
                 check_scale(name, getattr(self, name))
+        self._check_experts()
         if self.qk_norm_whole and not self.qk_norm:
             raise ValueError("qk_norm_whole says how qk_norm normalises; it needs qk_norm=True")
         if self.layers is not None:
             self._check_layers()
+
+    def _check_experts(self) -> None:
+        for name in ("n_experts", "expert_d_ff", "shared_expert_d_ff"):
+            _check_int(name, getattr(self, name), optional=True)
+        _check_int("expert_top_k", self.expert_top_k)
+        if self.n_experts is not None and self.expert_top_k > self.n_experts:
+            raise ValueError(f"expert_top_k={self.expert_top_k} routes each token to more experts than there are "
+                             f"(n_experts={self.n_experts})")
+        if not 0 <= self.balance_loss < math.inf:
+            raise ValueError(f"balance_loss must be a finite number >= 0, got {self.balance_loss}")
 
     def _check_layers(self) -> None:
         if not isinstance(self.layers, list | tuple) or len(self.layers) != self.n_layers:

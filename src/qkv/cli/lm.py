@@ -46,6 +46,9 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
     add_ingredient_arguments(model, activations="the preset's: gelu for tiny, gelu_tanh for the other GPT-2 "
                                                 "style ones, swiglu with --style llama")
     model.add_argument("--context", type=COUNT, help="tokens the model reads at once (the preset's)")
+    model.add_argument("--experts", type=COUNT, help="a mixture of this many experts in place of each feed-forward "
+                                                     "network (default: none, dense)")
+    model.add_argument("--top-k", type=COUNT, help="the experts each token goes to (default 2)")
     train = add_training_arguments(p, batch=("--batch-size", "windows per batch"))
     train.add_argument("--eval-windows", type=integer(0),
                        help="validate on this many windows, spread evenly over the validation text (0 = all; "

@@ -26,6 +26,7 @@ from ..nn import (
     segment_mask,
     segment_positions,
 )
+from ..nn.moe import MoEFeedForward, balancing_loss
 from ..nn.unpadded import first_in_rows, in_rows, spread, take, unpadded, zeros_at_padding
 from . import common
 from .common import WithAttention
@@ -48,8 +49,11 @@ def decoder_layer(cfg: GPTConfig, spec: LayerSpec, rope: RotaryEmbedding | None)
         **head_norms,
     )
     in_norms = not cfg.branch_norm or cfg.norm_first  # OLMo 2's norms are in the branches alone
+    feed_forward = common.feed_forward(cfg) if cfg.n_experts is None or spec.dense else MoEFeedForward(
+        cfg.d_model, cfg.expert_d_ff or cfg.d_ff, cfg.n_experts, cfg.expert_top_k, activation=cfg.activation,
+        normalize=cfg.expert_normalize, shared_d_ff=cfg.shared_expert_d_ff, bias=cfg.bias)
     return DecoderLayer(
-        self_attn=attention, cross_attn=None, feed_forward=common.feed_forward(cfg),
+        self_attn=attention, cross_attn=None, feed_forward=feed_forward,
         self_attn_norm=common.norm(cfg) if in_norms else None, cross_attn_norm=None,
         ffn_norm=common.norm(cfg) if in_norms else None,
         self_attn_out_norm=common.norm(cfg) if cfg.branch_norm else None,
@@ -92,6 +96,14 @@ class GPT(common.Model):
         common.init_weights(self, cfg, residual_layers=cfg.n_layers)
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
+
+    def balance_loss(self) -> Tensor | None:
+        """The experts' balancing loss of the last forward, weighted as the config says (``balance_loss``): what
+        training adds to the loss of a mixture of experts; None for a dense model."""
+        logits = [m.router_logits for m in self.modules() if isinstance(m, MoEFeedForward)]
+        if not logits or logits[0] is None:
+            return None
+        return self.config.balance_loss * balancing_loss(logits, self.config.expert_top_k)
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         """An empty KV cache with room for ``capacity`` positions to start with (it grows as needed)."""

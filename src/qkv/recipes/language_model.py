@@ -30,6 +30,8 @@ MODEL_FIELDS = ("d_model", "n_heads", "n_layers", "d_ff", "dropout", *INGREDIENT
 
 @dataclass
 class LMSettings(ModelIngredients, TrainingSettings):
+    experts: int | None = None
+    top_k: int | None = None
     text: list[str] | None = None
     valid_text: list[str] | None = None
     valid_fraction: float = 0.1
@@ -74,6 +76,8 @@ def model_config(s: LMSettings, vocab_size: int):
     from ..config import GPTConfig
 
     overrides = {k: getattr(s, k) for k in MODEL_FIELDS if getattr(s, k) is not None}
+    if s.experts is not None:  # a mixture of experts in place of each feed-forward network
+        overrides |= {"n_experts": s.experts, "expert_top_k": s.top_k or 2}
     if s.context is not None:
         overrides["max_seq_len"] = s.context
     style = GPTConfig.PRESETS["llama"] if s.style == "llama" else {}

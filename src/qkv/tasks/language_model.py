@@ -127,6 +127,9 @@ class LanguageModelTask:
         chunk = to_device(windows(self.train, batch.offsets, self.context + 1), device_of(model))  # (B, T + 1)
         logits = model(chunk[:, :-1])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum")
+        balance = getattr(model, "balance_loss", lambda: None)()  # a mixture of experts: spread the tokens
+        if balance is not None:
+            loss = loss + balance * batch.n_tokens  # a mean over the batch's tokens, as the loss becomes
         return loss, batch.n_tokens
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
