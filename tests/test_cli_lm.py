@@ -6,7 +6,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from clitools import LM_TINY, last_line_error, ok, one_line_error, qkv
+from clitools import LM_TINY, PNG_MAGIC, last_line_error, ok, one_line_error, qkv
 
 pytestmark = pytest.mark.slow
 
@@ -156,9 +156,10 @@ def test_train_lm_takes_the_speedrun_ingredients_and_keeps_them_on_resume(work, 
                         cwd=work), "--activation gelu differs from this run's relu2")
 
 
-def test_train_lm_with_experts_trains_a_mixture_and_generates_from_it(work, tmp_path, here):
+def test_train_lm_with_experts_trains_a_mixture_and_generates_from_it(work, trained, tmp_path, here):
     """--experts 4 --top-k 2: every feed-forward network a mixture of 4 experts, each token through 2; the run
-    trains (the balancing loss added to its loss), saves, and generates."""
+    trains (the balancing loss added to its loss), saves, generates, and draws its routing (a dense model says it
+    has none to draw)."""
     import json
 
     run = tmp_path / "moe"
@@ -166,9 +167,13 @@ def test_train_lm_with_experts_trains_a_mixture_and_generates_from_it(work, tmp_
             "--experts", "4", "--top-k", "2", cwd=work))
     config = json.loads((run / "last" / "config.json").read_text())["model"]
     assert (config["n_experts"], config["expert_top_k"], config["activation"]) == (4, 2, "swiglu")
-    ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", cwd=work))
+    ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", "--show-routing",
+            tmp_path / "routing.png", cwd=work))
+    assert (tmp_path / "routing.png").read_bytes().startswith(PNG_MAGIC)  # which expert each token went to
     one_line_error(here("train", "lm", "--text", "shakespeare.txt", "--out", tmp_path / "bad", "--max-steps", "2",
                         *TINY, "--experts", "2", "--top-k", "3", cwd=work), "expert_top_k=3 routes each token")
+    one_line_error(here("generate", "--model", trained, "--prompt", "x", "--show-routing", tmp_path / "r.png",
+                        cwd=work), "--show-routing draws a mixture of experts' routing; this model has no experts")
 
 
 def test_speedrun_is_the_default_recipe_and_classic_stays_reachable(work, tmp_path, here):

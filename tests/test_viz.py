@@ -4,6 +4,7 @@ font is said once, not once per glyph."""
 import logging
 import warnings
 
+import pytest
 import torch
 
 from qkv.viz import attention_heatmap, loss_curves, loss_figure
@@ -69,3 +70,13 @@ def test_the_loss_axis_names_what_the_loss_is_averaged_over():
     assert loss_figure(ROWS).axes[0].get_ylabel() == "cross-entropy (nats per token)"
     assert loss_figure(ROWS, unit="images").axes[0].get_ylabel() == "cross-entropy (nats per image)"
     assert loss_figure(ROWS, unit="target_tokens").axes[0].get_ylabel() == "cross-entropy (nats per target token)"
+
+
+def test_expert_routing_draws_a_cell_per_layer_and_token(tmp_path):
+    from qkv.viz import expert_routing
+
+    experts = torch.tensor([[0, 1, 2, 3], [3, 3, 1, 0]])
+    path = expert_routing(experts, ["a", "b", "c", "猫"], tmp_path / "routing.png", n_experts=4)
+    assert path.read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match="do not match 3 token labels"):
+        expert_routing(experts, ["a", "b", "c"], tmp_path / "bad.png", n_experts=4)

@@ -122,6 +122,42 @@ def attention_heatmap(
     return path
 
 
+def expert_routing(experts: torch.Tensor, labels: Sequence[str], path: str | Path, *, n_experts: int,
+                   title: str = "") -> Path:
+    """Write which expert each token went to, layer by layer: ``experts`` ``(layers, T)``, each token's first
+    choice, a colour per expert and its number in the cell; one column per token (``labels``).
+
+    Raises:
+        ValueError: if the labels do not match the tokens.
+    """
+    experts = experts.detach().cpu()
+    if experts.dim() != 2 or experts.size(1) != len(labels):
+        raise ValueError(f"experts of shape {tuple(experts.shape)} do not match {len(labels)} token labels")
+    plt = _pyplot()
+    family = _font_family(labels)
+    layers, tokens = experts.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * tokens + 2), max(2.5, 0.45 * layers + 1.5)))
+    ax.imshow(experts.numpy(), cmap="tab20" if n_experts > 10 else "tab10", vmin=0, vmax=max(n_experts - 1, 1),
+              aspect="auto", interpolation="nearest")
+    if tokens * layers <= 2000:  # the numbers, where they fit
+        for (layer, token), expert in zip(torch.cartesian_prod(torch.arange(layers), torch.arange(tokens)).tolist(),
+                                          experts.flatten().tolist(), strict=True):
+            ax.text(token, layer, str(expert), ha="center", va="center", fontsize=7, color="white")
+    font = {"family": family} if family else {}
+    ax.set_xticks(range(tokens), [s.replace("▁", "") or "▁" for s in labels], rotation=60, ha="right", **font)
+    ax.set_yticks(range(layers), [f"layer {i}" for i in range(layers)])
+    ax.set_xlabel("token")
+    ax.set_title(title or f"first-choice expert of each token (of {n_experts})", **font)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Glyph .* missing from font")
+        fig.tight_layout()
+        write_atomically(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
+    plt.close(fig)
+    return path
+
+
 def image_attention(image: torch.Tensor, maps: torch.Tensor, rollout: torch.Tensor, path: str | Path, *,
                     title: str = "") -> Path:
     """Write the [CLS] token's attention over an image: the image, the rollout laid over it, then one small map

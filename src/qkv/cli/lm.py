@@ -262,6 +262,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
     _stop_texts(args.stop)
     device, precision, amp = runtime(args)
     model, tokenizer, stops, _ = load_lm(args, device, precision)
+    if args.show_routing and not getattr(model.config, "n_experts", None):
+        raise ValueError("--show-routing draws a mixture of experts' routing; this model has no experts")
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
     timing = _Timing(_Stream(tokenizer) if stream else None)
     if stream:
@@ -271,12 +273,32 @@ def generate_cmd(args: argparse.Namespace) -> None:
                          beam_size=args.beam, stop_ids=stops, seed=args.seed, use_cache=not args.no_cache,
                          on_token=timing)
     _print_texts(prompts, texts, streamed=stream)
+    if args.show_routing:
+        _draw_routing(model, tokenizer, prompts[0] + texts[0], args.show_routing)
     n = _prompt_tokens(tokenizer, prompts)
     if args.beam > 1:  # beam search keeps its hypotheses to the end: no token to time as it comes
         log.info("prompt %s; beam search of %d beams took %.2f s", _tokens(n), args.beam, timing.end - timing.start)
         return
     log.info("%s", _closing_line(timing, n, len(prompts), args.max_new_tokens,
                                  _stop_kind(tokenizer, args.stop, stops)))
+
+
+def _draw_routing(model, tokenizer, text: str, path: str) -> None:
+    """A picture of which expert each token of ``text`` (the first prompt and its continuation) went to, per layer
+    of a mixture of experts, read in one more pass over it."""
+    import torch
+
+    from ..nn import MoEFeedForward
+    from ..tokenizers import token_label
+    from ..viz import expert_routing
+
+    moes = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    ids = tokenizer.encode(text)
+    with torch.no_grad():
+        model(torch.tensor([ids], device=next(model.parameters()).device))
+    routed = torch.stack([m.routed[:, 0] for m in moes])  # (layers, T): each token's first choice
+    written = expert_routing(routed, [token_label(tokenizer, i) for i in ids], path, n_experts=moes[0].n_experts)
+    log.info("wrote %s: the expert each token went to, layer by layer", written)
 
 
 def _print_texts(prompts: list[str], texts: list[str], *, streamed: bool) -> None:
@@ -363,6 +385,8 @@ def add_commands(sub) -> None:
     gen.add_argument("--prompt", action="append", metavar="TEXT", help="text to continue (repeatable: a batch)")
     gen.add_argument("--prompt-file", help="prompts, one per line")
     gen.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
+    gen.add_argument("--show-routing", metavar="FILE.png", help="a mixture of experts: draw which expert each token "
+                                                                "of the first prompt and its continuation went to")
     add_decoding_arguments(gen, max_new_tokens=100)
     gen.set_defaults(run=generate_cmd)
 
