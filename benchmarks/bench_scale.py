@@ -71,15 +71,12 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
     import gguf
     import numpy as np
 
-    from qkv.interop import smollm2_path
-    from qkv.interop.gguf import open_gguf
 
     path = cache / f"smollm2-{size}-random.Q4_1.gguf"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     arch, layers, d, heads, kv_heads, ffn = SHAPES[size]
-    _, meta = open_gguf(smollm2_path())
     writer = gguf.GGUFWriter(str(path) + ".part", arch)
     for key, value in ((f"{arch}.{k}", v) for k, v in (("block_count", layers), ("embedding_length", d),
                                                        ("feed_forward_length", ffn), ("attention.head_count", heads),
@@ -89,13 +86,7 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
     writer.add_float32(f"{arch}.rope.freq_base", 100000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
     writer.add_uint32(f"{arch}.rope.dimension_count", d // heads)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(meta["tokenizer.ggml.tokens"])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
-    writer.add_token_types(meta["tokenizer.ggml.token_type"])
-    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    _smollm2_tokenizer(writer, VOCAB)
     rng = np.random.default_rng(0)
 
     def matrix(rows: int, cols: int, kind: str):
@@ -118,6 +109,26 @@ def smollm2_shaped(size: str, cache: Path) -> Path:
     return _written(writer, tensors, path)
 
 
+def _smollm2_tokenizer(writer, rows: int) -> None:
+    """SmolLM2's tokenizer into ``writer``, a table of ``rows`` rows: one longer than the vocabulary gets a token for
+    each row no token uses, named and typed as llama.cpp's converter names them."""
+    import gguf
+
+    from qkv.interop import smollm2_path
+    from qkv.interop.gguf import open_gguf
+
+    _, meta = open_gguf(smollm2_path())
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    spare = range(len(tokens), rows)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in spare)][:rows])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_token_types([*types, *[gguf.TokenType.UNUSED] * len(spare)][:rows])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+
+
 def family_shaped(name: str, cache: Path) -> Path:
     """A GGUF file of family ``name`` (:data:`FAMILY_SHAPES`) in llama.cpp's layout for it, random weights: Q4_1
     matrices, a Q8_0 table, F32 norms (Gemma's stored as the gains 1 + w: ones), SmolLM2's tokenizer padded to the
@@ -125,15 +136,12 @@ def family_shaped(name: str, cache: Path) -> Path:
     import gguf
     import numpy as np
 
-    from qkv.interop import smollm2_path
-    from qkv.interop.gguf import open_gguf
 
     path = cache / f"{name}-random.Q4_1.gguf"
     if path.is_file():
         return path
     cache.mkdir(parents=True, exist_ok=True)
     arch, layers, d, heads, kv_heads, head_dim, ffn, vocab, tied, keys = FAMILY_SHAPES[name]
-    _, meta = open_gguf(smollm2_path())
     writer = gguf.GGUFWriter(str(path) + ".part", arch)
     sizes = {"block_count": layers, "embedding_length": d, "feed_forward_length": ffn, "attention.head_count": heads,
              "attention.head_count_kv": kv_heads, "attention.key_length": head_dim, "attention.value_length": head_dim,
@@ -145,15 +153,7 @@ def family_shaped(name: str, cache: Path) -> Path:
             writer.add_float32(f"{arch}.{key}", value)
     writer.add_float32(f"{arch}.rope.freq_base", 1e6 if arch == "gemma3" else 10000.0)
     writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
-    tokens = meta["tokenizer.ggml.tokens"]
-    spare = vocab - len(tokens)  # a table longer than the vocabulary: rows no token uses, named as llama.cpp does
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in range(len(tokens), vocab))][:vocab])
-    writer.add_token_merges(meta["tokenizer.ggml.merges"])
-    writer.add_token_types([*meta["tokenizer.ggml.token_type"], *[gguf.TokenType.UNUSED] * spare][:vocab])
-    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    _smollm2_tokenizer(writer, vocab)
     rng = np.random.default_rng(0)
 
     def matrix(rows: int, cols: int, kind: str = "Q4_1"):

@@ -333,8 +333,8 @@ class LayerSpec:
     def __post_init__(self) -> None:
         _check_int("window", self.window, optional=True)
         if not all(isinstance(flag, bool) for flag in (self.rotary, self.rope_scaled, self.dense)):
-            raise TypeError(f"a layer's rotary and rope_scaled are true or false, got {self.rotary!r} and "
-                            f"{self.rope_scaled!r}")
+            raise TypeError(f"a layer's rotary, rope_scaled and dense are true or false, got {self.rotary!r}, "
+                            f"{self.rope_scaled!r} and {self.dense!r}")
         if self.rope_base is not None:
             check_scale("rope_base", self.rope_base)
 

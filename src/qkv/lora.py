@@ -217,8 +217,10 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
         raise ValueError(f"the LoRA target modules {foreign} are not projections of a {layout.family} model; choose "
                          f"among {', '.join(layout.targets)}")
     model.requires_grad_(False)
-    if layout.fused:
-        _stack(model, layout)
+    if layout.fused:  # the family's adapters span stacked layers: the model's Q, K, V and gate, up stacked too
+        from .quantize import stack_projections
+
+        stack_projections(model)
     for full, name, layer, attention in list(_projections(model, layout)):
         parts = _parts(name, layer, attention, layout)
         if isinstance(layer, LoRALinear) or not any(p in targets for p, _ in parts):
@@ -231,16 +233,6 @@ def add_lora(model: nn.Module, config: LoRAConfig) -> nn.Module:
             raise ValueError(f"{full}: {err}") from None
         _set(model, full, adapted.train(layer.training))  # new modules train by default: dropout in an eval model
     return model
-
-
-def _stack(model: nn.Module, layout: Layout) -> None:
-    """Each block's Q, K, V and gate, up projections as the one layer each that the family's adapters span."""
-    from .nn import StackedFeedForward, StackedSelfAttention
-
-    for stack in layout.stacks:
-        for block in model.get_submodule(stack):
-            block.self_attn = StackedSelfAttention.from_attention(block.self_attn) or block.self_attn
-            block.feed_forward = StackedFeedForward.from_feed_forward(block.feed_forward) or block.feed_forward
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:

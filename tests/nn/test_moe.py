@@ -7,9 +7,22 @@ from __future__ import annotations
 import pytest
 import torch
 
-from qkv.nn.moe import MoEFeedForward, Router, balancing_loss, dense_reference, router_z_loss
+from qkv.nn.moe import MoEFeedForward, Router, balancing_loss, router_z_loss
 
 transformers = pytest.importorskip("transformers")
+
+
+def dense_reference(moe: MoEFeedForward, x: torch.Tensor) -> torch.Tensor:
+    """The same mixture written the slow way: every expert on every token, the unchosen ones weighted 0 (what the
+    grouped dispatch must equal)."""
+    tokens = x.reshape(-1, x.size(-1))
+    weights, experts, _ = moe.router(tokens)
+    full = torch.zeros(tokens.size(0), moe.n_experts, dtype=weights.dtype, device=x.device)
+    full.scatter_(1, experts, weights)  # (N, E): each token's weight for each expert
+    out = sum(full[:, e, None] * expert(tokens) for e, expert in enumerate(moe.experts))
+    if moe.shared is not None:
+        out = out + torch.sigmoid(moe.shared_gate(tokens)) * moe.shared(tokens)
+    return out.reshape(x.shape)
 
 
 def _moe(seed: int = 0, **options) -> MoEFeedForward:

@@ -140,7 +140,8 @@ class _GGUFSource(_Source):
         return self.tensor.data[self.order[start:end]]
 
     def release(self, rows: tuple[int, int] | None = None) -> None:
-        self.tensor.release(rows if self.order is None else None)  # reordered rows: their pages at the end
+        if rows is None or self.order is None:  # reordered rows (Q and K of a llama file): their pages at the end
+            self.tensor.release(rows)
 
     def rows_at(self, start: int, end: int) -> Tensor:
         values = dequantized_rows(self.kind, self.raw(start, end), self.tensor.tensor_type)
@@ -280,14 +281,14 @@ def _gguf_name(hf_name: str, layer_names: dict[str, str]) -> str | None:
 
 
 def _build(cfg, sources: dict[str, _Source], path: Path, mode: str, *, norm_shift: float = 0.0) -> GPT:
-    builder = _Builder(path, mode, sources, norm_shift=norm_shift)
-    check_fits(builder.bytes_needed(cfg), f"{path.name} in qkv's layers ({mode})")
+    builder = _Builder(path, mode, sources, cfg, norm_shift=norm_shift)
+    check_fits(builder.bytes_needed(), f"{path.name} in qkv's layers ({mode})")
     with skip_init():  # every weight is set from the file below; untouched memory is never resident
         model = GPT(cfg)
     if mode == "bf16":
         for param in model.parameters():  # new, untouched memory: the float32 pages are never read
             param.data = torch.empty_like(param, dtype=torch.bfloat16)
-    builder.fill(model, cfg)
+    builder.fill(model)
     if mode not in FLOAT_LAYERS:
         log.info("%s: weights kept quantized (%s); --quantize none for float32", path.name, builder.summary())
     elif mode == "bf16":
@@ -316,9 +317,10 @@ def _checked_config(path: Path, metadata: dict, tensors: dict):
 class _Builder:
     """Makes each of a model's layers from its stored tensors, named as in GGUF files."""
 
-    def __init__(self, path: Path, mode: str, tensors: dict[str, _Source], *, norm_shift: float = 0.0) -> None:
-        self.path, self.mode, self.tensors, self.norm_shift = path, mode, tensors, norm_shift
-        self.rows: dict[str, int] = {}  # the rows of each part of a fused tensor, once the config is known
+    def __init__(self, path: Path, mode: str, tensors: dict[str, _Source], cfg, *, norm_shift: float = 0.0) -> None:
+        self.path, self.mode, self.tensors, self.cfg, self.norm_shift = path, mode, tensors, cfg, norm_shift
+        d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
+        self.rows = {"q": d_q, "kv": d_kv, "ff": cfg.d_ff}  # the rows of each part of a fused tensor
         self.made: Counter[str] = Counter()  # "Q4_1 -> int4 as stored": tensors of each kind, for the log
 
     def summary(self) -> str:
@@ -361,11 +363,11 @@ class _Builder:
             return "int4"
         return "int8"
 
-    def bytes_needed(self, cfg) -> int:
+    def bytes_needed(self) -> int:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
+        cfg = self.cfg
         d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
-        d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-        self.rows = {"q": d_q, "kv": d_kv, "ff": d_ff}
+        d_q, d_kv = self.rows["q"], self.rows["kv"]
         int8 = 1.0 if int8_class(d) is Int8Linear else 1 + 2 / GROUP  # a scale per row, or per block
         per_weight = {"int4": 0.5 + 4 / GROUP, "int5": 180 / SUPER, "int6": 210 / SUPER, "int8": int8, "none": 4.0,
                       "bf16": 2.0}
@@ -379,8 +381,7 @@ class _Builder:
         table = per_weight[self.format([self.source("token_embd.weight")], output=True)] * vocab * d
         return int(cfg.n_layers * (layer + 8 * d) + tables * table)
 
-    def fill(self, model: GPT, cfg) -> None:
-        self.bytes_needed(cfg)  # sizes the parts of fused tensors
+    def fill(self, model: GPT) -> None:
         for i, layer in enumerate(model.decoder.layers):
             self._fill_layer(layer, f"blk.{i}")
         self.set_norm(model.decoder.norm, "output_norm.weight")

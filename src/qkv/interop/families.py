@@ -121,7 +121,8 @@ def _layer_types(hf: Mapping[str, Any], every: int) -> list[str]:
 
 
 def _gemma(hf: Mapping[str, Any], *, every: int) -> dict[str, Any]:
-    """What Gemma 2 and 3 share: GeGLU, sandwich norms of 1 + w, √d embeddings, local and global layers."""
+    """What Gemma 2 and 3 share: GeGLU, sandwich norms of 1 + w, √d embeddings, local and global layers, and the
+    caps on scores and logits that Gemma 2 sets."""
     if hf.get("use_bidirectional_attention"):
         raise ValueError("use_bidirectional_attention=true (an encoder, EmbeddingGemma) is not a decoder qkv reads")
     activation = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
@@ -139,19 +140,16 @@ def _gemma(hf: Mapping[str, Any], *, every: int) -> dict[str, Any]:
     scalar = hf.get("query_pre_attn_scalar") or head_dim
     return {"activation": gated, "norm_offset": True, "branch_norm": True, "layers": layers,
             "embedding_scale": math.sqrt(hf_field(hf, "hidden_size")), "attention_scale": scalar**-0.5,
+            "attention_softcap": hf.get("attn_logit_softcapping"), "logit_softcap": hf.get("final_logit_softcapping"),
             **rotary_settings(hf, head_dim, "full_attention")}
 
 
 def _gemma2(hf: Mapping[str, Any]) -> dict[str, Any]:
-    return _gemma(hf, every=2) | {"attention_softcap": hf.get("attn_logit_softcapping"),
-                                  "logit_softcap": hf.get("final_logit_softcapping")}
+    return _gemma(hf, every=2)
 
 
 def _gemma3(hf: Mapping[str, Any]) -> dict[str, Any]:
-    out = _gemma(hf, every=6) | {"qk_norm": True}
-    caps = (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "logit_softcap"))
-    out |= {name: hf[key] for key, name in caps if hf.get(key) is not None}
-    return out
+    return _gemma(hf, every=6) | {"qk_norm": True}
 
 
 def _phi3(hf: Mapping[str, Any]) -> dict[str, Any]:

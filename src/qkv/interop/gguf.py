@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from .families import GGUF_FAMILIES, LLAMA_GGUF, PERMUTED_ARCHITECTURES, norm_shift
+from .families import GGUF_FAMILIES, PERMUTED_ARCHITECTURES, norm_shift
 from .hf_gpt import load_gpt_from_hf
 from .sizes import SIZES, check_size
 
@@ -53,7 +53,6 @@ ROPE_TENSORS = (ROPE_FREQS, "rope_factors_long.weight", "rope_factors_short.weig
 
 # GGUF tensor names -> Hugging Face LLaMA names. Per layer: blk.{i}.{gguf} -> model.layers.{i}.{hf}.
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-LAYER_NAMES = LLAMA_GGUF
 # The same for GPT-2 (Hugging Face names under transformer.), whose Conv1D weights Hugging Face stores (in, out)
 GPT2_GLOBAL_NAMES = {"token_embd": "transformer.wte", "position_embd": "transformer.wpe",
                      "output_norm": "transformer.ln_f", "output": "lm_head"}

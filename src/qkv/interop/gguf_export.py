@@ -3,9 +3,10 @@
     qkv export --model RUN --format gguf --out FILE.gguf [--type f32|f16|q8_0|q4_0]
 
 The way in, backwards: the model's Hugging Face tensors (:func:`~qkv.interop.hf_gpt.gpt_state_dict_to_hf`, the
-export's own), renamed to llama.cpp's names (the inverse of :data:`qkv.interop.gguf.LAYER_NAMES`), the query and
-key rows of a ``llama`` file reordered into ggml's interleaved rotary pairs (the inverse of
-:func:`~qkv.interop.gguf.unpermute_rope_rows`), written by the ``gguf`` package with the metadata llama.cpp reads.
+export's own), renamed to llama.cpp's names (the inverse of its family's ``gguf_names``,
+:mod:`qkv.interop.families`), the query and key rows of a ``llama`` file reordered into ggml's interleaved rotary
+pairs (the inverse of :func:`~qkv.interop.gguf.unpermute_rope_rows`), written by the ``gguf`` package with the
+metadata llama.cpp reads.
 
 =============  ==========================================================================================
 architecture   the qkv GPT it holds
@@ -232,9 +233,16 @@ def _vocabulary(tokenizer, vocab_size: int) -> dict[str, Any]:
     merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
     ids = {role: hf.token_to_id(token) for role, token in specials.items() if role != "unk"}
     add_bos = bool(getattr(tokenizer, "add_bos", False))
-    spare = range(size, vocab_size)  # the table's rows no token uses, as llama.cpp's converter names them
-    return {"model": "gpt2", "tokens": [hf.id_to_token(i) for i in range(size)] + [f"[PAD{i}]" for i in spare],
-            "types": types + ["UNUSED"] * len(spare), "merges": merges, "pre": pre, "ids": ids, "add_bos": add_bos}
+    return _spare_rows({"model": "gpt2", "tokens": [hf.id_to_token(i) for i in range(size)], "types": types,
+                        "merges": merges, "pre": pre, "ids": ids, "add_bos": add_bos}, vocab_size)
+
+
+def _spare_rows(vocab: dict[str, Any], rows: int) -> dict[str, Any]:
+    """``vocab`` with a token for each row of the table past the tokenizer's (a pretrained model's table is often
+    longer), named and typed as llama.cpp's converter names them: ``[PAD{id}]``, unused."""
+    spare = range(len(vocab["tokens"]), rows)
+    extra = {"tokens": [f"[PAD{i}]" for i in spare], "types": ["UNUSED"] * len(spare), "scores": [-1e9] * len(spare)}
+    return vocab | {key: vocab[key] + extra[key] for key in extra if key in vocab}
 
 
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-F]{2}>")
@@ -258,13 +266,11 @@ def _sentencepiece(tokenizer, hf, data: dict, specials: dict, vocab_size: int) -
              "UNKNOWN" if token == unknown else "BYTE" if _BYTE_TOKEN.fullmatch(token) else "NORMAL"
              for i, token in enumerate(tokens)]
     scores = [-float(rank[token]) if token in rank else -1e9 for token in tokens]
-    spare = range(size, vocab_size)  # the table's rows no token uses, as llama.cpp's converter names them
-    tokens, types, scores = tokens + [f"[PAD{i}]" for i in spare], types + ["UNUSED"] * len(spare), \
-        scores + [-1e9] * len(spare)
     ids = {role: hf.token_to_id(token) for role, token in specials.items()}
-    return {"model": "llama", "tokens": tokens, "types": types, "scores": scores, "pre": "default", "ids": ids,
-            "add_bos": bool(getattr(tokenizer, "add_bos", False)), "space_prefix": "Prepend" in json.dumps(
-                data.get("normalizer")) or '"prepend_scheme": "first"' in json.dumps(data.get("pre_tokenizer"))}
+    return _spare_rows({"model": "llama", "tokens": tokens, "types": types, "scores": scores, "pre": "default",
+                        "ids": ids, "add_bos": bool(getattr(tokenizer, "add_bos", False)),
+                        "space_prefix": "Prepend" in json.dumps(data.get("normalizer")) or
+                        '"prepend_scheme": "first"' in json.dumps(data.get("pre_tokenizer"))}, vocab_size)
 
 
 def _characters(tokenizer: CharTokenizer, vocab_size: int) -> dict[str, Any]:

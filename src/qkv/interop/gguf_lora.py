@@ -12,7 +12,7 @@ The layout llama.cpp reads (``convert_lora_to_gguf.py`` writes it, ``src/llama-a
 =========================  ===================================================================================
 
 ``<base>`` is the name of the adapted matrix in the base GGUF file, ``blk.{i}.attn_q.weight`` and so on
-(:data:`qkv.interop.gguf.LAYER_NAMES`). The adapters come from :func:`~qkv.interop.peft.peft_tensors`, so a
+(:data:`qkv.interop.families.LLAMA_GGUF`). The adapters come from :func:`~qkv.interop.peft.peft_tensors`, so a
 quantized model's stacked layers give the same file as separate float layers. Where the base file holds the
 query and key rows in ggml's interleaved rotary order (``llama``), ``B``'s rows of Q and K are reordered the same
 way (:func:`~qkv.interop.gguf_export.permute_rope_rows`): ``B A`` must change the rows the base file holds.
@@ -31,14 +31,15 @@ from ..files import write_atomically
 from ..lora import LLAMA, layout_of, lora_config_of
 from ..models import GPT
 from .export import check_out
-from .gguf import LAYER_NAMES, PERMUTED_ARCHITECTURES, _import_gguf
+from .families import LLAMA_GGUF, PERMUTED_ARCHITECTURES
+from .gguf import _import_gguf
 from .gguf_export import permute_rope_rows
 from .peft import KEY, key_order, peft_tensors
 
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("llama", "qwen2", "qwen3")  # the LLaMA family as llama.cpp names it
-_GGUF_NAMES = {hf: ours for ours, hf in LAYER_NAMES.items()}  # self_attn.q_proj -> attn_q
+_GGUF_NAMES = {hf: ours for ours, hf in LLAMA_GGUF.items()}  # self_attn.q_proj -> attn_q
 
 
 def export_gguf_lora(model: nn.Module, out: str | Path, *, architecture: str | None = None) -> None:

@@ -36,13 +36,13 @@ from torch import Tensor
 from ..config import GATED_ACTIVATIONS, GPTConfig
 from ..footprint import build_model
 from ..models import GPT
-from .families import FAMILIES, MODEL_TYPES, config_from_hf, config_to_hf, fused_back, layer_tensors, unfused
+from .families import FAMILIES, MODEL_TYPES, config_from_hf, config_to_hf, family_of, fused_back, layer_tensors, unfused
 from .hf_common import HFStateDict, check_config, check_written, hf_field
 from .sizes import check_sizes
 
-# The LLaMA family: one layout, its members told apart by the blocks their configs name (qkv.interop.families)
-LLAMA_FAMILY = MODEL_TYPES
-GPT_MODEL_TYPES = ("gpt2", *LLAMA_FAMILY)
+# GPT-2, and the LLaMA family: one layout, its members told apart by the blocks their configs name
+# (qkv.interop.families)
+GPT_MODEL_TYPES = ("gpt2", *MODEL_TYPES)
 
 
 _GPT2_ACTIVATIONS = {
@@ -74,7 +74,7 @@ def gpt_config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     check_sizes(hf_config)
     if model_type == "gpt2":
         return _gpt2_config(hf_config)
-    if model_type in LLAMA_FAMILY:
+    if model_type in MODEL_TYPES:
         return config_from_hf(hf_config)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
@@ -146,7 +146,7 @@ def gpt_state_dict_from_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig, mod
     """
     if model_type == "gpt2":
         return _gpt2_state_dict(state_dict, cfg)
-    if model_type in LLAMA_FAMILY:
+    if model_type in MODEL_TYPES:
         return _llama_state_dict(state_dict, cfg, model_type)
     raise ValueError(f"unsupported model_type {model_type!r} for a GPT; expected one of {list(GPT_MODEL_TYPES)}")
 
@@ -292,7 +292,7 @@ def gpt_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> di
     if cfg.norm == "layer":
         out = _gpt2_tensors(sd, cfg)
     else:
-        model_type = gpt_config_to_hf(cfg)["model_type"]
+        model_type = family_of(cfg).model_type
         out = {"model.embed_tokens.weight": sd["tok_emb.weight"][: cfg.vocab_size],
                "model.norm.weight": sd["decoder.norm.weight"]}
         for i in range(cfg.n_layers):

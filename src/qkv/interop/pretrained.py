@@ -31,11 +31,11 @@ from ..models import GPT
 from ..quantize import quantize
 from ..tokenizers import PretrainedTokenizer
 from .at_rest import load_hf_gpt_at_rest, load_quantized_gpt
-from .families import MULTIMODAL
+from .families import MODEL_TYPES, MULTIMODAL
 from .gguf import load_gpt_from_gguf, open_gguf
 from .gguf_tokenizer import tokenizer_from_gguf
 from .hf_folder import not_found, read_chat_template, read_config, read_safetensors, tokenizer_from_hf_folder
-from .hf_gpt import GPT_MODEL_TYPES, LLAMA_FAMILY, load_gpt_from_hf
+from .hf_gpt import GPT_MODEL_TYPES, load_gpt_from_hf
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def _load_hf_folder(folder: Path, *, mode: str,
     tokenizer = tokenizer_from_hf_folder(folder)
     if check_tokenizer is not None:
         check_tokenizer(tokenizer)
-    if config["model_type"] in (*LLAMA_FAMILY, *MULTIMODAL):  # read a slice at a time
+    if config["model_type"] in (*MODEL_TYPES, *MULTIMODAL):  # read a slice at a time
         model = load_hf_gpt_at_rest(folder, config, mode=mode)
     else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
         try:

@@ -75,24 +75,25 @@ def final_norm(cfg: ModelConfig) -> nn.Module | None:
     return norm(cfg) if cfg.norm_first else None
 
 
-def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = None, cross: bool = False):
+def attention(cfg: ModelConfig, *, causal: bool, rope: RotaryEmbedding | None = None, cross: bool = False,
+              **options: Any):
     """Self-attention (with the config's window, grouping, gate and rotary) or plain cross-attention; both with
-    the config's head width and norms on queries and keys."""
+    the config's head width and norms on queries and keys. ``options``: :class:`~qkv.nn.MultiHeadAttention`'s
+    arguments set otherwise (a decoder layer's own window, the scores' scale, ...)."""
     head_norms = {"q_norm": head_norm(cfg), "k_norm": head_norm(cfg)} if cfg.qk_norm else {}
-    return MultiHeadAttention(
-        cfg.d_model,
-        cfg.n_heads,
-        n_kv_heads=None if cross else cfg.n_kv_heads,
-        dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
-        bias=cfg.bias,
-        qkv_bias=None if cross else cfg.qkv_bias,
-        causal=causal,
-        window=None if cross else cfg.window,
-        gated=cfg.gated_attention,
-        rotary=None if cross else rope,
-        head_dim=cfg.head_dim,
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, **{
+        "n_kv_heads": None if cross else cfg.n_kv_heads,
+        "dropout": cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout,
+        "bias": cfg.bias,
+        "qkv_bias": None if cross else cfg.qkv_bias,
+        "causal": causal,
+        "window": None if cross else cfg.window,
+        "gated": cfg.gated_attention,
+        "rotary": None if cross else rope,
+        "head_dim": cfg.head_dim,
         **head_norms,
-    )
+        **options,
+    })
 
 
 def feed_forward(cfg: ModelConfig) -> FeedForward:

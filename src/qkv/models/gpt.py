@@ -20,7 +20,6 @@ from ..nn import (
     Decoder,
     DecoderCache,
     DecoderLayer,
-    MultiHeadAttention,
     RotaryEmbedding,
     padding_mask,
     segment_mask,
@@ -35,19 +34,12 @@ from .common import WithAttention
 def decoder_layer(cfg: GPTConfig, spec: LayerSpec, rope: RotaryEmbedding | None) -> DecoderLayer:
     """One layer of a decoder-only model: causal self-attention with this layer's window and rotary positions
     (``spec``), then the feed-forward network, each in a residual connection with the config's norms."""
-    head_norms = {}
-    if cfg.qk_norm:  # per head, or over all the heads' queries and all the keys
-        widths = (cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim) \
-            if cfg.qk_norm_whole else (cfg.head_dim, cfg.head_dim)
-        head_norms = {"q_norm": common.norm(cfg, widths[0]), "k_norm": common.norm(cfg, widths[1]),
-                      "qk_norm_whole": cfg.qk_norm_whole}
-    attention = MultiHeadAttention(
-        cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-        dropout=cfg.dropout if cfg.attention_dropout is None else cfg.attention_dropout, bias=cfg.bias,
-        qkv_bias=cfg.qkv_bias, causal=True, window=spec.window, gated=cfg.gated_attention,
-        rotary=rope if spec.rotary else None, scale=cfg.attention_scale, softcap=cfg.attention_softcap,
-        **head_norms,
-    )
+    whole_norms = {}
+    if cfg.qk_norm_whole:  # over all the heads' queries and all the keys, not head by head
+        whole_norms = {"q_norm": common.norm(cfg, cfg.n_heads * cfg.head_dim), "qk_norm_whole": True,
+                       "k_norm": common.norm(cfg, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim)}
+    attention = common.attention(cfg, causal=True, rope=rope if spec.rotary else None, window=spec.window,
+                                 scale=cfg.attention_scale, softcap=cfg.attention_softcap, **whole_norms)
     in_norms = not cfg.branch_norm or cfg.norm_first  # OLMo 2's norms are in the branches alone
     feed_forward = common.feed_forward(cfg) if cfg.n_experts is None or spec.dense else MoEFeedForward(
         cfg.d_model, cfg.expert_d_ff or cfg.d_ff, cfg.n_experts, cfg.expert_top_k, activation=cfg.activation,

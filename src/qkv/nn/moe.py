@@ -135,19 +135,6 @@ class MoEFeedForward(nn.Module):
         return out
 
 
-def dense_reference(moe: MoEFeedForward, x: Tensor) -> Tensor:
-    """The same mixture written the slow way: every expert on every token, the unchosen ones weighted 0 (what the
-    grouped dispatch must equal)."""
-    tokens = x.reshape(-1, x.size(-1))
-    weights, experts, _ = moe.router(tokens)
-    full = torch.zeros(tokens.size(0), moe.n_experts, dtype=weights.dtype, device=x.device)
-    full.scatter_(1, experts, weights)  # (N, E): each token's weight for each expert
-    out = sum(full[:, e, None] * expert(tokens) for e, expert in enumerate(moe.experts))
-    if moe.shared is not None:
-        out = out + torch.sigmoid(moe.shared_gate(tokens)) * moe.shared(tokens)
-    return out.reshape(x.shape)
-
-
 def balancing_loss(router_logits: list[Tensor], top_k: int) -> Tensor:
     """The Switch Transformer's load-balancing loss over every layer's router logits ``(N, E)`` together:
     E · Σ_e f_e · P_e, where f_e is the share of the tokens' k slots routed to expert e (a mean over the k ranks)
@@ -167,4 +154,4 @@ def router_z_loss(router_logits: list[Tensor]) -> Tensor:
     return torch.logsumexp(logits, dim=-1).square().mean()
 
 
-__all__ = ["MoEFeedForward", "Router", "balancing_loss", "check_experts", "dense_reference", "router_z_loss"]
+__all__ = ["MoEFeedForward", "Router", "balancing_loss", "check_experts", "router_z_loss"]
