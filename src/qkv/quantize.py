@@ -738,6 +738,12 @@ def stack_projections(model: nn.Module) -> dict[str, str]:
     return replaced
 
 
+def _routes(name: str) -> bool:
+    """A mixture of experts' router (or its shared expert's gate): kept in fp32, for its logits choose the experts,
+    and a choice flipped by rounding costs more than its few weights (E x d_model) would save."""
+    return name.endswith(("router.proj", "shared_gate"))
+
+
 def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZE,
              magnitudes: dict[str, Tensor] | None = None, outliers: int = DEFAULT_OUTLIERS) -> nn.Module:
     """Replace every ``nn.Linear`` of ``model`` (in place) by a :class:`QuantizedLinear` of format ``mode``
@@ -760,10 +766,10 @@ def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZ
     output = getattr(model, "output_layer", None)
     if mode == "int4":
         for name, m in model.named_modules():
-            if isinstance(m, nn.Linear) and name != output:
+            if isinstance(m, nn.Linear) and name != output and not _routes(name):
                 check_int4(name, m.in_features, group_size)
     replaced = stack_projections(model)
-    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and not _routes(name)]
     for name, linear in linears:
         layer_mode = "int8" if mode == "int4" and name == output else mode
         columns = None

@@ -67,19 +67,64 @@ def _granite(transformers, **changes):
     return transformers.GraniteForCausalLM(config)
 
 
+# Mixtures of experts: 4 experts, 2 a token, in each family's variant (Qwen3-MoE renormalising its top-k, Qwen2-MoE's
+# shared expert, a dense layer among Qwen's); routing that matters, as random routers send tokens everywhere
+EXPERTS = dict(num_experts_per_tok=2, intermediate_size=48)
+
+
+def _mixtral(transformers, **changes):
+    config = transformers.MixtralConfig(**{**BASE, **EXPERTS, "num_local_experts": 4, "tie_word_embeddings": False,
+                                           "rope_parameters": {"rope_theta": 1000.0, "rope_type": "default"},
+                                           **changes})
+    return transformers.MixtralForCausalLM(config)
+
+
+def _qwen2_moe(transformers, **changes):
+    config = transformers.Qwen2MoeConfig(**{**BASE, **EXPERTS, "num_experts": 4, "moe_intermediate_size": 24,
+                                            "shared_expert_intermediate_size": 40, "tie_word_embeddings": False,
+                                            **changes})
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+def _qwen3_moe(transformers, **changes):
+    config = transformers.Qwen3MoeConfig(**{**BASE, **EXPERTS, "num_experts": 4, "moe_intermediate_size": 24,
+                                            "norm_topk_prob": True, "head_dim": 16, "tie_word_embeddings": False,
+                                            "mlp_only_layers": [1],
+                                            **changes})
+    return transformers.Qwen3MoeForCausalLM(config)
+
+
+def _olmoe(transformers, **changes):
+    config = transformers.OlmoeConfig(**{**BASE, **EXPERTS, "num_experts": 4, "tie_word_embeddings": False,
+                                         "pad_token_id": 0, "eos_token_id": 1, **changes})
+    return transformers.OlmoeForCausalLM(config)
+
+
+def _granitemoe(transformers, **changes):
+    config = transformers.GraniteMoeConfig(**{**BASE, **EXPERTS, "num_local_experts": 4, "embedding_multiplier": 3.0,
+                                              "residual_multiplier": 0.4, "attention_multiplier": 0.2,
+                                              "logits_scaling": 4.0, "tie_word_embeddings": True, **changes})
+    return transformers.GraniteMoeForCausalLM(config)
+
+
 MAKERS = {"gemma3_text": _gemma3, "gemma2": _gemma2, "phi3": _phi3, "smollm3": _smollm3, "olmo2": _olmo2,
-          "granite": _granite}
+          "granite": _granite, "mixtral": _mixtral, "qwen2_moe": _qwen2_moe, "qwen3_moe": _qwen3_moe, "olmoe": _olmoe,
+          "granitemoe": _granitemoe}
+MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")
 FAMILIES = tuple(MAKERS)
 
 
 # What llama.cpp's GGUF files leave unsaid and its loader assumes (docs/families.md): one global layer in six for
-# Gemma 3, with an attention scale of 1/√head_dim and a local θ of 10,000; SmolLM3's NoPE layer in every four.
+# Gemma 3, with an attention scale of 1/√head_dim and a local θ of 10,000; SmolLM3's NoPE layer in every four;
+# experts in every layer of a Qwen3-MoE, OLMoE's keys in as many heads as its queries.
 # These variants fit them.
 AS_LLAMA_CPP_ASSUMES = {
     "gemma3_text": dict(num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=16, rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0}}),
     "smollm3": dict(num_hidden_layers=4, no_rope_layers=None),
+    "qwen3_moe": dict(mlp_only_layers=[]),  # experts in every layer
+    "olmoe": dict(num_key_value_heads=4),  # llama.cpp's K norm is as wide as the model
 }
 
 

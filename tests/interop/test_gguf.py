@@ -171,10 +171,16 @@ def test_unsupported_architecture(tmp_path):
         load_gpt_from_gguf(path)
 
 
-def test_mixture_of_experts_is_refused(tiny, tmp_path):
+def test_a_llama_file_with_experts_is_a_mixtral_whose_keys_and_tensors_are_checked(tiny, tmp_path):
+    """A ``llama`` file stating experts is read as Mixtral: its expert keys are required, and a dense layer's
+    tensors where the experts' should be are named."""
     hf, _ = tiny
     path = write_gguf(tmp_path / "moe.gguf", gguf_tensors(hf), **{"llama.expert_count": 8})
-    with pytest.raises(ValueError, match="mixture of experts"):
+    with pytest.raises(ValueError, match=r"moe\.gguf: the metadata has no llama\.expert_used_count$"):
+        load_gpt_from_gguf(path)
+    path = write_gguf(tmp_path / "moe2.gguf", gguf_tensors(hf), **{"llama.expert_count": 8,
+                                                                    "llama.expert_used_count": 2})
+    with pytest.raises(ValueError, match=r"Mixtral checkpoint.*missing.*mlp\.gate\.weight"):
         load_gpt_from_gguf(path)
 
 

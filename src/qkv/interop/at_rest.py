@@ -59,7 +59,9 @@ from ..kernels import SUPER
 from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
+from ..nn.moe import MoEFeedForward
 from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
+from .experts import read_name
 from .families import MULTIMODAL, family, norm_shift, text_model, text_tensor
 from .ggml_blocks import (
     GROUP,
@@ -156,12 +158,17 @@ class _SafetensorsSource(_Source):
         tensor = handle.get_slice(name)
         shape = tensor.get_shape()
         self.kind = tensor.get_dtype()
-        self.rows, self.inputs = (shape[0], shape[1]) if len(shape) == 2 else (1, shape[0])
+        self.stack = shape[1] if len(shape) == 3 else None  # a stack of experts' matrices: the rows of each
+        self.rows, self.inputs = (int(np.prod(shape[:-1])), shape[-1]) if len(shape) > 1 else (1, shape[0])
 
     def rows_at(self, start: int, end: int) -> Tensor:
+        tensor = self.handle.get_slice(self.name)
         if self.rows == 1:
-            return self.handle.get_slice(self.name)[:].float()[None]
-        return self.handle.get_slice(self.name)[start:end].float()
+            return tensor[:].float()[None]
+        if self.stack is not None:  # rows of one expert's matrix (as the builder asks for them)
+            expert, first = divmod(start, self.stack)
+            return tensor[expert : expert + 1, first : first + end - start].float()[0]
+        return tensor[start:end].float()
 
 
 class _Rows(_Source):
@@ -265,18 +272,22 @@ def load_hf_gpt_at_rest(folder: str | Path, hf_config: dict[str, Any], *, mode: 
 
 
 _HF_LAYER = re.compile(r"layers\.(\d+)\.(.+)\.(weight|bias)")
+_HF_EXPERT = re.compile(r"mlp\.experts\.(\d+)\.(\w+)_proj")  # one expert's matrix, stored on its own
 
 
 def _gguf_name(hf_name: str, layer_names: dict[str, str]) -> str | None:
     """A Hugging Face name (without ``model.``) -> its GGUF name, which the builder speaks (``layer_names``: the
-    family's, Hugging Face -> GGUF); None for another."""
+    family's, Hugging Face -> GGUF; an expert stored on its own: ``ffn_gate_exps.{e}``); None for another."""
     from .gguf import GLOBAL_NAMES
 
     for gguf, hf in GLOBAL_NAMES.items():
         if hf_name == f"{hf.removeprefix('model.')}.weight":
             return f"{gguf}.weight"
-    match = _HF_LAYER.fullmatch(hf_name)
-    layer = layer_names.get(match[2]) if match else None
+    match = _HF_LAYER.fullmatch(read_name(hf_name))
+    if match is None:
+        return None
+    expert = _HF_EXPERT.fullmatch(match[2])
+    layer = f"ffn_{expert[2]}_exps.{expert[1]}" if expert else layer_names.get(match[2])
     return None if layer is None else f"blk.{match[1]}.{layer}.{match[3]}"
 
 
@@ -320,7 +331,8 @@ class _Builder:
     def __init__(self, path: Path, mode: str, tensors: dict[str, _Source], cfg, *, norm_shift: float = 0.0) -> None:
         self.path, self.mode, self.tensors, self.cfg, self.norm_shift = path, mode, tensors, cfg, norm_shift
         d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
-        self.rows = {"q": d_q, "kv": d_kv, "ff": cfg.d_ff}  # the rows of each part of a fused tensor
+        # the rows of each part of a fused tensor, and of each expert's matrix in a stack of them
+        self.rows = {"q": d_q, "kv": d_kv, "ff": cfg.d_ff, "expert": cfg.expert_d_ff or cfg.d_ff}
         self.made: Counter[str] = Counter()  # "Q4_1 -> int4 as stored": tensors of each kind, for the log
 
     def summary(self) -> str:
@@ -341,6 +353,21 @@ class _Builder:
         if f"{prefix}.ffn_gate.weight" not in self.tensors:
             return _parts(self.source(f"{prefix}.ffn_up.weight"), [self.rows["ff"], self.rows["ff"]])
         return [self.source(f"{prefix}.{n}.weight") for n in ("ffn_gate", "ffn_up")]
+
+    def expert_sources(self, prefix: str, e: int) -> tuple[list[_Source], list[_Source]]:
+        """Expert ``e``'s gate and up projections, and its down projection: rows of the layer's stacks of every
+        expert's (GGUF's ``ffn_gate_exps``; ``ffn_gate_up_exps``, each expert's gate rows then its up rows), or its
+        own tensors (a Hugging Face folder's, one an expert)."""
+        ff, d = self.rows["expert"], self.cfg.d_model
+        if f"{prefix}.ffn_gate_up_exps.weight" in self.tensors:
+            gate_up = _parts(self.source(f"{prefix}.ffn_gate_up_exps.weight"), [e * 2 * ff, ff, ff])[1:]
+        elif f"{prefix}.ffn_gate_exps.weight" in self.tensors:
+            gate_up = [_Rows(self.source(f"{prefix}.ffn_{n}_exps.weight"), e * ff, ff) for n in ("gate", "up")]
+        else:
+            gate_up = [self.source(f"{prefix}.ffn_{n}_exps.{e}.weight") for n in ("gate", "up")]
+        down = _Rows(self.source(f"{prefix}.ffn_down_exps.weight"), e * d, d) \
+            if f"{prefix}.ffn_down_exps.weight" in self.tensors else self.source(f"{prefix}.ffn_down_exps.{e}.weight")
+        return gate_up, [down]
 
     def set_norm(self, norm: nn.Module | None, name: str) -> None:
         """Norm ``norm``'s gains from tensor ``name`` (a GGUF file of Gemma's stores 1 + w: ``norm_shift``)."""
@@ -366,20 +393,28 @@ class _Builder:
     def bytes_needed(self) -> int:
         """What the model's layers will take: codes and scales by format, fp32 for the rest."""
         cfg = self.cfg
-        d, d_ff, vocab = cfg.d_model, cfg.d_ff, cfg.vocab_size
-        d_q, d_kv = self.rows["q"], self.rows["kv"]
+        d, vocab = cfg.d_model, cfg.vocab_size
+        d_q, d_kv, d_ff = self.rows["q"], self.rows["kv"], cfg.d_ff
         int8 = 1.0 if int8_class(d) is Int8Linear else 1 + 2 / GROUP  # a scale per row, or per block
         per_weight = {"int4": 0.5 + 4 / GROUP, "int5": 180 / SUPER, "int6": 210 / SUPER, "int8": int8, "none": 4.0,
                       "bf16": 2.0}
-        layer = 0.0
-        for sources, shape in ((self.qkv_sources("blk.0"), (d_q + 2 * d_kv) * d),
-                               ([self.source("blk.0.attn_output.weight")], d * d_q),
-                               (self.gate_up_sources("blk.0"), 2 * d_ff * d),
-                               ([self.source("blk.0.ffn_down.weight")], d * d_ff)):
-            layer += per_weight[self.format(sources)] * shape
+        total = 0.0
+        for i in range(cfg.n_layers):
+            prefix = f"blk.{i}"
+            parts = [(self.qkv_sources(prefix), (d_q + 2 * d_kv) * d),
+                     ([self.source(f"{prefix}.attn_output.weight")], d * d_q)]
+            if cfg.n_experts is None or cfg.layer(i).dense:
+                parts += [(self.gate_up_sources(prefix), 2 * d_ff * d),
+                          ([self.source(f"{prefix}.ffn_down.weight")], d * d_ff)]
+            else:  # every expert alike; the router (and a shared expert's gate) in fp32
+                gate_up, down = self.expert_sources(prefix, 0)
+                ff, shared = self.rows["expert"], cfg.shared_expert_d_ff or 0
+                parts += [(gate_up, 2 * ff * d * cfg.n_experts), (down, d * ff * cfg.n_experts),
+                          ([], (cfg.n_experts + 1) * d), ([], 3 * shared * d)]
+            total += sum(per_weight[self.format(sources) if sources else "none"] * size for sources, size in parts)
         tables = 1 if cfg.tie_embeddings else 2
         table = per_weight[self.format([self.source("token_embd.weight")], output=True)] * vocab * d
-        return int(cfg.n_layers * (layer + 8 * d) + tables * table)
+        return int(total + cfg.n_layers * 8 * d + tables * table)
 
     def fill(self, model: GPT) -> None:
         for i, layer in enumerate(model.decoder.layers):
@@ -410,12 +445,15 @@ class _Builder:
         qkv = self.qkv_sources(prefix)
         biases = [self.source(f"{prefix}.{n}.bias") for n in ("attn_q", "attn_k", "attn_v")] \
             if attention.q_proj.bias is not None else None  # Qwen2's
-        gate_up = self.gate_up_sources(prefix)
-        out, down = [self.source(f"{prefix}.attn_output.weight")], [self.source(f"{prefix}.ffn_down.weight")]
+        out = [self.source(f"{prefix}.attn_output.weight")]
+        if isinstance(ffn, MoEFeedForward):
+            self._fill_experts(ffn, prefix)
+        else:
+            layer.feed_forward = self._feed_forward(ffn, self.gate_up_sources(prefix),
+                                                    [self.source(f"{prefix}.ffn_down.weight")])
         if self.mode in FLOAT_LAYERS:
             for module, sources in ((attention.q_proj, qkv[:1]), (attention.k_proj, qkv[1:2]),
-                                    (attention.v_proj, qkv[2:]), (attention.out_proj, out), (ffn.gate, gate_up[:1]),
-                                    (ffn.up, gate_up[1:]), (ffn.down, down)):
+                                    (attention.v_proj, qkv[2:]), (attention.out_proj, out)):
                 _copy_rows(module.weight, sources[0])
             for module, bias in zip((attention.q_proj, attention.k_proj, attention.v_proj), biases or (),
                                     strict=False):
@@ -424,8 +462,28 @@ class _Builder:
         attention.out_proj = self.linear(out, self.format(out))
         stacked_qkv = self.linear(qkv, self.format(qkv), biases=biases)
         layer.self_attn = StackedSelfAttention.from_attention(attention, stacked_qkv)
+
+    def _feed_forward(self, ffn: nn.Module, gate_up: list[_Source], down: list[_Source]) -> nn.Module:
+        """A gated feed-forward network from its gate, up and down projections: float layers filled in place, or
+        quantized layers with the gate and up projections stacked."""
+        if self.mode in FLOAT_LAYERS:
+            for module, source in ((ffn.gate, gate_up[0]), (ffn.up, gate_up[1]), (ffn.down, down[0])):
+                _copy_rows(module.weight, source)
+            return ffn
         ffn.down = self.linear(down, self.format(down))
-        layer.feed_forward = StackedFeedForward.from_feed_forward(ffn, self.linear(gate_up, self.format(gate_up)))
+        return StackedFeedForward.from_feed_forward(ffn, self.linear(gate_up, self.format(gate_up)))
+
+    def _fill_experts(self, moe: MoEFeedForward, prefix: str) -> None:
+        """A mixture of experts: each expert from its rows of the stored stacks (quantized as stored, or float),
+        the router and a shared expert's gate in fp32 (see :func:`qkv.quantize.quantize`)."""
+        _copy_rows(moe.router.proj.weight, self.source(f"{prefix}.ffn_gate_inp.weight"))
+        for e, expert in enumerate(moe.experts):
+            moe.experts[e] = self._feed_forward(expert, *self.expert_sources(prefix, e))
+        if moe.shared is not None:
+            _copy_rows(moe.shared_gate.weight, self.source(f"{prefix}.ffn_gate_inp_shexp.weight"))
+            moe.shared = self._feed_forward(moe.shared, [self.source(f"{prefix}.ffn_{n}_shexp.weight")
+                                                         for n in ("gate", "up")],
+                                            [self.source(f"{prefix}.ffn_down_shexp.weight")])
 
     def linear(self, sources: list[_Source], fmt: str, *, biases: list[_Source] | None = None) -> QuantizedLinear:
         """One quantized layer whose rows are those of ``sources``, in order (and its bias ``biases``')."""

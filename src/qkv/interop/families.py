@@ -18,6 +18,11 @@ phi3           Q, K, V and gate, up stored fused; rotary on part of each head; L
 smollm3        no rotary positions in every fourth layer ("NoPE")
 olmo2          norms on each sub-layer's output only (x + N(f(x))); QK-norm over the whole projection
 granite        embeddings, attention scores, each branch and the logits scaled by constants
+mixtral        a mixture of experts in place of each feed-forward network (``n_experts``, ``expert_top_k``)
+qwen2_moe      Qwen2 with experts, their top-k weights as the softmax gave them, and a shared expert
+qwen3_moe      Qwen3 with experts (renormalised top-k or not: ``norm_topk_prob``), some layers dense
+olmoe          experts, QK-norm over the whole projection
+granitemoe     Granite with experts
 =============  =====================================================================================================
 """
 
@@ -32,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..config import GPTConfig, LayerSpec
+from .experts import expert_tensors
 from .hf_common import hf_field
 from .rope_scaling import rope_parameters, rotary_settings
 
@@ -66,6 +72,12 @@ GEMMA_GGUF = {**LLAMA_GGUF, "post_attention_norm": "post_attention_layernorm", "
 OLMO2_GGUF = {k: v for k, v in GEMMA_GGUF.items() if k not in ("attn_norm", "ffn_norm")}
 PHI3_GGUF = {**{k: v for k, v in LLAMA_GGUF.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")},
              "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# A mixture of experts' tensors in GGUF files (3-D: one matrix an expert) -> the names qkv reads them by
+# (qkv.interop.experts); Qwen2-MoE's shared expert and its gate
+MOE_GGUF = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+            "ffn_down_exps": "mlp.experts.down_proj", "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
+            "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+            "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
 # Phi-3 stores [Q; K; V] as one matrix and [gate; up] as another: read apart, written back together
 PHI3_FUSED = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
               "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
@@ -87,6 +99,8 @@ class Family:
         gguf_arch: llama.cpp's ``general.architecture`` for the family.
         from_gguf: what a GGUF file says of the family beyond LLaMA's keys, as config.json keys: called with a
             checked getter of ``{arch}.{key}`` numbers, the metadata and the tensors.
+        experts: how the family's files store a mixture of experts (:func:`qkv.interop.experts.stored`: "qwen",
+            "mixtral", "granite"); None: a dense family.
     """
 
     model_type: str
@@ -100,6 +114,7 @@ class Family:
     gguf_arch: str = "llama"
     from_gguf: Callable[[Callable, Mapping[str, Any], Mapping[str, Any]], dict[str, Any]] = \
         lambda get, meta, tensors: {}
+    experts: str | None = None
 
 
 def _mistral(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -178,6 +193,46 @@ def _granite(hf: Mapping[str, Any]) -> dict[str, Any]:
             "logit_scale": 1.0 / float(hf.get("logits_scaling", 1.0))}
 
 
+def _experts(hf: Mapping[str, Any], *, normalize: bool | None = None, qwen: bool = False) -> dict[str, Any]:
+    """A mixture of experts' fields: E, k, whether the k weights are renormalised (``norm_topk_prob`` where the
+    family leaves it to the config), and Qwen's own: the experts' width (``moe_intermediate_size``; the others'
+    are ``intermediate_size`` wide), a shared expert, and the layers that stay dense (``mlp_only_layers``,
+    ``decoder_sparse_step``)."""
+    n = hf.get("num_local_experts") or hf.get("num_experts")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"a {hf.get('model_type')} config names its experts in num_experts (or num_local_experts), an "
+                         f"int >= 1; this one has {n!r}")
+    k = hf_field(hf, "num_experts_per_tok")
+    if not isinstance(k, int) or not 1 <= k <= n:
+        raise ValueError(f"num_experts_per_tok={k!r} must be an int from 1 to the {n} experts (num_experts)")
+    out = {"n_experts": n, "expert_top_k": k,
+           "expert_normalize": bool(hf.get("norm_topk_prob", False) if normalize is None else normalize)}
+    if not qwen:
+        return out
+    layers, step = hf_field(hf, "num_hidden_layers"), hf.get("decoder_sparse_step") or 1
+    only = set(hf.get("mlp_only_layers") or ())
+    dense = [i in only or (i + 1) % step != 0 for i in range(layers)]
+    out |= {"expert_d_ff": hf.get("moe_intermediate_size"),
+            "shared_expert_d_ff": hf.get("shared_expert_intermediate_size") or None}
+    return out | ({"layers": [LayerSpec(dense=d) for d in dense]} if any(dense) else {})
+
+
+def _olmoe(hf: Mapping[str, Any]) -> dict[str, Any]:
+    if hf.get("clip_qkv") is not None:
+        raise ValueError(f"clip_qkv={hf['clip_qkv']} (queries, keys and values clipped) is not supported")
+    return {"qk_norm": True, "qk_norm_whole": True, **_experts(hf)}
+
+
+def _moe_from_gguf(get: Callable, meta: Mapping[str, Any], tensors: Mapping[str, Any], *, normalize: bool
+                   ) -> dict[str, Any]:
+    """A GGUF file's experts as config.json states them; llama.cpp's graph of each architecture fixes whether the k
+    weights are renormalised (Mixtral's, Qwen3-MoE's and Granite-MoE's are; Qwen2-MoE's and OLMoE's not)."""
+    return {"num_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
+            "moe_intermediate_size": get("expert_feed_forward_length", None, optional=True),
+            "shared_expert_intermediate_size": get("expert_shared_feed_forward_length", None, optional=True),
+            "norm_topk_prob": normalize}
+
+
 # ------------------------------------------------------------------------- what GGUF files say of each family
 # llama.cpp's converter writes fewer keys than config.json holds; what it leaves out, llama.cpp's loader assumes,
 # and so does qkv: Gemma 3's pattern of one global layer in six and its local θ of 10k, Gemma 2's alternation and
@@ -252,13 +307,33 @@ FAMILIES = {f.model_type: f for f in (
            _olmo2, OLMO2_NAMES, gguf_names=OLMO2_GGUF, gguf_arch="olmo2", from_gguf=_olmo2_from_gguf),
     Family("granite", "Granite", "GraniteForCausalLM", "embeddings, scores, branches and logits scaled", _granite,
            gguf_arch="granite", from_gguf=_granite_from_gguf),
+    Family("mixtral", "Mixtral", "MixtralForCausalLM", "a mixture of experts in each layer",
+           lambda hf: _mistral(hf) | _experts(hf, normalize=True), gguf_names={**LLAMA_GGUF, **MOE_GGUF},
+           from_gguf=lambda get, meta, tensors: _moe_from_gguf(get, meta, tensors, normalize=True), experts="mixtral"),
+    Family("qwen2_moe", "Qwen2-MoE", "Qwen2MoeForCausalLM", "Qwen2 with experts and a shared expert",
+           lambda hf: {"qkv_bias": bool(hf.get("qkv_bias", True))} | _experts(hf, qwen=True),
+           gguf_names={**LLAMA_GGUF, **MOE_GGUF}, gguf_arch="qwen2moe",
+           from_gguf=lambda get, meta, tensors: _moe_from_gguf(get, meta, tensors, normalize=False), experts="qwen"),
+    Family("qwen3_moe", "Qwen3-MoE", "Qwen3MoeForCausalLM", "Qwen3 with experts",
+           lambda hf: {"qk_norm": True} | _experts(hf, qwen=True), {**LLAMA_NAMES, **QK_NORMS},
+           gguf_names={**LLAMA_GGUF, **MOE_GGUF}, gguf_arch="qwen3moe",
+           from_gguf=lambda get, meta, tensors: _moe_from_gguf(get, meta, tensors, normalize=True), experts="qwen"),
+    Family("olmoe", "OLMoE", "OlmoeForCausalLM", "experts, QK-norm over all heads", _olmoe,
+           {**LLAMA_NAMES, **QK_NORMS}, gguf_names={**LLAMA_GGUF, **MOE_GGUF}, gguf_arch="olmoe",
+           from_gguf=lambda get, meta, tensors: _moe_from_gguf(get, meta, tensors, normalize=False), experts="qwen"),
+    Family("granitemoe", "Granite-MoE", "GraniteMoeForCausalLM", "Granite with experts",
+           lambda hf: _granite(hf) | _experts(hf, normalize=True), gguf_names={**LLAMA_GGUF, **MOE_GGUF},
+           gguf_arch="granitemoe",
+           from_gguf=lambda get, meta, tensors: _granite_from_gguf(get, meta, tensors) |
+           _moe_from_gguf(get, meta, tensors, normalize=True), experts="granite"),
 )}
 MODEL_TYPES = tuple(FAMILIES)
-# GGUF architectures -> the family read from them (a Mistral file is a "llama" one, its window not stated)
-GGUF_FAMILIES = {f.gguf_arch: f for f in FAMILIES.values() if f.model_type != "mistral"}
+# GGUF architectures -> the family read from them (a Mistral file is a "llama" one, its window not stated, and a
+# Mixtral file a "llama" one with experts: hf_config_from_gguf tells them apart)
+GGUF_FAMILIES = {f.gguf_arch: f for f in FAMILIES.values() if f.model_type not in ("mistral", "mixtral")}
 # The architectures whose Q and K rows llama.cpp's converter reorders for its interleaved rotary pairs (the others
 # it rotates in halves, as Hugging Face does, and stores as they are)
-PERMUTED_ARCHITECTURES = ("llama", "granite", "smollm3")
+PERMUTED_ARCHITECTURES = ("llama", "granite", "granitemoe", "smollm3")
 
 
 def family(model_type: str) -> Family:
@@ -303,6 +378,10 @@ def family_of(cfg: GPTConfig) -> Family:
     """The family whose config.json holds ``cfg``: told apart by the blocks it uses (LLaMA when none)."""
     if cfg.family in FAMILIES:
         return FAMILIES[cfg.family]
+    if cfg.n_experts is not None:  # Qwen's MoE configs state every variant of the block; Mixtral's the plainest
+        plain = cfg.expert_normalize and cfg.shared_expert_d_ff is None and cfg.layers is None
+        return FAMILIES["mixtral" if plain and not (cfg.qk_norm or cfg.qkv_bias) else
+                        "qwen3_moe" if cfg.shared_expert_d_ff is None and not cfg.qkv_bias else "qwen2_moe"]
     rotary = [cfg.layer(i) for i in range(cfg.n_layers)]
     if cfg.norm_offset:
         return FAMILIES["gemma3_text" if cfg.qk_norm else "gemma2"]
@@ -377,9 +456,28 @@ def _granite_to_hf(cfg: GPTConfig) -> dict[str, Any]:
             "attention_multiplier": cfg.attention_scale or cfg.head_dim**-0.5, "logits_scaling": 1 / cfg.logit_scale}
 
 
+def _moe_to_hf(cfg: GPTConfig) -> dict[str, Any]:
+    """A mixture of experts' keys in every MoE family's config.json (each family reads those it knows; what one
+    cannot state comes back different and is refused by the export's check)."""
+    dense = [i for i in range(cfg.n_layers) if cfg.layer(i).dense]
+    return {"num_experts": cfg.n_experts, "num_local_experts": cfg.n_experts, "num_experts_per_tok": cfg.expert_top_k,
+            "norm_topk_prob": cfg.expert_normalize, "moe_intermediate_size": cfg.expert_d_ff,
+            "shared_expert_intermediate_size": cfg.shared_expert_d_ff, "mlp_only_layers": dense,
+            "decoder_sparse_step": 1, "qkv_bias": bool(cfg.qkv_bias), "use_sliding_window": False,
+            "sliding_window": cfg.window, "output_router_logits": False}
+
+
+def _expert_width(cfg: GPTConfig) -> dict[str, Any]:
+    """Mixtral's, OLMoE's and Granite-MoE's experts are ``intermediate_size`` wide."""
+    return {"intermediate_size": cfg.expert_d_ff or cfg.d_ff}
+
+
 _TO_HF = {"gemma3_text": _gemma_to_hf, "gemma2": _gemma_to_hf, "phi3": _phi3_to_hf, "smollm3": _smollm3_to_hf,
           "granite": _granite_to_hf, "mistral": lambda cfg: {"sliding_window": cfg.window},
-          "llama": lambda cfg: {"attention_bias": False, "mlp_bias": False}}
+          "llama": lambda cfg: {"attention_bias": False, "mlp_bias": False},
+          "mixtral": lambda cfg: _moe_to_hf(cfg) | _expert_width(cfg), "qwen2_moe": _moe_to_hf, "qwen3_moe": _moe_to_hf,
+          "olmoe": lambda cfg: _moe_to_hf(cfg) | _expert_width(cfg),
+          "granitemoe": lambda cfg: _moe_to_hf(cfg) | _expert_width(cfg) | _granite_to_hf(cfg)}
 
 
 def config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
@@ -430,9 +528,33 @@ def gguf_keys(cfg: GPTConfig, arch: str) -> dict[str, Any]:
                      "rope.scaling.attn_factor": cfg.rope_scale}
     elif arch == "smollm3" and [s.rotary for s in specs] != [(i + 1) % 4 != 0 for i in range(cfg.n_layers)]:
         raise ValueError("llama.cpp's smollm3 files have no rotary positions in every fourth layer, and only there")
-    elif arch == "granite":
+    elif arch in ("granite", "granitemoe"):
         keys |= {"embedding_scale": cfg.embedding_scale, "residual_scale": cfg.residual_scale,
                  "attention.scale": cfg.attention_scale or cfg.head_dim**-0.5, "logit_scale": 1 / cfg.logit_scale}
+    return keys | (_moe_gguf_keys(cfg, arch) if cfg.n_experts is not None else {})
+
+
+# Whether llama.cpp's graph of each architecture renormalises the k routing weights (it reads no key for it)
+_NORMALISED = {"llama": True, "qwen3moe": True, "granitemoe": True, "qwen2moe": False, "olmoe": False}
+
+
+def _moe_gguf_keys(cfg: GPTConfig, arch: str) -> dict[str, Any]:
+    """A mixture of experts' keys, once llama.cpp's graph of ``arch`` is known to compute the same block."""
+    if _NORMALISED.get(arch) != cfg.expert_normalize:
+        raise ValueError(f"llama.cpp's {arch} files {'do not ' * (not _NORMALISED.get(arch, False))}renormalise the "
+                         f"top-k routing weights; this model {'does' if cfg.expert_normalize else 'does not'}: export "
+                         "with --format hf")
+    if any(cfg.layer(i).dense for i in range(cfg.n_layers)):
+        raise ValueError("llama.cpp's files have experts in every layer; this model has dense layers among them: "
+                         "export with --format hf")
+    if arch == "olmoe" and (cfg.n_kv_heads or cfg.n_heads) != cfg.n_heads:
+        raise ValueError("llama.cpp's olmoe files normalise the keys over the model's width: no grouped K/V heads "
+                         f"(n_kv_heads={cfg.n_kv_heads}, n_heads={cfg.n_heads}); export with --format hf")
+    keys = {"expert_count": cfg.n_experts, "expert_used_count": cfg.expert_top_k}
+    if arch in ("qwen2moe", "qwen3moe"):
+        keys["expert_feed_forward_length"] = cfg.expert_d_ff or cfg.d_ff
+    if cfg.shared_expert_d_ff is not None:
+        keys["expert_shared_feed_forward_length"] = cfg.shared_expert_d_ff
     return keys
 
 
@@ -481,9 +603,10 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> GPTConfig:
     return GPTConfig(**fields | fam.settings(hf_config), family=fam.model_type)
 
 
-def layer_tensors(cfg: GPTConfig, model_type: str) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """One layer's tensors: Hugging Face name -> (qkv name, shape), fused tensors by their parts' LLaMA names (see
-    :func:`unfused`); every tensor is taken as it is, both ways (the rotate-half order of Q and K is qkv's too)."""
+def layer_tensors(cfg: GPTConfig, model_type: str, i: int = 0) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Layer ``i``'s tensors: Hugging Face name -> (qkv name, shape), fused tensors by their parts' LLaMA names (see
+    :func:`unfused`), a mixture of experts' an expert at a time (:func:`qkv.interop.experts.expert_tensors`); every
+    tensor is taken as it is, both ways (the rotate-half order of Q and K is qkv's too)."""
     d, d_ff = cfg.d_model, cfg.d_ff
     d_q, d_kv = cfg.n_heads * cfg.head_dim, (cfg.n_kv_heads or cfg.n_heads) * cfg.head_dim
     shapes = {"self_attn.q_proj": (d_q, d), "self_attn.k_proj": (d_kv, d), "self_attn.v_proj": (d_kv, d),
@@ -491,7 +614,11 @@ def layer_tensors(cfg: GPTConfig, model_type: str) -> dict[str, tuple[str, tuple
               "feed_forward.down": (d, d_ff), "self_attn.q_norm": (d_q if cfg.qk_norm_whole else cfg.head_dim,),
               "self_attn.k_norm": (d_kv if cfg.qk_norm_whole else cfg.head_dim,)}
     names = family(model_type).names
-    layer = {f"{hf}.weight": (f"{ours}.weight", shapes.get(ours, (d,))) for hf, ours in names.items()}
+    experts = cfg.n_experts is not None and not cfg.layer(i).dense
+    layer = {f"{hf}.weight": (f"{ours}.weight", shapes.get(ours, (d,))) for hf, ours in names.items()
+             if not (experts and hf.startswith("mlp."))}
+    if experts:
+        layer |= expert_tensors(cfg)
     if cfg.qkv_bias:  # Qwen2
         layer |= {f"self_attn.{p}.bias": (f"self_attn.{p}.bias", (n,)) for p, n in
                   (("q_proj", d_q), ("k_proj", d_kv), ("v_proj", d_kv))}

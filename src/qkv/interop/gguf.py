@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ..checkpoint import check_finite
 from ..models import GPT
-from .families import GGUF_FAMILIES, PERMUTED_ARCHITECTURES, norm_shift
+from .families import FAMILIES, GGUF_FAMILIES, PERMUTED_ARCHITECTURES, norm_shift
 from .hf_gpt import load_gpt_from_hf
 from .sizes import SIZES, check_size
 
@@ -211,14 +211,16 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
     get = functools.partial(_size, contents, arch)
     if arch == "gpt2":
         return _gpt2_hf_config(contents, get)
-    if meta.get(f"{arch}.expert_count", 0):
-        raise ValueError(f"{contents.path}: a mixture of experts ({arch}.expert_count > 0) is not supported")
+    family = GGUF_FAMILIES[arch]
+    if meta.get(f"{arch}.expert_count", 0) and family.experts is None:  # Mixtral's files are "llama" files
+        family = FAMILIES["mixtral"] if arch == "llama" else None
+    if family is None:
+        raise ValueError(f"{contents.path}: a {arch} file with experts ({arch}.expert_count > 0) is not supported")
     d_model, n_heads = get("embedding_length"), get("attention.head_count")
     head_dim = get("attention.key_length", d_model // n_heads or 1)
     rotary_dim = get("rope.dimension_count", head_dim)
     if rotary_dim > head_dim:
         raise ValueError(f"{contents.path}: rope.dimension_count={rotary_dim} is more than the head size {head_dim}")
-    family = GGUF_FAMILIES[arch]
     config = {
         "model_type": family.model_type,
         "vocab_size": _vocab_size(contents, arch),
@@ -247,8 +249,9 @@ def hf_config_from_gguf(contents: GGUFContents) -> dict[str, Any]:
                                       meta.get(f"{arch}.rope.scaling.original_context_length")}
     try:
         return config | family.from_gguf(get, meta, contents.tensors)
-    except ValueError as err:
-        raise ValueError(f"{contents.path}: {err}") from None
+    except ValueError as err:  # named with the file, once
+        raise ValueError(str(err) if str(err).startswith(f"{contents.path}: ") else f"{contents.path}: {err}") \
+            from None
 
 
 def _gpt2_hf_config(contents: GGUFContents, get: Callable[..., Any]) -> dict[str, Any]:
@@ -331,7 +334,7 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
     heads = {"attn_q": hf_config["num_attention_heads"], "attn_k": hf_config["num_key_value_heads"]}
     if arch not in PERMUTED_ARCHITECTURES:
         heads = {}
-    names, shift = GGUF_FAMILIES[arch].gguf_names, norm_shift(arch)
+    names, shift = FAMILIES[hf_config["model_type"]].gguf_names, norm_shift(arch)
     out: dict[str, Tensor] = {}
     for name, tensor in contents.tensors.items():
         if name in ROPE_TENSORS:  # in the config already
@@ -349,6 +352,8 @@ def hf_state_dict_from_gguf(contents: GGUFContents, hf_config: Mapping[str, Any]
         layer, kind, part = match.groups()
         if kind in heads and part == "weight":
             tensor = unpermute_rope_rows(tensor, heads[kind])
+        if kind == "ffn_gate_inp_shexp":  # a vector in GGUF files, one row of a linear layer in Hugging Face's
+            tensor = tensor.reshape(1, -1)
         out[f"model.layers.{layer}.{names[kind]}.{part}"] = tensor
     return out
 

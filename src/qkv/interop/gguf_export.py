@@ -51,6 +51,7 @@ from torch import Tensor, nn
 from ..files import write_atomically
 from ..models import GPT
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, CharTokenizer, PretrainedTokenizer
+from .experts import per_expert, stacked
 from .export import check_float, check_out, check_size, hf_tokenizer
 from .families import FAMILIES, PERMUTED_ARCHITECTURES, gguf_keys, gguf_tensors, norm_shift
 from .gguf import GLOBAL_NAMES, GPT2_CONV1D, GPT2_GLOBAL_NAMES, GPT2_LAYER_NAMES, _import_gguf
@@ -82,12 +83,15 @@ def export_gguf(model: nn.Module, tokenizer, out: str | Path, *, storage: str = 
     cfg = model.config
     hf_config = gpt_config_to_hf(cfg)
     arch = "gpt2" if hf_config["model_type"] == "gpt2" else FAMILIES[hf_config["model_type"]].gguf_arch
-    if hf_config["model_type"] == "mistral":
+    if hf_config["model_type"] == "mistral" or (cfg.window and hf_config["model_type"] == "mixtral"):
         raise ValueError(f"llama.cpp's GGUF files have no sliding window (window={cfg.window}); export this model "
                          "with --format hf")
     keys = {} if arch == "gpt2" else gguf_keys(cfg, arch)
     vocab = _vocabulary(tokenizer, hf_config["vocab_size"])
-    tensors = _gguf_tensors(gpt_state_dict_to_hf(model.state_dict(), cfg), hf_config, arch) | gguf_tensors(cfg)
+    hf_tensors = gpt_state_dict_to_hf(model.state_dict(), cfg)
+    if cfg.n_experts is not None:  # each layer's experts stacked, under the names the reader gives them
+        hf_tensors = stacked(per_expert(hf_tensors, cfg))
+    tensors = _gguf_tensors(hf_tensors, hf_config, arch) | gguf_tensors(cfg)
     kinds = {}
 
     def write(tmp: Path) -> None:
@@ -133,6 +137,8 @@ def _gguf_tensors(hf: dict[str, Tensor], hf_config: dict[str, Any], arch: str) -
             tensor = permute_rope_rows(tensor, heads[kind])
         elif part == "weight" and gpt2 and kind in GPT2_CONV1D:
             tensor = tensor.T
+        elif kind == "ffn_gate_inp_shexp":  # one row of a linear layer in Hugging Face's files, a vector here
+            tensor = tensor.flatten()
         out[f"blk.{layer}.{kind}.{part}"] = tensor
     return out
 

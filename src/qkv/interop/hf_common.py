@@ -129,14 +129,21 @@ class HFStateDict:
         """Raise if anything was missing, misshapen or left over; else the converted tensors."""
         problems = []
         if self.missing:
-            problems.append(f"missing {self.missing}")
-        problems += self.problems
+            problems.append(f"missing {_listed(self.missing)}")
+        problems += self.problems[:8] + [f"and {len(self.problems) - 8} more misshapen"] * (len(self.problems) > 8)
         unexpected = [self.given_names[key] for key in self.tensors if key not in self.used]
         if unexpected:
-            problems.append(f"unexpected {unexpected}")
+            problems.append(f"unexpected {_listed(unexpected)}")
         if problems:
             raise ValueError(f"cannot convert the {self.family} state dict: " + "; ".join(problems))
         return {name: tensor for name, tensor in converted.items() if tensor is not None}
+
+
+def _listed(names: list[str], most: int = 8) -> str:
+    """Names for a message: all of them, or the first ``most`` and how many more (a model of 64 experts a layer
+    misses thousands of tensors at once)."""
+    more = f" and {len(names) - most} more" if len(names) > most else ""
+    return f"{names[:most]}{more}"
 
 
 def image_side(value: int | list[int]) -> int:

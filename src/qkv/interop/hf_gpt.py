@@ -36,6 +36,7 @@ from torch import Tensor
 from ..config import GATED_ACTIVATIONS, GPTConfig
 from ..footprint import build_model
 from ..models import GPT
+from .experts import per_expert, stored
 from .families import FAMILIES, MODEL_TYPES, config_from_hf, config_to_hf, family_of, fused_back, layer_tensors, unfused
 from .hf_common import HFStateDict, check_config, check_written, hf_field
 from .sizes import check_sizes
@@ -195,12 +196,12 @@ def _gpt2_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> dict[s
 def _llama_state_dict(state_dict: Mapping[str, Tensor], cfg: GPTConfig, model_type: str) -> dict[str, Tensor]:
     check_config(cfg, "LLaMA", norm=("rms",), positional=("rope",), activation=GATED_ACTIVATIONS,
                  bias=(False,), gated_attention=(False,))
-    ckpt = HFStateDict(unfused(state_dict, cfg, model_type), family=FAMILIES[model_type].title, prefix="model.",
-                       ignore=lambda key: key.endswith("rotary_emb.inv_freq"))
+    ckpt = HFStateDict(per_expert(unfused(state_dict, cfg, model_type), cfg), family=FAMILIES[model_type].title,
+                       prefix="model.", ignore=lambda key: key.endswith("rotary_emb.inv_freq"))
     d = cfg.d_model
     out: dict[str, Tensor | None] = {"tok_emb.weight": ckpt.take("embed_tokens.weight", (cfg.vocab_size, d))}
     for i in ckpt.layers("layers.", cfg.n_layers):
-        for hf_name, (qkv_name, shape) in layer_tensors(cfg, model_type).items():
+        for hf_name, (qkv_name, shape) in layer_tensors(cfg, model_type, i).items():
             out[f"decoder.layers.{i}.{qkv_name}"] = ckpt.take(f"layers.{i}.{hf_name}", shape)
     out["decoder.norm.weight"] = ckpt.take("norm.weight", (d,))
     out["lm_head.weight"] = ckpt.output_head("lm_head.weight", cfg, out["tok_emb.weight"])
@@ -234,7 +235,7 @@ def load_gpt_from_hf(state_dict: Mapping[str, Tensor], hf_config: Mapping[str, A
 HF_ARCHITECTURES = {"gpt2": "GPT2LMHeadModel", **{name: f.architecture for name, f in FAMILIES.items()}}
 # Besides training's fields, not compared when a config is read back: padding a language model leaves to
 # attention_mask, and table padding
-_NOT_COMPARED = ("pad_id", "vocab_multiple", "family")
+_NOT_COMPARED = ("pad_id", "vocab_multiple", "family", "balance_loss")
 
 
 def gpt_config_to_hf(cfg: GPTConfig) -> dict[str, Any]:
@@ -296,9 +297,9 @@ def gpt_state_dict_to_hf(state_dict: Mapping[str, Tensor], cfg: GPTConfig) -> di
         out = {"model.embed_tokens.weight": sd["tok_emb.weight"][: cfg.vocab_size],
                "model.norm.weight": sd["decoder.norm.weight"]}
         for i in range(cfg.n_layers):
-            for hf_name, (qkv_name, _) in layer_tensors(cfg, model_type).items():
+            for hf_name, (qkv_name, _) in layer_tensors(cfg, model_type, i).items():
                 out[f"model.layers.{i}.{hf_name}"] = sd[f"decoder.layers.{i}.{qkv_name}"]
-        out = fused_back(out, model_type)
+        out = stored(fused_back(out, model_type), FAMILIES[model_type].experts or "qwen")
     return {name: t.contiguous().clone() for name, t in (out | head).items()}
 
 
