@@ -54,6 +54,10 @@ FAMILY_SHAPES = {
     "olmo2-1B": ("olmo2", 16, 2048, 16, 16, 128, 8192, 100352, False, {}),
     "granite-2B": ("granite", 40, 2048, 32, 8, 64, 8192, 49155, True,
                    {"embedding_scale": 12.0, "residual_scale": 0.22, "attention.scale": 0.015625, "logit_scale": 8.0}),
+    # a mixture of experts: OLMoE-1B-7B, 64 experts 1,024 wide, 8 a token: 1.3B parameters at work of 6.9B. Its
+    # active parameters are OLMo 2 1B's (8 x 1,024 = 8,192 wide), so the two files' decoding speeds compare work
+    # per token with weights held
+    "olmoe-1B-7B": ("olmoe", 16, 2048, 16, 16, 128, 1024, 50304, False, {"expert_count": 64, "expert_used_count": 8}),
 }
 ARCH_SIZES = {arch: [name for name, shape in FAMILY_SHAPES.items() if shape[0] == arch]
               for arch in dict.fromkeys(shape[0] for shape in FAMILY_SHAPES.values())}
@@ -171,19 +175,31 @@ def family_shaped(name: str, cache: Path) -> Path:
         pairs = keys["rope.dimension_count"] // 2
         tensors["rope_factors_long.weight"] = (np.linspace(1.0, 40.0, pairs, dtype=np.float32), None)
         tensors["rope_factors_short.weight"] = (np.linspace(1.0, 2.0, pairs, dtype=np.float32), None)
+    experts = keys.get("expert_count")
+
+    def stack(rows: int, cols: int):  # one matrix an expert, as a 3-D tensor
+        blocks, kind = matrix(experts * rows, cols)
+        return blocks.reshape(experts, rows, -1), kind
+
     for i in range(layers):
-        block = {"attn_output": matrix(d, d_q), "ffn_down": matrix(d, ffn)}
+        block = {"attn_output": matrix(d, d_q)}
         if arch == "phi3":  # Q, K, V and gate, up fused, as llama.cpp's converter writes them
             block |= {"attn_qkv": matrix(d_q + 2 * d_kv, d), "ffn_up": matrix(2 * ffn, d)}
         else:
-            block |= {"attn_q": matrix(d_q, d), "attn_k": matrix(d_kv, d), "attn_v": matrix(d_kv, d),
-                      "ffn_gate": matrix(ffn, d), "ffn_up": matrix(ffn, d)}
+            block |= {"attn_q": matrix(d_q, d), "attn_k": matrix(d_kv, d), "attn_v": matrix(d_kv, d)}
+        if experts:
+            block |= {"ffn_gate_inp": (rng.standard_normal((experts, d), dtype=np.float32) * 0.02, None),
+                      "ffn_gate_exps": stack(ffn, d), "ffn_up_exps": stack(ffn, d), "ffn_down_exps": stack(d, ffn)}
+        elif arch == "phi3":
+            block |= {"ffn_down": matrix(d, ffn)}
+        else:
+            block |= {"ffn_gate": matrix(ffn, d), "ffn_up": matrix(ffn, d), "ffn_down": matrix(d, ffn)}
         norms = {"gemma3": ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"),
                  "olmo2": ("post_attention_norm", "post_ffw_norm")}.get(arch, ("attn_norm", "ffn_norm"))
         block |= {norm: ones(d) for norm in norms}
         if arch == "gemma3":
             block |= {"attn_q_norm": ones(head_dim), "attn_k_norm": ones(head_dim)}
-        if arch == "olmo2":
+        if arch in ("olmo2", "olmoe"):
             block |= {"attn_q_norm": ones(d_q), "attn_k_norm": ones(d_kv)}
         tensors |= {f"blk.{i}.{name}.weight": tensor for name, tensor in block.items()}
     return _written(writer, tensors, path)

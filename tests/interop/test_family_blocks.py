@@ -208,3 +208,38 @@ def test_rotary_scalings_equal_transformers(params):
     ids = _ids(1, 40, seed=8)
     with torch.no_grad():
         torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_experts_per_tok": 5}, r"num_experts_per_tok=5 must be an int from 1 to the 4 experts"),
+    ({"num_experts": 0}, r"names its experts in num_experts .* this one has 0"),
+    ({"num_experts": 10**9}, r"num_experts=1000000000 is beyond what qkv takes"),
+])
+def test_impossible_experts_in_a_config_are_one_line(change, message):
+    config = family_model(transformers, "qwen3_moe").config.to_dict()
+    config["num_experts"] = config.pop("num_local_experts", None) or config["num_experts"]  # either name is read
+    with pytest.raises(ValueError, match=message):
+        load_gpt_from_hf({}, config | change)
+
+
+@pytest.mark.parametrize(("name", "shape", "message"), [
+    ("model.layers.0.mlp.gate.weight", (3, 32), r"mlp\.gate\.weight has shape \(3, 32\), expected \(4, 32\)"),
+    ("model.layers.1.mlp.experts.2.down_proj.weight", (32, 20),
+     r"mlp\.experts\.2\.down_proj\.weight has shape \(32, 20\), expected \(32, 48\)"),
+])
+def test_a_router_or_expert_of_the_wrong_shape_is_named_before_any_weight_is_read(tmp_path, name, shape, message):
+    """Read at rest, the names and shapes are checked on the header alone (tensors holding shapes only)."""
+    from safetensors.torch import load_file, save_file
+
+    from qkv.interop.at_rest import load_hf_gpt_at_rest
+    from qkv.interop.hf_folder import read_config
+
+    family_model(transformers, "mixtral").save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors = {k.replace("block_sparse_moe.gate.", "mlp.gate.").replace("block_sparse_moe.experts.2.w2.",
+                                                                        "mlp.experts.2.down_proj."): v
+               for k, v in tensors.items()}
+    tensors[name] = torch.zeros(shape)
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=message):
+        load_hf_gpt_at_rest(tmp_path, read_config(tmp_path), mode="int8")

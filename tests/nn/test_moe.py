@@ -39,6 +39,8 @@ def test_the_grouped_dispatch_equals_every_expert_masked(options):
     moe = _moe(**options)
     x = torch.randn(3, 7, 16, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
+        one = x[:1, :1]  # one token, as in decoding: its own path
+        torch.testing.assert_close(moe(one), dense_reference(moe, one), atol=1e-6, rtol=1e-6)
         torch.testing.assert_close(moe(x), dense_reference(moe, x), atol=1e-6, rtol=1e-6)
     assert moe.router_logits.shape == (21, 6) and moe.routed.shape == (21, moe.top_k)
 

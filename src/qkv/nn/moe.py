@@ -119,6 +119,12 @@ class MoEFeedForward(nn.Module):
     def _dispatch(self, tokens: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
         """Σ over each token's k experts of weight · expert(token), an expert at a time on its own rows."""
         k = experts.size(1)
+        if tokens.size(0) == 1:  # one token (decoding): its k experts in turn, no sorting
+            out = None
+            for slot, e in enumerate(experts[0].tolist()):
+                done = self.experts[e](tokens) * weights[:, slot : slot + 1]
+                out = done if out is None else out + done
+            return out.to(tokens.dtype)
         flat = experts.flatten()  # (N k,): slot i is token i // k's (i % k)-th expert
         order = flat.argsort(stable=True)  # the slots grouped by expert
         counts = torch.bincount(flat, minlength=self.n_experts).tolist()  # the rows of each expert, on the host
