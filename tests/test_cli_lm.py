@@ -167,6 +167,10 @@ def test_train_lm_with_experts_trains_a_mixture_and_generates_from_it(work, trai
             "--experts", "4", "--top-k", "2", cwd=work))
     config = json.loads((run / "last" / "config.json").read_text())["model"]
     assert (config["n_experts"], config["expert_top_k"], config["activation"]) == (4, 2, "swiglu")
+    import csv
+
+    rows = [r for r in csv.DictReader((run / "log.csv").open()) if r.get("val_balance")]
+    assert rows and all(2.0 <= float(r["val_balance"]) <= 8.0 for r in rows)  # how evenly it routes: k at best
     ok(here("generate", "--model", run, "--prompt", "ROMEO:", "--max-new-tokens", "4", "--show-routing",
             tmp_path / "routing.png", cwd=work))
     assert (tmp_path / "routing.png").read_bytes().startswith(PNG_MAGIC)  # which expert each token went to

@@ -89,13 +89,20 @@ class GPT(common.Model):
         if cfg.tie_embeddings:
             self.lm_head.weight = self.tok_emb.weight
 
-    def balance_loss(self) -> Tensor | None:
-        """The experts' balancing loss of the last forward, weighted as the config says (``balance_loss``): what
-        training adds to the loss of a mixture of experts; None for a dense model."""
+    def routing_balance(self) -> Tensor | None:
+        """How evenly the last forward's tokens went to the experts: the Switch Transformer's balancing loss over
+        every layer's routing (:func:`~qkv.nn.moe.balancing_loss`: k when they share the tokens and the
+        probability evenly, up to k·E when one expert takes them all); None for a dense model."""
         logits = [m.router_logits for m in self.modules() if isinstance(m, MoEFeedForward)]
         if not logits or logits[0] is None:
             return None
-        return self.config.balance_loss * balancing_loss(logits, self.config.expert_top_k)
+        return balancing_loss(logits, self.config.expert_top_k)
+
+    def balance_loss(self) -> Tensor | None:
+        """:meth:`routing_balance` weighted as the config says (``balance_loss``): what training adds to the loss of
+        a mixture of experts; None for a dense model."""
+        balance = self.routing_balance()
+        return None if balance is None else self.config.balance_loss * balance
 
     def new_cache(self, capacity: int | None = None) -> DecoderCache:
         """An empty KV cache with room for ``capacity`` positions to start with (it grows as needed)."""

@@ -141,20 +141,26 @@ class LanguageModelTask:
         starts = torch.arange(n) * self.context
         if self.eval_windows is not None and self.eval_windows < n + bool(tail):
             starts, tail = starts[torch.linspace(0, n - 1, self.eval_windows).round().long().unique()], 0
-        total, tokens = 0.0, 0
+        total, tokens, balance = 0.0, 0, 0.0
+        routing = getattr(model, "routing_balance", lambda: None)  # a mixture of experts: how evenly it routes
         for chunk_starts in group.shard(starts.split(max(1, self.batch_size))):
             chunk = to_device(windows(self.valid, chunk_starts, self.context + 1), device_of(model))
             logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").item()
             tokens += chunk[:, 1:].numel()
+            balance += float(routing() or 0.0) * chunk[:, 1:].numel()
         if tail and group.rank == group.world - 1:  # the last, shorter window
             chunk = to_device(self.valid[n * self.context :][None], device_of(model))
             logits = model(chunk[:, :-1])
             total += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").item()
             tokens += tail
-        sums = group.sum({"loss": total, "tokens": tokens})
+            balance += float(routing() or 0.0) * tail
+        sums = group.sum({"loss": total, "tokens": tokens, "balance": balance})
         loss = sums["loss"] / max(sums["tokens"], 1)
-        return {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+        metrics = {"val_loss": loss, "val_ppl": math.exp(min(loss, 50.0))}
+        if routing() is not None:  # k when the experts share the tokens evenly (see GPT.routing_balance)
+            metrics["val_balance"] = sums["balance"] / max(sums["tokens"], 1)
+        return metrics
 
 
 @torch.no_grad()
