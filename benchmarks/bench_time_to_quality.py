@@ -23,6 +23,8 @@ Printed: the seconds each needed to reach each target, and the ratio to the refe
 * classic: ``qkv train lm --recipe classic --max-minutes M``: qkv's recipe before the speedrun one (the 4 × 256
   ``mini`` GPT, context 128, batch 32, AdamW, cosine over the budget).
 * speedrun: ``qkv train lm --max-minutes M``: the default recipe (Muon, see ``qkv train lm --help``).
+* moe: the speedrun recipe with each feed-forward network a mixture of 4 experts, each token through one
+  (``--experts 4 --top-k 1``): the dense model's active parameters per token, four times its feed-forward weights.
 
 ``--task vit`` and ``--task swin``: Fashion-MNIST (Debian's ``dataset-fashion-mnist``), validation accuracy on
 the 6,000 training images each run holds out, ``qkv train vit|swin --recipe classic|speedrun``.
@@ -78,13 +80,19 @@ TASKS = {
 }
 
 
-def qkv_run(task: Task, recipe: str, data: list[str], minutes: float, every: float | None,
+# The qkv contenders: name -> qkv train's recipe and options
+QKV_CONTENDERS = {"classic": ("classic",), "speedrun": ("speedrun",),
+                  "moe": ("speedrun", "--experts", "4", "--top-k", "1")}
+
+
+def qkv_run(task: Task, name: str, data: list[str], minutes: float, every: float | None,
             workdir: Path) -> list[tuple[float, float]]:
-    """(seconds, quality) of ``qkv train`` with ``recipe``, read back from its log.csv: validated every
-    ``every`` seconds, or (None) only at its end."""
-    out = workdir / f"{recipe}-{minutes:g}"
+    """(seconds, quality) of ``qkv train`` as contender ``name`` runs it, read back from its log.csv: validated
+    every ``every`` seconds, or (None) only at its end."""
+    out = workdir / f"{name}-{minutes:g}"
     marks = [] if every is None else [round(every * i / 60, 4) for i in range(1, int(minutes * 60 / every) + 1)]
-    cmd = ["qkv", "train", *task.command, *data, "--recipe", recipe, "--out", str(out), "--no-progress",
+    recipe, *options = QKV_CONTENDERS[name]
+    cmd = ["qkv", "train", *task.command, *data, "--recipe", recipe, *options, "--out", str(out), "--no-progress",
            "--max-minutes", str(minutes), "--eval-every", "1000000"]
     subprocess.run(cmd + (["--eval-at-minutes", *map(str, marks)] if marks else []), check=True,
                    stdout=subprocess.DEVNULL)
@@ -170,7 +178,7 @@ def main() -> None:
                         help="shorter budgets (minutes) each qkv recipe also runs, validated at their end "
                              "(lm: 1 2, images: 5)")
     parser.add_argument("--targets", type=float, nargs="+")
-    parser.add_argument("--contenders", nargs="+", choices=["nanogpt", "classic", "speedrun"],
+    parser.add_argument("--contenders", nargs="+", choices=["nanogpt", *QKV_CONTENDERS],
                         help="lm: nanogpt classic speedrun; images: classic speedrun")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", choices=["nanogpt"], help=argparse.SUPPRESS)

@@ -23,10 +23,12 @@ FAMILY_BLOCKS = {
                   attention_softcap=5.0, logit_softcap=10.0, embedding_scale=2.0, activation="geglu_tanh"),
     "phi": dict(rotary_dim=4, rope_freq_factors=[1.0, 2.0], rope_long_factors=[2.0, 4.0], rope_original_context=8,
                 rope_scale=1.1),
+    # a mixture of experts: each row's tokens to their own 2 of 4 experts, and a shared expert
+    "moe": dict(n_experts=4, expert_top_k=2, expert_d_ff=32, shared_expert_d_ff=16),
 }
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "gemma", "phi"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "mistral", "gemma", "phi", "moe"])
 def model(request):
     torch.manual_seed(0)
     if request.param == "gpt2":

@@ -87,7 +87,8 @@ def _qwen2_moe(transformers, **changes):
 
 
 def _qwen3_moe(transformers, **changes):
-    config = transformers.Qwen3MoeConfig(**{**BASE, **EXPERTS, "num_experts": 4, "moe_intermediate_size": 24,
+    config = transformers.Qwen3MoeConfig(**{**BASE, **EXPERTS, "num_experts": 4, "moe_intermediate_size": 32,
+                                            "intermediate_size": 64,
                                             "norm_topk_prob": True, "head_dim": 16, "tie_word_embeddings": False,
                                             "mlp_only_layers": [1],
                                             **changes})
