@@ -67,6 +67,8 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_block_sums.restype = _INT
     library.qkv_q4x8_dequantize.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P]
     library.qkv_q4x8_write_rows.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _P]
+    library.qkv_linear_x8_picked.argtypes = [_INT, _P, _P, _P, _P, _I64, _I64, _I64, _P, _INT, _P]
+    library.qkv_linear_x8_picked.restype = _INT
     return library, ""
 
 
@@ -280,6 +282,26 @@ def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *
         status = call(*fixed, x.size(1), x.data_ptr(), x.size(0), y.data_ptr())
         if status:
             raise (ValueError("this CPU does not run that variant") if status == -1 else MemoryError())
+        return y
+
+    return product
+
+
+def bound_picked(weights: list[tuple[Tensor, Tensor, Tensor]], rows: int) -> Callable[[Tensor, Tensor, bool], Tensor]:
+    """For a table of :func:`interleaved` 4-bit weights of one shape (each its codes, scales and offsets; ``rows``
+    real rows each): a function ``(x, picked, shared) -> y`` with ``y[j] = x[j] Wᵀ_{picked[j]}`` ``(len(picked),
+    rows)``, ``x`` contiguous float32, one row for all when ``shared`` (quantized once). Every product in one
+    parallel region: a mixture of experts' k experts of a decoding step as one call. The weights must stay where
+    they are, as with :func:`bound_linear`."""
+    table = [(ctypes.c_void_p * len(weights))(*(w[i].data_ptr() for w in weights)) for i in range(3)]
+    call, variant, n = _library().qkv_linear_x8_picked, _best(), inputs(weights[0][0])
+
+    def product(x: Tensor, picked: Tensor, shared: bool) -> Tensor:
+        y = x.new_empty(picked.numel(), rows)
+        status = call(variant, *table, picked.data_ptr(), picked.numel(), rows, n, x.data_ptr(), int(shared),
+                      y.data_ptr())
+        if status:
+            raise MemoryError("qkv's kernel could not allocate its quantized activations")
         return y
 
     return product

@@ -1039,6 +1039,43 @@ static int64_t x8_block(int64_t n, int64_t row, int64_t b, int64_t *at)
     return g * GROUP * (n / 2) + b * (GROUP * BLOCK / 2) + 4 * r;
 }
 
+/* A mixture of experts' products in one go: `count` activation rows (one row for all when `shared`), row j times
+ * the Q4X8 weights `picked[j]` of a table of weights of one shape (`codes`, `d`, `m`: each weight's pointers, `rows`
+ * rows of n inputs each): y (count, rows). The k experts of a decoding step then cost one parallel region and one
+ * quantization of their common input, not k of each. Returns 0, -1 for a variant this CPU does not run, -2 out of
+ * memory. */
+int qkv_linear_x8_picked(int variant, const uint8_t *const *codes, const uint16_t *const *d,
+                         const uint16_t *const *m, const int64_t *picked, int64_t count, int64_t rows, int64_t n,
+                         const float *x, int shared, float *y)
+{
+    if (!qkv_runs_variant(variant))
+        return -1;
+    counted_dot dot = x8_portable;
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        dot = x8_vnni;
+    else if (variant == AVX2)
+        dot = x8_avx2;
+#endif
+    int64_t inputs = shared ? 1 : count, blocks = n / BLOCK, groups = (rows + GROUP - 1) / GROUP;
+    int8_t *xq = malloc((size_t)(inputs * n) + 2 * sizeof(float) * (size_t)(inputs * blocks) + 16);
+    if (xq == NULL)
+        return -2;
+    float *xd = (float *)(((uintptr_t)(xq + inputs * n) + 15) & ~(uintptr_t)15), *xs = xd + inputs * blocks;
+    qkv_quantize_q8(x, inputs, n, xq, xd, xs);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < count * groups; t++) {
+        int64_t j = t / groups, g = t % groups, e = picked[j], i = shared ? 0 : j;
+        int lanes = rows - g * GROUP < GROUP ? (int)(rows - g * GROUP) : GROUP;
+        float out[TILE * GROUP];
+        dot(codes[e] + g * GROUP * (n / 2), d[e] + g * GROUP * blocks, m[e] + g * GROUP * blocks, xq + i * n,
+            xd + i * blocks, xs + i * blocks, blocks, n, 1, out);
+        memcpy(y + j * rows + g * GROUP, out, sizeof(float) * (size_t)lanes);
+    }
+    free(xq);
+    return 0;
+}
+
 /* Rows `start` to `start + count` of Q4X8 weights written from the Q4 layout: `pairs` (count, n / 2) the rows'
  * code bytes, `pd` and `pm` (count, n / 32) their fp16 scales and offsets. */
 void qkv_q4x8_write_rows(uint8_t *codes, uint16_t *d, uint16_t *m, int64_t n, int64_t start, int64_t count,

@@ -20,6 +20,8 @@ share of routed slots that went to e, P_e: the mean router probability of e), an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -97,6 +99,7 @@ class MoEFeedForward(nn.Module):
         self.shared_gate = None if shared_d_ff is None else nn.Linear(d_model, 1, bias=False)  # w_s
         self.router_logits: Tensor | None = None
         self.routed: Tensor | None = None
+        self._decode: tuple[tuple, Callable | None] | None = None  # (what it was made for, the kernel's step)
 
     @property
     def n_experts(self) -> int:
@@ -120,6 +123,9 @@ class MoEFeedForward(nn.Module):
         """Σ over each token's k experts of weight · expert(token), an expert at a time on its own rows."""
         k = experts.size(1)
         if tokens.size(0) == 1:  # one token (decoding): its k experts in turn, no sorting
+            step = self._kernel_step()
+            if step is not None:
+                return step(tokens, weights, experts)
             out = None
             for slot, e in enumerate(experts[0].tolist()):
                 done = self.experts[e](tokens) * weights[:, slot : slot + 1]
@@ -139,6 +145,20 @@ class MoEFeedForward(nn.Module):
                 out.index_add_(0, picked, done.to(out.dtype))
             start += count
         return out
+
+
+    def _kernel_step(self) -> Callable | None:
+        """The decoding step of :mod:`qkv.kernels.experts` when every expert is a 4-bit layer of qkv's kernel (made
+        once for these experts where they lie; None otherwise, or while training)."""
+        if torch.is_grad_enabled():
+            return None
+        key = (*map(id, self.experts), self.experts[0].gate_up.codes.data_ptr()
+               if hasattr(getattr(self.experts[0], "gate_up", None), "codes") else None)
+        if self._decode is None or self._decode[0] != key:
+            from ..kernels.experts import decode_step
+
+            self._decode = (key, decode_step(self.experts))
+        return self._decode[1]
 
 
 def balancing_loss(router_logits: list[Tensor], top_k: int) -> Tensor:
