@@ -59,6 +59,11 @@ FAMILY_SHAPES = {
     # per token with weights held
     "olmoe-1B-7B": ("olmoe", 16, 2048, 16, 16, 128, 1024, 50304, False, {"expert_count": 64, "expert_used_count": 8}),
 }
+# Larger than the others, written a tensor at a time with random blocks (quantizing 30B random weights would take
+# hours): Qwen3-30B-A3B (48 layers, width 2,048, 32 heads of 128 and 4 key/value heads, 128 experts 768 wide, 8 a
+# token), every matrix Q4_K as a Q4_K_M file's experts are, the tables Q8_0
+BIG_SHAPES = {"qwen3moe-30B-A3B": dict(layers=48, d=2048, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                                       experts=128, used=8, expert_ffn=768, vocab=151936)}
 ARCH_SIZES = {arch: [name for name, shape in FAMILY_SHAPES.items() if shape[0] == arch]
               for arch in dict.fromkeys(shape[0] for shape in FAMILY_SHAPES.values())}
 VOCAB, CONTEXT, PROMPT_TOKENS, NEW_TOKENS = 49152, 8192, 32, 32
@@ -205,6 +210,74 @@ def family_shaped(name: str, cache: Path) -> Path:
     return _written(writer, tensors, path)
 
 
+def big_moe_shaped(name: str, cache: Path) -> Path:
+    """A GGUF file of :data:`BIG_SHAPES` ``name`` in llama.cpp's ``qwen3moe`` layout: random Q4_K blocks (each block's
+    scale and minimum a small fp16, its 6-bit scales and 4-bit codes random bytes), Q8_0 tables, F32 norms,
+    SmolLM2's tokenizer padded to the table's rows; written a tensor at a time, never all held at once."""
+    import gguf
+    import numpy as np
+
+    path = cache / f"{name}-random.Q4_K.gguf"
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    shape, arch = BIG_SHAPES[name], "qwen3moe"
+    d, e, ff, hd = shape["d"], shape["experts"], shape["expert_ffn"], shape["head_dim"]
+    d_q, d_kv = shape["heads"] * hd, shape["kv_heads"] * hd
+    writer = gguf.GGUFWriter(str(path) + ".part", arch)
+    for key, value in {"block_count": shape["layers"], "embedding_length": d, "feed_forward_length": shape["ffn"],
+                       "attention.head_count": shape["heads"], "attention.head_count_kv": shape["kv_heads"],
+                       "attention.key_length": hd, "attention.value_length": hd, "context_length": CONTEXT,
+                       "expert_count": e, "expert_used_count": shape["used"],
+                       "expert_feed_forward_length": ff}.items():
+        writer.add_uint32(f"{arch}.{key}", value)
+    writer.add_float32(f"{arch}.rope.freq_base", 1e6)
+    writer.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)
+    _smollm2_tokenizer(writer, shape["vocab"])
+    kinds = gguf.GGMLQuantizationType
+    # name -> (rows shape, inputs, type), in the order they are written
+    plan = {"token_embd.weight": ((shape["vocab"],), d, kinds.Q8_0), "output_norm.weight": ((), d, kinds.F32),
+            "output.weight": ((shape["vocab"],), d, kinds.Q8_0)}
+    for i in range(shape["layers"]):
+        plan |= {f"blk.{i}.{n}.weight": spec for n, spec in (
+            ("attn_norm", ((), d, kinds.F32)), ("ffn_norm", ((), d, kinds.F32)), ("attn_q_norm", ((), hd, kinds.F32)),
+            ("attn_k_norm", ((), hd, kinds.F32)), ("attn_q", ((d_q,), d, kinds.Q4_K)),
+            ("attn_k", ((d_kv,), d, kinds.Q4_K)), ("attn_v", ((d_kv,), d, kinds.Q4_K)),
+            ("attn_output", ((d,), d_q, kinds.Q4_K)), ("ffn_gate_inp", ((e,), d, kinds.F32)),
+            ("ffn_gate_exps", ((e, ff), d, kinds.Q4_K)), ("ffn_up_exps", ((e, ff), d, kinds.Q4_K)),
+            ("ffn_down_exps", ((e, d), ff, kinds.Q4_K)))}
+    rng = np.random.default_rng(0)
+
+    def tensor(rows: tuple[int, ...], inputs: int, kind) -> np.ndarray:
+        if kind == kinds.F32:  # norms: ones; the routers: small random logits
+            return (rng.standard_normal((*rows, inputs), dtype=np.float32) * 0.02) if rows else \
+                np.ones(inputs, np.float32)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        blocks = rng.integers(0, 256, (*rows, inputs // block, size), dtype=np.uint8)
+        scale = np.float16(2**-12 if kind == kinds.Q4_K else 2**-9).reshape(1).view(np.uint8)
+        blocks[..., 0:2] = scale  # d: a Q8_0 block's scale, a Q4_K block's super-scale
+        if kind == kinds.Q4_K:
+            blocks[..., 2:4] = np.float16(2**-13).reshape(1).view(np.uint8)  # dmin
+        return blocks.reshape(*rows, -1)
+
+    for name_, (rows, inputs, kind) in plan.items():
+        if kind == kinds.F32:
+            shape_, nbytes, dtype = (*rows, inputs), 4 * inputs * int(np.prod(rows or (1,))), np.float32
+            writer.add_tensor_info(name_, shape_, np.dtype(dtype), nbytes)
+        else:
+            block, size = gguf.GGML_QUANT_SIZES[kind]
+            byte_shape = (*rows, inputs // block * size)
+            writer.add_tensor_info(name_, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for rows, inputs, kind in plan.values():
+        writer.write_tensor_data(tensor(rows, inputs, kind))
+    writer.close()
+    os.replace(str(path) + ".part", path)
+    return path
+
+
 def _written(writer, tensors: dict, path: Path) -> Path:
     """The file's tensors written after its metadata, then moved into place (a half-written file is never seen)."""
     for name, (array, qtype) in tensors.items():
@@ -298,7 +371,7 @@ def run_llama_cpp(bin_dir: Path, path: Path, threads: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["135M", "360M", "1.7B"],
-                        choices=["135M", *SHAPES, *FAMILY_SHAPES])
+                        choices=["135M", *SHAPES, *FAMILY_SHAPES, *BIG_SHAPES])
     parser.add_argument("--arch", nargs="+", choices=list(ARCH_SIZES),
                         help="the families' published shapes instead of --sizes (gemma3: 270M and 1B, ...)")
     parser.add_argument("--repeats", type=int, default=2)
@@ -325,7 +398,7 @@ def main() -> None:
     sizes = [name for arch in args.arch for name in ARCH_SIZES[arch]] if args.arch else args.sizes
     for size in sizes:
         path = smollm2_path() if size == "135M" else family_shaped(size, args.cache) if size in FAMILY_SHAPES \
-            else smollm2_shaped(size, args.cache)
+            else big_moe_shaped(size, args.cache) if size in BIG_SHAPES else smollm2_shaped(size, args.cache)
         runs: dict[str, list[dict]] = {"qkv": [], "llama.cpp": []}
         for _ in range(args.repeats):
             runs["qkv"].append(run_qkv(path))
