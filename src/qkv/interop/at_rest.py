@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checkpoint import check_finite
-from ..footprint import check_fits
+from ..footprint import check_fits, return_freed_memory
 from ..kernels import SUPER
 from ..models import GPT
 from ..models.common import skip_init
@@ -419,6 +419,7 @@ class _Builder:
     def fill(self, model: GPT) -> None:
         for i, layer in enumerate(model.decoder.layers):
             self._fill_layer(layer, f"blk.{i}")
+            return_freed_memory()  # the layer's temporaries, freed between its buffers: their pages back
         self.set_norm(model.decoder.norm, "output_norm.weight")
         embedding, tied = self.source("token_embd.weight"), model.config.tie_embeddings
         if self.mode in FLOAT_LAYERS:
