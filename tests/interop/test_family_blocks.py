@@ -34,6 +34,19 @@ def test_logits_and_greedy_tokens_equal_transformers(kind):
     assert torch.equal(ours, theirs), f"qkv {ours.tolist()} != transformers {theirs.tolist()}"
 
 
+@pytest.mark.parametrize(("kind", "change"), [("qwen3_moe", {"norm_topk_prob": False}),
+                                            ("qwen2_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2}),
+                                            ("mixtral", {"num_experts_per_tok": 1})])
+def test_the_routing_variants_equal_transformers(kind, change):
+    """Qwen3-MoE with its top-k weights as the softmax gave them, Qwen2-MoE renormalising and with every other layer
+    dense, Mixtral sending each token to one expert."""
+    hf = family_model(transformers, kind, **change)
+    model = _qkv(hf)
+    ids = _ids(2, 14, seed=9)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(ids).logits, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind", [k for k in FAMILIES if k != "phi3"])
 def test_cached_decoding_equals_uncached(kind):
     """(Phi-3's LongRoPE changes every position's rotation once a sequence outgrows its original context, so its
