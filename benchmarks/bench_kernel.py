@@ -34,7 +34,7 @@ import torch
 
 from qkv import kernels
 from qkv.kernels.layer import KernelInt4Linear
-from qkv.metrics import chunked_perplexity
+from qkv.perplexity import perplexity as measured
 from qkv.quantize import Int4Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (2048, 6144), (2048, 16384), (8192, 2048)]
@@ -184,7 +184,7 @@ def perplexity(llama_cpp: Path | None) -> None:
 
     def measure(weights: str) -> float:
         pre = load_pretrained("smollm2", weights=weights)
-        return chunked_perplexity(pre.model, pre.tokenizer.encode(text), CHUNK)
+        return measured(pre.model, pre.tokenizer.encode(text), CHUNK).value
 
     reference = measure("none")
     print(f"perplexity, fp32 weights: {reference:.4f}")

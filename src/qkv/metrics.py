@@ -81,22 +81,3 @@ def tokenized_bleu(hypotheses: Sequence[str], references: Sequence[str], *, lang
     result = metric.corpus_score(tokenize(hypotheses), [tokenize(references)])
     return Score("tokenized BLEU", result.score, f"lowercase, spacy.blank({language!r}) tokens, sacrebleu tok:none")
 
-
-def chunked_perplexity(logits_of, ids: Sequence[int], n_ctx: int) -> float:
-    """llama.cpp's ``llama-perplexity`` measure, for comparing with it: the text's tokens ``ids`` cut into chunks of
-    ``n_ctx`` (the rest dropped), each chunk scored on its second half (every token from ``n_ctx / 2 + 1`` on,
-    predicted from the chunk before it); ``logits_of`` maps ``(1, n_ctx)`` token ids to ``(1, n_ctx, vocab)``
-    logits. Returns exp of the mean negative log-likelihood."""
-    import math
-
-    import torch
-
-    if len(ids) < n_ctx:
-        raise ValueError(f"the text has {len(ids)} tokens, fewer than one chunk of {n_ctx}")
-    nll = []
-    with torch.no_grad():
-        for start in range(0, len(ids) // n_ctx * n_ctx, n_ctx):
-            chunk = torch.tensor([list(ids[start : start + n_ctx])])
-            logp = logits_of(chunk).float().log_softmax(-1)[0]
-            nll += (-logp[n_ctx // 2 : n_ctx - 1].gather(1, chunk[0, n_ctx // 2 + 1 :, None])).flatten().tolist()
-    return math.exp(sum(nll) / len(nll))

@@ -19,7 +19,7 @@ from tiny_gguf import VOCAB, gguf_tensors, tiny_llama, write_gguf
 from qkv import kernels
 from qkv.interop import load_gpt_from_gguf, read_gguf
 from qkv.interop.at_rest import load_quantized_gpt
-from qkv.metrics import chunked_perplexity
+from qkv.perplexity import perplexity
 from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding, int4_class, int8_class, quantize
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
@@ -153,13 +153,13 @@ def test_smollm2_at_rest_stays_within_a_percent_of_float32(smollm2, smollm2_file
     model, _ = load_quantized_gpt(smollm2_file)
     ids = torch.tensor([smollm2.tokenizer.encode(" ".join(CALIBRATION_TEXT))])
 
-    def perplexity(m) -> float:
+    def whole(m) -> float:  # the perplexity of the whole text at once
         with torch.no_grad():
             logits = m(ids[:, :-1]).float()
         return torch.nn.functional.cross_entropy(logits[0], ids[0, 1:]).exp().item()
 
     assert isinstance(model.decoder.layers[0].self_attn.qkv_proj, Int4Linear)
-    ratio = perplexity(model) / perplexity(smollm2.model)
+    ratio = whole(model) / whole(smollm2.model)
     # measured: 1.0056 on two threads and 1.0104 on one with qkv's kernel (int8 activations: float rounding that
     # differs by thread count flips a few codes, and on 373 tokens that moves perplexity by half a percent), 1.0054
     # with PyTorch's; on 5,000 tokens: docs/quantization.md
@@ -184,7 +184,7 @@ def test_smollm2_through_qkvs_kernel_has_llama_cpps_perplexity(smollm2, smollm2_
     text = shakespeare.read_text(encoding="utf-8")[:6000]
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
     model, _ = load_quantized_gpt(smollm2_file)
-    ours = chunked_perplexity(model, smollm2.tokenizer.encode(text), 128)
+    ours = perplexity(model, smollm2.tokenizer.encode(text), 128).value
     assert ours == pytest.approx(llama_perplexity(smollm2_file, tmp_path / "text.txt", 128), rel=0.005)
 
 

@@ -24,7 +24,7 @@ from qkv.interop import load_pretrained
 from qkv.interop.export import export_hf
 from qkv.interop.gguf_export import export_gguf
 from qkv.interop.hf_gpt import HF_ARCHITECTURES
-from qkv.metrics import chunked_perplexity
+from qkv.perplexity import perplexity
 from qkv.quantize import quantize
 from qkv.tokenizers import BPETokenizer, CharTokenizer, PretrainedTokenizer
 
@@ -252,7 +252,7 @@ def test_llama_cpp_runs_an_export_as_transformers_and_qkv_do(family, tokenizers,
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")
     theirs = llama_perplexity(tmp_path / "m.gguf", tmp_path / "text.txt", 32)
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
-    reference = chunked_perplexity(lambda ids: hf(ids).logits, tokenizer.encode(text), 32)
+    reference = perplexity(lambda ids: hf(ids).logits, tokenizer.encode(text), 32).value
     assert theirs == pytest.approx(reference, rel=0.01)
     prompt = "The robot picked up"
     run = subprocess.run([bin_dir / "llama-simple", "-m", tmp_path / "m.gguf", "-n", "8", prompt],

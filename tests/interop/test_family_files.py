@@ -180,7 +180,7 @@ def test_llama_cpp_runs_each_familys_export_as_transformers_and_qkv_do(tmp_path,
     from llama_cpp_tools import llama_perplexity
 
     from qkv.interop.gguf_export import export_gguf
-    from qkv.metrics import chunked_perplexity
+    from qkv.perplexity import perplexity
 
     folder = tmp_path / "folder"
     folder.mkdir()
@@ -192,7 +192,7 @@ def test_llama_cpp_runs_each_familys_export_as_transformers_and_qkv_do(tmp_path,
     theirs = llama_perplexity(tmp_path / "m.gguf", tmp_path / "text.txt", 32)
     ids = pretrained.tokenizer.encode_prompt(text)
     with torch.no_grad():
-        reference = chunked_perplexity(lambda x: hf(x).logits, ids, 32)
+        reference = perplexity(lambda x: hf(x).logits, ids, 32).value
     assert theirs == pytest.approx(reference, rel=0.01)
     # llama.cpp takes LongRoPE's long set once its context (padded to 256) passes the original one (8 here); qkv and
     # transformers once a sequence does: Phi-3's prompt passes it, so that both use the long set from the start.

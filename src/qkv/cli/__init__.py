@@ -16,7 +16,7 @@ import os
 import sys
 
 from .. import __version__
-from . import bert, demo, explore, export, finetune, lm, serve, tour, train, translation, vision
+from . import bert, demo, explore, export, finetune, lm, perplexity, serve, tour, train, translation, vision
 from .common import Parser
 
 log = logging.getLogger("qkv")
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"qkv {__version__}")
     _add_debug(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (demo, train, finetune, translation, lm, serve, bert, vision, explore, export, tour):
+    for module in (demo, train, finetune, translation, lm, perplexity, serve, bert, vision, explore, export, tour):
         module.add_commands(sub)
     for command_parser in train.parsers(parser):
         if command_parser is not parser:

