@@ -44,9 +44,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from ..tokenizers import encode_prompt
 from .embedder import Embedder, texts
 from .engine import Continuation, Engine, Entry
-from .protocol import MAX_BODY, APIError, Settings, check_model, messages, parse_body, prompt_text, settings
+from .protocol import MAX_BODY, APIError, Settings, check_model, flag, messages, parse_body, prompts, settings
 
 log = logging.getLogger("qkv")
 
@@ -79,7 +80,10 @@ class Server:
         routes = [Route("/health", self.health), Route("/v1/models", self.models),
                   Route("/v1/completions", self.completions, methods=["POST"]),
                   Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
-                  Route("/v1/embeddings", self.embeddings, methods=["POST"])]
+                  Route("/v1/embeddings", self.embeddings, methods=["POST"]),
+                  Route("/tokenize", self.tokenize, methods=["POST"]),
+                  Route("/detokenize", self.detokenize, methods=["POST"]),
+                  Route("/tokenizer_info", self.tokenizer_info)]
         return Starlette(routes=routes, exception_handlers={APIError: _api_error, HTTPException: _http_error,
                                                             Exception: _internal_error})
 
@@ -103,13 +107,22 @@ class Server:
 
     async def completions(self, request: Request) -> Response:
         body = await self._body(request)
-        prompt = prompt_text(body)
-        return await self._answer(request, prompt, settings(body, chat=False), chat=False)
+        engine = self.engine
+        given = prompts(body, engine.model.config.vocab_size)
+        asked = settings(body, chat=False)
+        ids = [engine.prompt_ids(prompt) for prompt in given]
+        echoed = None
+        if asked.echo:  # each prompt's text, and its tokens' log-probabilities when asked: one pass each
+            texts = [p if isinstance(p, str) else engine.tokenizer.decode(p) for p in given]
+            scored = [None] * len(ids) if asked.logprobs is None else \
+                [await self._run(lambda i=i: engine.scored(i, asked.logprobs)) for i in ids]
+            echoed = list(zip(texts, scored, strict=True))
+        return await self._answer(request, ids, asked, chat=False, echoed=echoed)
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._body(request)
         prompt = self.engine.chat_prompt(messages(body))
-        return await self._answer(request, prompt, settings(body, chat=True), chat=True)
+        return await self._answer(request, [self.engine.prompt_ids(prompt)], settings(body, chat=True), chat=True)
 
     async def embeddings(self, request: Request) -> Response:
         body = await self._body(request)
@@ -129,6 +142,45 @@ class Server:
         return JSONResponse({"object": "list", "data": data, "model": embedder.name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
+    # vLLM's tokenizer endpoints, which evaluation harnesses use to count and cut prompts in the model's own tokens
+    async def tokenize(self, request: Request) -> Response:
+        """``{"prompt", "add_special_tokens"}`` (or ``{"messages"}``: laid out by the chat template) ->
+        ``{"count", "max_model_len", "tokens"}``."""
+        body = await self._body(request, model_required=False)
+        engine = self.engine
+        if "messages" in body:
+            text, special = engine.chat_prompt(messages(body)), True
+        else:
+            text, special = body.get("prompt"), flag(body, "add_special_tokens", True)
+            if not isinstance(text, str):
+                raise APIError(400, "prompt must be a string (or give messages)", param="prompt")
+        ids = encode_prompt(engine.tokenizer, text) if special else engine.tokenizer.encode(text)
+        return JSONResponse({"count": len(ids), "max_model_len": engine.context, "tokens": ids, "token_strs": None})
+
+    async def detokenize(self, request: Request) -> Response:
+        """``{"tokens"}`` -> ``{"prompt"}``: the text of token ids (special tokens left out)."""
+        body = await self._body(request, model_required=False)
+        engine = self.engine
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                   and 0 <= t < engine.model.config.vocab_size for t in tokens):
+            raise APIError(400, f"tokens must be a list of token ids from 0 to {engine.model.config.vocab_size - 1}",
+                           param="tokens")
+        return JSONResponse({"prompt": engine.tokenizer.decode(tokens)})
+
+    async def tokenizer_info(self, request: Request) -> Response:
+        """The tokenizer's special tokens as text, its chat template and the context, as vLLM describes them."""
+        self._guard(request)
+        engine = self.engine
+        tokenizer = engine.tokenizer
+        text = (lambda i: None if i is None else tokenizer.hf.id_to_token(i)) if hasattr(tokenizer, "hf") else \
+            (lambda i: None)
+        return JSONResponse({"tokenizer_class": type(tokenizer).__name__, "model_max_length": engine.context,
+                             "bos_token": text(getattr(tokenizer, "bos_id", None)),
+                             "eos_token": text(getattr(tokenizer, "eos_id", None)),
+                             "pad_token": text(getattr(tokenizer, "pad_id", None)),
+                             "chat_template": engine.chat_template})
+
     def _guard(self, request: Request, *, key: bool = True) -> None:
         """Host and Origin name this server; the key, where one is set."""
         host = request.headers.get("host", "")
@@ -144,9 +196,9 @@ class Server:
                 raise APIError(401, "a missing or wrong API key: send Authorization: Bearer <the --api-key given "
                                     "to qkv serve>", code="invalid_api_key", kind="authentication_error")
 
-    async def _body(self, request: Request) -> dict[str, Any]:
+    async def _body(self, request: Request, *, model_required: bool = True) -> dict[str, Any]:
         """The request's JSON object, read no further than MAX_BODY bytes and within BODY_SECONDS; its model
-        checked."""
+        checked (where ``model_required`` is False, only when it names one)."""
         self._guard(request)
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > MAX_BODY:
@@ -156,24 +208,28 @@ class Server:
         except TimeoutError:
             raise APIError(408, f"the request body did not arrive within {BODY_SECONDS:g} s") from None
         body = parse_body(raw)
-        check_model(body, self.model.name)
+        if model_required or body.get("model") is not None:
+            check_model(body, self.model.name)
         return body
 
-    async def _answer(self, request: Request, prompt: str, settings: Settings, *, chat: bool) -> Response:
-        ids = self.engine.prompt_ids(prompt)
-        self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
-        reply = _Reply(self.engine.name, chat, len(ids))
+    async def _answer(self, request: Request, prompts: list[list[int]], settings: Settings, *, chat: bool,
+                      echoed: list[tuple[str, list[Entry] | None]] | None = None) -> Response:
+        """The answer to ``n`` continuations of each prompt (choice ``p · n + j``: prompt p's j-th), whole or
+        streamed; ``echoed``: each prompt's text and scored tokens, put before its continuations."""
+        for ids in prompts:
+            self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
+        reply = _Reply(self.engine.name, chat, sum(map(len, prompts)), settings.n, echoed)
         if settings.stream:
             self._check_queue()  # a 429 as the answer's status; its events check again when they begin
-            return _Stream(self._events(ids, settings, reply), media_type="text/event-stream",
+            return _Stream(self._events(prompts, settings, reply), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"})
         done: dict[int, Continuation] = {}
-        async for i, piece in self._continue(ids, settings, request=request):
+        async for i, piece in self._continue(prompts, settings, request=request):
             if isinstance(piece, Continuation):
                 done[i] = piece
-        if len(done) < settings.n:  # the client went away: nobody reads an answer
+        if len(done) < len(prompts) * settings.n:  # the client went away: nobody reads an answer
             return Response(status_code=499)
-        return JSONResponse(reply.whole([done[i] for i in range(settings.n)]))
+        return JSONResponse(reply.whole([done[i] for i in range(len(done))]))
 
     def _check_queue(self) -> None:
         if self.waiting >= self.max_waiting:
@@ -189,7 +245,7 @@ class Server:
         finally:
             self.waiting -= 1
 
-    async def _continue(self, ids: list[int], settings: Settings, *,
+    async def _continue(self, prompts: list[list[int]], settings: Settings, *,
                         request: Request | None = None) -> AsyncIterator[tuple[int, Any]]:
         """The ``n`` continuations of ``ids`` as they grow: ``(choice, (text, entries))`` for each piece of text and
         ``(choice, Continuation)`` once it ends. They end early if the consumer stops (a stream's client went away)
@@ -205,13 +261,18 @@ class Server:
         self._check_queue()
         self.waiting += 1
         rows = []
+        choices = len(prompts) * settings.n
         try:
-            for i in range(settings.n):  # a choice refused (400) ends those already started
+            for i in range(choices):  # a choice refused (400) ends those already started
+                ids, j = prompts[i // settings.n], i % settings.n
+                if settings.max_tokens == 0:  # an echo alone: the prompt scored, nothing continued
+                    push((i, Continuation("", "length", 0, None if settings.logprobs is None else [])))
+                    continue
                 rows.append(self.engine.start(
-                    ids, settings, seed=_seed(settings, i), on_end=lambda end, i=i: push((i, end)),
+                    ids, settings, seed=_seed(settings, j), on_end=lambda end, i=i: push((i, end)),
                     on_text=None if request else lambda text, entries, i=i: push((i, (text, entries)))))
             ended = 0
-            while ended < settings.n:
+            while ended < choices:
                 try:
                     i, piece = await asyncio.wait_for(queue.get(), POLL_SECONDS)
                 except TimeoutError:
@@ -227,13 +288,13 @@ class Server:
                 row.cancel()
             self.waiting -= 1
 
-    async def _events(self, ids: list[int], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
+    async def _events(self, prompts: list[list[int]], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
         """The server-sent events of a streamed answer; the continuations stop if the client goes away."""
-        for i in range(settings.n):
-            yield _event(reply.chunk(i, ""))  # the role first, as OpenAI's streams begin
+        for i in range(len(prompts) * settings.n):
+            yield _event(reply.chunk(i, *reply.echo(i)))  # the role (or the echoed prompt) first, as OpenAI's
         finished: list[Continuation] = []
         try:
-            async for i, piece in self._continue(ids, settings):
+            async for i, piece in self._continue(prompts, settings):
                 if isinstance(piece, Continuation):
                     finished.append(piece)
                     yield _event(reply.chunk(i, None, finish_reason=piece.finish_reason))
@@ -241,7 +302,7 @@ class Server:
                     yield _event(reply.chunk(i, *piece))
         except Exception as err:
             yield _event((err if isinstance(err, APIError) else _logged(err)).body())
-        if settings.include_usage and len(finished) == settings.n:
+        if settings.include_usage and len(finished) == len(prompts) * settings.n:
             yield _event(reply.usage_chunk(finished))
         yield "data: [DONE]\n\n"
 
@@ -288,8 +349,9 @@ class _Mailbox:
 class _Reply:
     """The JSON of one answer: the whole object, or its stream's chunks."""
 
-    def __init__(self, model: str, chat: bool, prompt_tokens: int) -> None:
-        self.model, self.chat, self.prompt_tokens = model, chat, prompt_tokens
+    def __init__(self, model: str, chat: bool, prompt_tokens: int, n: int = 1,
+                 echoed: list[tuple[str, list[Entry] | None]] | None = None) -> None:
+        self.model, self.chat, self.prompt_tokens, self.n, self.echoed = model, chat, prompt_tokens, n, echoed
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -303,10 +365,18 @@ class _Reply:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion,
                 "total_tokens": self.prompt_tokens + completion}
 
+    def echo(self, index: int) -> tuple[str, list[Entry] | None]:
+        """What choice ``index`` begins with: its prompt's text and scored tokens when echoed, else nothing."""
+        return ("", None) if self.echoed is None else self.echoed[index // self.n]
+
     def whole(self, done: list[Continuation]) -> dict[str, Any]:
-        choices = [{"index": i, "finish_reason": c.finish_reason, "logprobs": self._logprobs(c.entries, 0),
-                    **({"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text})}
-                   for i, c in enumerate(done)]
+        choices = []
+        for i, c in enumerate(done):
+            text, entries = self.echo(i)
+            entries = None if c.entries is None else (entries or []) + c.entries
+            choices.append({"index": i, "finish_reason": c.finish_reason, "logprobs": self._logprobs(entries, 0),
+                            **({"message": {"role": "assistant", "content": c.text}} if self.chat else
+                               {"text": text + c.text})})
         return {**self._head(self.object), "choices": choices, "usage": self.usage(done)}
 
     def chunk(self, index: int, text: str | None, entries: list[Entry] | None = None,
@@ -337,7 +407,7 @@ class _Reply:
                                 for e in entries]}
         starts = [offset + sum(len(e.text) for e in entries[:i]) for i in range(len(entries))]
         return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
-                "top_logprobs": [dict(e.top) for e in entries], "text_offset": starts}
+                "top_logprobs": [None if e.top is None else dict(e.top) for e in entries], "text_offset": starts}
 
 
 def _token(text: str, logprob: float) -> dict[str, Any]:

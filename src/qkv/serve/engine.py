@@ -38,11 +38,12 @@ log = logging.getLogger("qkv")
 @dataclass(frozen=True)
 class Entry:
     """A chosen token's log-probability, as text: the token's ``text``, its ``logprob``, and the most probable
-    tokens of that step (``top``: text and log-probability)."""
+    tokens of that step (``top``: text and log-probability); None for a prompt's first token, which nothing
+    predicts."""
 
     text: str
-    logprob: float
-    top: list[tuple[str, float]]
+    logprob: float | None
+    top: list[tuple[str, float]] | None
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Engine:
         self._waiting: deque[_Job] = deque()
         self._running: dict[Row, _Job] = {}
         self._wake = threading.Condition()
+        self._model = threading.Lock()  # the batch's steps, and a prompt scored (echo) between them
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -100,9 +102,26 @@ class Engine:
         except ValueError as err:  # the template refused the conversation, or it was too large to lay out
             raise APIError(400, f"the chat template refused these messages: {err}", param="messages") from None
 
-    def prompt_ids(self, text: str) -> list[int]:
-        """The prompt's tokens, refused (400) when it leaves no room in the context for a reply."""
-        ids = encode_prompt(self.tokenizer, text)
+    def scored(self, ids: list[int], top: int) -> list[Entry]:
+        """Each token of the prompt ``ids`` with its log-probability after those before it and the ``top`` most
+        probable tokens there (the first token's None): one pass of the model, taken between two of the batch's
+        steps."""
+        with self._model, self.autocast, torch.inference_mode():
+            logits = self.model(torch.tensor([ids], device=self.batch.device))[0, :-1]
+        logp = logits.float().log_softmax(dim=-1)
+        chosen = logp.gather(1, torch.tensor(ids[1:], device=logp.device)[:, None])[:, 0].tolist()
+        best = logp.topk(top, dim=-1) if top else None
+        decode = self.tokenizer.decode
+        entries = [Entry(decode(ids[:1]), None, None)]
+        for i, token in enumerate(ids[1:]):
+            pairs = [] if best is None else list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True))
+            entries.append(Entry(decode([token]), chosen[i], [(decode([t]), v) for t, v in pairs]))
+        return entries
+
+    def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """The prompt's tokens (a text's, or the ids as given), refused (400) when it leaves no room in the context
+        for a reply."""
+        ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise APIError(400, "the prompt has no tokens; give some text", param="prompt")
         if len(ids) >= self.context:
@@ -196,7 +215,7 @@ class Engine:
             for row in gone:
                 row.finish = "cancelled"
             try:
-                with self.autocast, torch.inference_mode():
+                with self._model, self.autocast, torch.inference_mode():
                     ended = gone + batch.join([job.row for job in joining if not job.row.cancelled])
                     ended += batch.step() if batch.rows else []
             except Exception as err:  # the batch is lost: every row in it ends with the error, the engine goes on

@@ -4,14 +4,16 @@ A request body is checked field by field before anything runs: every field qkv r
 checked, and a wrong one is answered with status 400 and OpenAI's error object naming the field
 (``{"error": {"message", "type", "param", "code"}}``), as the official clients expect::
 
-    POST /v1/completions        {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "n",
-                                 "logprobs" (0-5), "stream", "stream_options": {"include_usage"}}
+    POST /v1/completions        {"model", "prompt" (a string, a list of token ids, or a list of either: one
+                                 choice each), "max_tokens", "temperature", "top_p", "seed", "stop", "n",
+                                 "logprobs" (0-5), "echo" (the prompt's tokens and their log-probabilities
+                                 before the completion's), "stream", "stream_options": {"include_usage"}}
     POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant", "content"}]
                                 instead of "prompt" ("max_completion_tokens" as well as "max_tokens"), and
                                 "logprobs": true with "top_logprobs" (0-20)
 
-Fields a client may send that would change the answer and that qkv does not compute (``tools``, ``echo``,
-penalties other than 0, ...) are refused by name rather than ignored.
+Fields a client may send that would change the answer and that qkv does not compute (``tools``, penalties other
+than 0, ...) are refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousand characters
-MAX_STOPS = 4  # stop strings a request may give (OpenAI's limit)
+MAX_STOPS = 16  # stop strings a request may give (OpenAI's limit is 4; evaluation harnesses send more)
+MAX_PROMPTS = 64  # prompts one completion request may give
 MAX_CHOICES = 8  # n: continuations of one prompt
 ROWS = 8  # sequences a server decodes together unless told (llama.cpp's server: -np)
 MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
@@ -30,8 +33,7 @@ ROLES = ("system", "user", "assistant")
 
 # Fields that change the answer and that qkv does not compute: refused rather than silently ignored (their neutral
 # values pass). Fields that only describe the caller ("user", "metadata", "store", ...) are ignored.
-UNSUPPORTED = {"echo": (None, False),
-               "best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
+UNSUPPORTED = {"best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
                "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
                "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
                "frequency_penalty": (None, 0, 0.0)}
@@ -63,6 +65,7 @@ class Settings:
     stream: bool = False
     include_usage: bool = False
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most probable tokens'
+    echo: bool = False  # a completion's prompt first, its tokens' log-probabilities with the completion's
 
     @property
     def greedy(self) -> bool:
@@ -100,14 +103,28 @@ def check_model(body: dict[str, Any], served: str) -> None:
                        param="model", code="model_not_found")
 
 
-def prompt_text(body: dict[str, Any]) -> str:
-    """The prompt of a completion request: one string (or a list holding one)."""
+def prompts(body: dict[str, Any], vocab_size: int) -> list[str | list[int]]:
+    """The prompts of a completion request, as OpenAI takes them: a string, a list of token ids, or a list of
+    either (each token id checked against the vocabulary)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1:
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise APIError(400, "prompt must be a non-empty string (one prompt a request)", param="prompt")
+    if isinstance(prompt, str) or _token_ids(prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not 1 <= len(prompt) <= MAX_PROMPTS:
+        raise APIError(400, f"prompt must be a non-empty string, a list of token ids, or a list of at most "
+                            f"{MAX_PROMPTS} of either", param="prompt")
+    for i, one in enumerate(prompt):
+        if not (isinstance(one, str) and one) and not _token_ids(one):
+            raise APIError(400, f"prompt[{i}] must be a non-empty string or a non-empty list of token ids",
+                           param="prompt")
+        if not isinstance(one, str) and not all(0 <= t < vocab_size for t in one):
+            raise APIError(400, f"prompt[{i}] holds a token id outside the vocabulary (0 to {vocab_size - 1})",
+                           param="prompt")
     return prompt
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                           for t in value)
 
 
 def messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -157,16 +174,20 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError(400, "stream_options must be an object", param="stream_options")
+    if chat and body.get("echo") not in (None, False):
+        raise APIError(400, "echo is a completion's: send the prompt to /v1/completions", param="echo")
+    echo = not chat and flag(body, "echo")
     return Settings(
-        max_tokens=_integer(body, length, default, minimum=1),
+        max_tokens=_integer(body, length, default, minimum=0 if echo else 1),
         temperature=_real(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_real(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
         seed=_integer(body, "seed", None, minimum=-(2**63), maximum=2**63 - 1),
         stop=tuple(stops),
         n=_integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES),
-        stream=_flag(body, "stream"),
-        include_usage=_flag(options or {}, "include_usage"),
+        stream=flag(body, "stream"),
+        include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat=chat),
+        echo=echo,
     )
 
 
@@ -176,7 +197,7 @@ def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
     if not chat:
         return _integer(body, "logprobs", None, minimum=0, maximum=MAX_TOP_COMPLETION)
     top = _integer(body, "top_logprobs", None, minimum=0, maximum=MAX_TOP_CHAT)
-    if not _flag(body, "logprobs"):
+    if not flag(body, "logprobs"):
         if top:
             raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return None
@@ -206,10 +227,11 @@ def _real(body: dict[str, Any], name: str, default: float, low: float, high: flo
     return float(value)
 
 
-def _flag(body: dict[str, Any], name: str) -> bool:
-    value = body.get(name, False)
+def flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
+    """A true-or-false field (400 naming it otherwise); ``default`` when absent or null."""
+    value = body.get(name, default)
     if value is None:
-        return False
+        return default
     if not isinstance(value, bool):
         raise APIError(400, f"{name} must be true or false", param=name)
     return value
