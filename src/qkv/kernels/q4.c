@@ -934,18 +934,24 @@ static int64_t row_bytes(int format, int64_t n)
 
 /* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
  * other lanes zeros) gives only its rows' outputs. */
-static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
-                      int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+/* The Q4X8 dot product of a variant. */
+static counted_dot x8_dot(int variant)
 {
-    counted_dot dot = x8_portable;
 #if defined(__x86_64__)
     if (variant == AVX512_VNNI)
-        dot = x8_vnni;
-    else if (variant == AVX2)
-        dot = x8_avx2;
+        return x8_vnni;
+    if (variant == AVX2)
+        return x8_avx2;
 #else
     (void)variant;  /* one variant only */
 #endif
+    return x8_portable;
+}
+
+static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
+                      int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
+{
+    counted_dot dot = x8_dot(variant);
     int64_t blocks = n / BLOCK, groups = (rows + GROUP - 1) / GROUP;
 #pragma omp parallel for schedule(static)
     for (int64_t g = 0; g < groups; g++) {
@@ -1050,13 +1056,7 @@ int qkv_linear_x8_picked(int variant, const uint8_t *const *codes, const uint16_
 {
     if (!qkv_runs_variant(variant))
         return -1;
-    counted_dot dot = x8_portable;
-#if defined(__x86_64__)
-    if (variant == AVX512_VNNI)
-        dot = x8_vnni;
-    else if (variant == AVX2)
-        dot = x8_avx2;
-#endif
+    counted_dot dot = x8_dot(variant);
     int64_t inputs = shared ? 1 : count, blocks = n / BLOCK, groups = (rows + GROUP - 1) / GROUP;
     int8_t *xq = malloc((size_t)(inputs * n) + 2 * sizeof(float) * (size_t)(inputs * blocks) + 16);
     if (xq == NULL)

@@ -486,7 +486,10 @@ def serve(load: Callable[[], Engine | Embedder], *, host: str = "127.0.0.1", por
     answering.start()
     signal.signal(signal.SIGTERM, _interrupt)
     try:
-        served = server.served = load()
+        served = load()
+        if isinstance(served, Engine):  # this thread decodes: claimed before the first request can come
+            served.claim()
+        server.served = served
         shown = f"[{host}]" if family == socket.AF_INET6 else host
         print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
         if isinstance(served, Engine):
