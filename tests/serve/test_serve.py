@@ -291,8 +291,11 @@ def test_the_command_serves_until_interrupted_and_refuses_an_open_address_withou
                    "at least 16 characters")
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--compile", cwd=tmp_path), "leave --compile out")
     for name, path in (("smollm2", "completions"), ("minilm", "embeddings")):  # a language model, an encoder
+        # Ctrl-C as a terminal delivers it, whatever this process inherited (a background job ignores SIGINT, and
+        # so would its children; see tests/test_cli_defects.py)
         proc = subprocess.Popen(command("serve", "--pretrained", name, "--port", "0"), cwd=tmp_path, env=ENV,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             line = proc.stdout.readline()
             assert line.startswith(f"qkv serve: {name} at http://127.0.0.1:"), line
