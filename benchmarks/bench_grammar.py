@@ -33,7 +33,8 @@ SCHEMA = {
     "additionalProperties": False,
 }
 INSTANCE = {"name": "Ada Lovelace", "age": 36, "role": "editor", "active": True,
-            "tags": [{"key": "math", "weight": 0.9}, {"key": "engines", "weight": 0.75}, {"key": "poetry", "weight": 0.1}]}
+            "tags": [{"key": "math", "weight": 0.9}, {"key": "engines", "weight": 0.75},
+                     {"key": "poetry", "weight": 0.1}]}
 
 
 def _times(compile_fn, step_fns, tokens: list[int]) -> dict[str, float]:
