@@ -91,3 +91,52 @@ def test_a_character_vocabulary_and_a_regex():
 def test_what_cannot_be_used_is_one_line_naming_it(kind, source, message):
     with pytest.raises(ValueError, match=message):
         constrained.grammar(kind, source)
+
+
+def test_rows_with_their_own_grammars_or_none_decode_together():
+    """In one batch: a row held to digits, one to a yes/no word, one free; the free row is what it is alone, each
+    constrained row ends once its text is whole, and sampling composes with the masks."""
+    import re
+
+    from qkv import GPT, GPTConfig
+    from qkv.generation import LMDecoder, Sampling, generate
+
+    chars = CharTokenizer.train(["yes no 0123456789 abc"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("llama", vocab_size=chars.vocab_size, d_model=32, n_heads=4, n_layers=2,
+                                      d_ff=64, max_seq_len=64)).eval()
+    table = constrained.token_table(chars, chars.vocab_size, eos=2)
+    prompts = [chars.encode("a1"), chars.encode("b"), chars.encode("c22")]
+    rules = [("regex", "[0-9]{3}"), ("regex", "(yes|no)"), None]
+    for sampling in (Sampling(temperature=0.0), Sampling(temperature=1.0, top_k=5)):
+        rows = [None if r is None else constrained.Constraint(table, constrained.grammar(*r)) for r in rules]
+        with torch.no_grad():
+            out = generate(LMDecoder(model, prompts), start=LMDecoder(model, prompts).start, max_new_tokens=8,
+                           sampling=sampling, stop_ids={2}, constraints=rows,
+                           generator=torch.Generator().manual_seed(0))
+        texts = [chars.decode(o) for o in out]
+        assert re.fullmatch("[0-9]{3}", texts[0]) and texts[1] in ("yes", "no"), texts
+        assert rows[0].done and rows[1].done
+    with torch.no_grad():
+        alone = generate(LMDecoder(model, prompts[2:]), start=LMDecoder(model, prompts[2:]).start, max_new_tokens=8,
+                         stop_ids={2})
+        together = generate(LMDecoder(model, prompts), start=LMDecoder(model, prompts).start, max_new_tokens=8,
+                            stop_ids={2}, constraints=[constrained.Constraint(table, constrained.grammar(*r))
+                                                       for r in rules[:2]] + [None])
+    assert together[2] == alone[0]
+
+
+@pytest.mark.slow
+def test_qkv_generate_writes_json_its_schema_accepts(tmp_path, smollm2):
+    from clitools import ok, one_line_error, qkv
+
+    (tmp_path / "schema.json").write_text(json.dumps(SCHEMA))
+    done = ok(qkv("generate", "--pretrained", "smollm2", "--prompt", "A user of the site, as JSON:",
+                  "--json-schema", "schema.json", "--max-new-tokens", "60", cwd=tmp_path))
+    value = json.loads(done.stdout.removeprefix("A user of the site, as JSON:"))
+    assert set(value) == {"name", "age", "role"} and value["role"] in ("admin", "viewer")
+    (tmp_path / "bad.json").write_text(json.dumps({"type": "object", "properties": {"x": {"type": "strnig"}}}))
+    one_line_error(qkv("generate", "--pretrained", "smollm2", "--prompt", "x", "--json-schema", "bad.json",
+                       cwd=tmp_path), "strnig")
+    one_line_error(qkv("generate", "--pretrained", "smollm2", "--prompt", "x", "--json-schema", "schema.json",
+                       "--beam", "2", cwd=tmp_path), "not beam search")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -260,6 +260,7 @@ def generate(
     generator: torch.Generator | None = None,
     on_token: Callable[[int, int], None] | None = None,
     suppress_ids: Collection[int] | None = None,
+    constraints: Sequence[Any] | None = None,
 ) -> list[list[int]]:
     """Greedy decoding or sampling, until a stop token or the row's ``max_new_tokens``.
 
@@ -276,6 +277,8 @@ def generate(
         on_token: called as ``on_token(row, token)`` for every produced token that is not a stop token, as it
             is produced: for streaming.
         suppress_ids: tokens never to produce (special tokens that have no text, such as padding or ``<unk>``).
+        constraints: per input row, a :class:`qkv.constrained.Constraint` (or None): only the tokens it allows are
+            chosen, and the row ends once its text is complete.
 
     Returns:
         per input row, the generated ids (without the start and the stop token).
@@ -291,6 +294,8 @@ def generate(
     suppress = _suppressor(suppress_ids, device)
     for step in range(1, int(limits.max()) + 1 if n else 0):
         logits = suppress(decoder.step(last))  # (B_active, V)
+        if constraints is not None:
+            logits = _constrained(logits, [constraints[row] for row in active.tolist()])
         if sampling.repetition_penalty != 1.0 and seen is None:
             seen = _seen(logits, context if context is not None else last.tolist())
         next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
@@ -298,6 +303,8 @@ def generate(
             seen[torch.arange(len(next_tokens), device=device), next_tokens] = True
         _append(outputs, active, next_tokens, on_token, stops)
         going = ~torch.isin(next_tokens, stop_tensor) & (limits[active] > step)
+        if constraints is not None:  # a row whose text is complete ends, as at a stop token
+            going &= torch.tensor(_taken(next_tokens, [constraints[row] for row in active.tolist()]), device=device)
         if not going.any():
             break
         if not going.all():
@@ -307,6 +314,25 @@ def generate(
             seen = seen[keep] if seen is not None else None
         last = next_tokens[:, None]
     return [_strip(o, stops) for o in outputs]
+
+
+def _constrained(logits: Tensor, rows: Sequence[Any]) -> Tensor:
+    """Each row's logits outside its constraint's allowed tokens at -inf (rows without one as they are)."""
+    from .constrained import apply
+
+    return torch.stack([row_logits if c is None else apply(row_logits, c) for row_logits, c in zip(logits, rows,
+                                                                                                    strict=True)])
+
+
+def _taken(tokens: Tensor, rows: Sequence[Any]) -> list[bool]:
+    """Each row's chosen token taken by its constraint; whether the row may go on (False once its text is
+    complete)."""
+    going = []
+    for token, constraint in zip(tokens.tolist(), rows, strict=True):
+        if constraint is not None:
+            constraint.take(token)
+        going.append(constraint is None or not constraint.done)
+    return going
 
 
 def _seen(logits: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:

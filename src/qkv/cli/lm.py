@@ -85,7 +85,34 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
                      help="also stop at this token (repeatable; must be one token)")
     dec.add_argument("--seed", type=SEED, help="seed the sampler, for a reproducible sample")
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
+    dec.add_argument("--json-schema", metavar="FILE", help="only text that is a JSON value of this schema (a JSON "
+                                                           "file; pip install llguidance)")
+    dec.add_argument("--grammar", metavar="FILE", help="only text of this Lark grammar (a .lark file; pip install "
+                                                       "llguidance)")
     add_device_arguments(p, quantize=True)
+
+
+def _grammar(args: argparse.Namespace):
+    """``(kind, source)`` of --json-schema or --grammar, read and checked before the model is loaded; None."""
+    from pathlib import Path
+
+    if args.json_schema and args.grammar:
+        raise ValueError("give --json-schema or --grammar, not both")
+    given = args.json_schema or args.grammar
+    if given is None:
+        return None
+    if args.beam > 1:
+        raise ValueError("--json-schema and --grammar constrain greedy decoding and sampling, not beam search: drop "
+                         "--beam")
+    path = Path(given)
+    if not path.is_file():
+        raise ValueError(f"{'--json-schema' if args.json_schema else '--grammar'} {given}: no such file")
+    from ..constrained import grammar
+
+    kind = "json_schema" if args.json_schema else "lark"
+    source = path.read_text(encoding="utf-8")
+    grammar(kind, source)  # refused now, in one line, if the library cannot use it
+    return kind, source
 
 
 def _sampling(args: argparse.Namespace):
@@ -265,6 +292,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if not prompts:
         raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
     _stop_texts(args.stop)
+    constrained = _grammar(args)
     device, precision, amp = runtime(args)
     model, tokenizer, stops, _ = load_lm(args, device, precision)
     if args.show_routing and not getattr(model.config, "n_experts", None):
@@ -276,7 +304,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
     with amp, timing:
         texts = complete(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling,
                          beam_size=args.beam, stop_ids=stops, seed=args.seed, use_cache=not args.no_cache,
-                         on_token=timing)
+                         on_token=timing, grammar=constrained)
     _print_texts(prompts, texts, streamed=stream)
     if args.show_routing:
         _draw_routing(model, tokenizer, prompts[0] + texts[0], args.show_routing)
@@ -343,6 +371,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
         raise ValueError("qkv chat reads your messages from stdin, which is closed; run it in a terminal or pipe "
                          "messages into it")
     _stop_texts(args.stop)
+    constrained = _grammar(args)  # every reply within it
     device, precision, amp = runtime(args)
     if not args.model and not args.pretrained:
         args.pretrained = "smollm2"
@@ -378,7 +407,8 @@ def chat_cmd(args: argparse.Namespace) -> None:
         timing = _Timing(_Stream(tokenizer))
         with amp, timing:
             reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=timing)
+                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=timing,
+                             grammar=constrained)
         print(flush=True)
         log.info("%s", _closing_line(timing, _prompt_tokens(tokenizer, [prompt]), 1, args.max_new_tokens, stop_kind,
                                      limit="--max-new-tokens reached, the reply is cut off"))

@@ -176,9 +176,12 @@ def complete(
     seed: int | None = None,
     use_cache: bool = True,
     on_token=None,
+    grammar: tuple[str, Any] | None = None,
 ) -> list[str]:
     """Continue each prompt; returns only the continuations. Keyword arguments as for
-    :func:`qkv.generation.generate` (``beam_size > 1`` runs beam search instead)."""
+    :func:`qkv.generation.generate` (``beam_size > 1`` runs beam search instead); ``grammar``: ``(kind, source)``
+    of :func:`qkv.constrained.grammar`, each continuation kept within it (the first of ``stop_ids`` ends it once
+    complete)."""
     from ..generation import GREEDY, beam_search
 
     model.eval()
@@ -191,7 +194,10 @@ def complete(
     stops = set(stop_ids or ())
     # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled
     suppress = set(getattr(tokenizer, "special_ids", ())) - stops
+    constraints = None if grammar is None else _constraints(tokenizer, model, grammar, len(ids), stops)
     if beam_size > 1:
+        if constraints is not None:
+            raise ValueError("a grammar constrains greedy decoding and sampling, not beam search: drop --beam")
         if not stops:
             raise ValueError("beam search needs a stop token; this model has none (use sampling or greedy)")
         out = beam_search(decoder, start=decoder.start, max_new_tokens=max_new_tokens, beam_size=beam_size,
@@ -199,5 +205,18 @@ def complete(
     else:
         generator = torch.Generator(device_of(model)).manual_seed(seed) if seed is not None else None
         out = generate(decoder, start=decoder.start, max_new_tokens=max_new_tokens, sampling=sampling or GREEDY,
-                       stop_ids=stops, context=ids, generator=generator, on_token=on_token, suppress_ids=suppress)
+                       stop_ids=stops, context=ids, generator=generator, on_token=on_token, suppress_ids=suppress,
+                       constraints=constraints)
     return [tokenizer.decode(o) for o in out]
+
+
+def _constraints(tokenizer: Tokenizer, model: nn.Module, grammar: tuple[str, Any], rows: int, stops: set[int]):
+    """One :class:`~qkv.constrained.Constraint` a row, the grammar compiled once against the model's table."""
+    from .. import constrained
+
+    if not stops:
+        raise ValueError("a grammar needs a token that ends the text; this model has none")
+    eos = getattr(tokenizer, "eos_id", None)
+    table = constrained.token_table(tokenizer, model.config.vocab_size, eos if eos in stops else min(stops))
+    compiled = constrained.grammar(*grammar)
+    return [constrained.Constraint(table, compiled) for _ in range(rows)]
