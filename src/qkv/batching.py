@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -56,6 +57,7 @@ class Row:
     stop_ids: Collection[int] = ()
     logprobs: int | None = None
     on_token: Callable[[int, Logprob | None], bool] | None = None
+    constraint: Any = None  # a qkv.constrained.Constraint: only the tokens it allows; the row ends once it is done
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
     cancelled: bool = False
@@ -125,14 +127,18 @@ class Batch:
     def _settle(self, logits: Tensor, which: range, earlier: Tensor) -> list[Row]:
         """Choose the next token of rows ``which`` (the last rows; ``earlier``: the newest tokens of those before),
         hand them on, and drop the rows that ended."""
-        tokens = _chosen(logits, [self.rows[i] for i in which])
+        rows = [self.rows[i] for i in which]
+        tokens = _chosen(_constrained(logits, rows), rows)
         self.last = torch.cat([earlier, tokens[:, None]])
-        logprobs = _logprobs(logits, tokens, [self.rows[i] for i in which])
+        logprobs = _logprobs(logits, tokens, rows)  # the model's own, before any constraint
         ended = []
         for i, token, logprob in zip(which, tokens.tolist(), logprobs, strict=True):
             row = self.rows[i]
             row.tokens.append(token)
-            if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)):
+            if row.constraint is not None:
+                row.constraint.take(token)
+            if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)) or \
+                    (row.constraint is not None and row.constraint.done):
                 row.finish = "stop"
             elif len(row.tokens) >= row.limit:
                 row.finish = "length"
@@ -154,6 +160,16 @@ class Batch:
         self.cache.reorder(keep)
         self.lengths, self.last = self.lengths.index_select(0, keep), self.last.index_select(0, keep)
         self.cache.drop_left(len(self.cache) - int(self.lengths.max()))
+
+
+def _constrained(logits: Tensor, rows: Sequence[Row]) -> Tensor:
+    """The logits with each constrained row's disallowed tokens at -inf (a copy where any row has a constraint)."""
+    if all(row.constraint is None for row in rows):
+        return logits
+    from .constrained import apply
+
+    return torch.stack([x if row.constraint is None else apply(x, row.constraint) for x, row in zip(logits, rows,
+                                                                                                    strict=True)])
 
 
 def _chosen(logits: Tensor, rows: Sequence[Row]) -> Tensor:

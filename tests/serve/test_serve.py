@@ -109,6 +109,7 @@ BAD = [  # (body, status, the field the error names, or None)
     ({"model": "smollm2", "prompt": "Hi", "stop": ["a"] * 17}, 400, "stop"),
     ({"model": "smollm2", "prompt": "Hi", "logprobs": 6}, 400, "logprobs"),
     ({"model": "smollm2", "prompt": "Hi", "echo": "yes"}, 400, "echo"),
+    ({"model": "smollm2", "prompt": "Hi", "response_format": {"type": "xml"}}, 400, "response_format"),
     ({"model": "smollm2", "prompt": [1, 2, 10**9]}, 400, "prompt"),
     ({"model": "smollm2", "prompt": ["Hi", []]}, 400, "prompt"),
     ({"model": "smollm2", "prompt": 42}, 400, "prompt"),

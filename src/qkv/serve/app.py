@@ -218,6 +218,8 @@ class Server:
         streamed; ``echoed``: each prompt's text and scored tokens, put before its continuations."""
         for ids in prompts:
             self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
+        if settings.grammar is not None:  # a schema the library refuses: 400 now, not in the middle of a stream
+            await self._run(lambda: self.engine.constraint(settings.grammar))
         reply = _Reply(self.engine.name, chat, sum(map(len, prompts)), settings.n, echoed)
         if settings.stream:
             self._check_queue()  # a 429 as the answer's status; its events check again when they begin

@@ -23,6 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -88,6 +89,7 @@ class Engine:
         self._running: dict[Row, _Job] = {}
         self._wake = threading.Condition()
         self._model = threading.Lock()  # the batch's steps, and a prompt scored (echo) between them
+        self._table = None  # the token table constrained replies are masked with (made at the first)
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -117,6 +119,23 @@ class Engine:
             pairs = [] if best is None else list(zip(best.indices[i].tolist(), best.values[i].tolist(), strict=True))
             entries.append(Entry(decode([token]), chosen[i], [(decode([t]), v) for t, v in pairs]))
         return entries
+
+    def constraint(self, grammar: tuple[str, Any]):
+        """A :class:`~qkv.constrained.Constraint` of ``(kind, source)`` for one row (400 naming what the library
+        refuses); the model's token table is made once."""
+        from .. import constrained
+
+        if not self.stop_ids:
+            raise APIError(400, f"{self.name} has no end-of-text token to end a structured reply",
+                           param="response_format")
+        try:
+            if self._table is None:
+                eos = getattr(self.tokenizer, "eos_id", None)
+                self._table = constrained.token_table(self.tokenizer, self.model.config.vocab_size,
+                                                      eos if eos in self.stop_ids else min(self.stop_ids))
+            return constrained.Constraint(self._table, constrained.grammar(*grammar))
+        except ValueError as err:
+            raise APIError(400, f"response_format: {err}", param="response_format") from None
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """The prompt's tokens (a text's, or the ids as given), refused (400) when it leaves no room in the context
@@ -157,7 +176,8 @@ class Engine:
             raise APIError(400, f"{err}; ask for fewer max_tokens", param="max_tokens") from None
         text = _Text(self.tokenizer, settings.stop, on_text)
         row = Row(ids, limit, sampling, generator, self.stop_ids, settings.logprobs,
-                  on_token=lambda token, logprob: text.add(token, self._entry(token, logprob)))
+                  on_token=lambda token, logprob: text.add(token, self._entry(token, logprob)),
+                  constraint=None if settings.grammar is None else self.constraint(settings.grammar))
         with self._wake:
             if self._closed:
                 raise APIError(503, "the server is shutting down", kind="server_error")

@@ -7,7 +7,8 @@ checked, and a wrong one is answered with status 400 and OpenAI's error object n
     POST /v1/completions        {"model", "prompt" (a string, a list of token ids, or a list of either: one
                                  choice each), "max_tokens", "temperature", "top_p", "seed", "stop", "n",
                                  "logprobs" (0-5), "echo" (the prompt's tokens and their log-probabilities
-                                 before the completion's), "stream", "stream_options": {"include_usage"}}
+                                 before the completion's), "response_format", "stream", "stream_options":
+                                 {"include_usage"}}
     POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant", "content"}]
                                 instead of "prompt" ("max_completion_tokens" as well as "max_tokens"), and
                                 "logprobs": true with "top_logprobs" (0-20)
@@ -35,7 +36,7 @@ ROLES = ("system", "user", "assistant")
 # values pass). Fields that only describe the caller ("user", "metadata", "store", ...) are ignored.
 UNSUPPORTED = {"best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
                "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
-               "response_format": (None, {"type": "text"}), "presence_penalty": (None, 0, 0.0),
+               "presence_penalty": (None, 0, 0.0),
                "frequency_penalty": (None, 0, 0.0)}
 
 
@@ -66,6 +67,7 @@ class Settings:
     include_usage: bool = False
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most probable tokens'
     echo: bool = False  # a completion's prompt first, its tokens' log-probabilities with the completion's
+    grammar: tuple[str, Any] | None = None  # response_format's JSON schema: ("json_schema", schema)
 
     @property
     def greedy(self) -> bool:
@@ -188,7 +190,30 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
         include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat=chat),
         echo=echo,
+        grammar=response_format(body.get("response_format")),
     )
+
+
+def response_format(value: Any) -> tuple[str, Any] | None:
+    """OpenAI's ``response_format``: ``{"type": "text"}`` (none), ``{"type": "json_object"}`` (any JSON object) or
+    ``{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}``; the schema is checked when the request
+    is answered (400 naming what the library refuses)."""
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_schema", {"type": "object"}
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON schema (an object)",
+                           param="response_format.json_schema.schema")
+        return "json_schema", schema
+    raise APIError(400, "response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                        "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}", param="response_format")
 
 
 def _logprobs(body: dict[str, Any], *, chat: bool) -> int | None:
