@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .constrained import masked
 from .generation import GREEDY, LMDecoder, Sampling, _suppressor, choose
 
 
@@ -128,7 +129,7 @@ class Batch:
         """Choose the next token of rows ``which`` (the last rows; ``earlier``: the newest tokens of those before),
         hand them on, and drop the rows that ended."""
         rows = [self.rows[i] for i in which]
-        tokens = _chosen(_constrained(logits, rows), rows)
+        tokens = _chosen(masked(logits, [row.constraint for row in rows]), rows)
         self.last = torch.cat([earlier, tokens[:, None]])
         logprobs = _logprobs(logits, tokens, rows)  # the model's own, before any constraint
         ended = []
@@ -160,16 +161,6 @@ class Batch:
         self.cache.reorder(keep)
         self.lengths, self.last = self.lengths.index_select(0, keep), self.last.index_select(0, keep)
         self.cache.drop_left(len(self.cache) - int(self.lengths.max()))
-
-
-def _constrained(logits: Tensor, rows: Sequence[Row]) -> Tensor:
-    """The logits with each constrained row's disallowed tokens at -inf (a copy where any row has a constraint)."""
-    if all(row.constraint is None for row in rows):
-        return logits
-    from .constrained import apply
-
-    return torch.stack([x if row.constraint is None else apply(x, row.constraint) for x, row in zip(logits, rows,
-                                                                                                    strict=True)])
 
 
 def _chosen(logits: Tensor, rows: Sequence[Row]) -> Tensor:

@@ -136,6 +136,21 @@ class Constraint:
         return self.matcher.is_accepting()
 
 
+def end_token(tokenizer, stop_ids) -> int:
+    """The token a constrained text ends with: the tokenizer's end-of-sequence token where it is one of the model's
+    stop tokens, else the least of them."""
+    eos = getattr(tokenizer, "eos_id", None)
+    return eos if eos in stop_ids else min(stop_ids)
+
+
+def masked(logits: Tensor, constraints) -> Tensor:
+    """``logits`` ``(B, V)`` with each row's disallowed tokens at -inf, row ``i`` by ``constraints[i]`` (None: the row
+    as it is); ``logits`` itself where no row has a constraint."""
+    if all(c is None for c in constraints):
+        return logits
+    return torch.stack([x if c is None else apply(x, c) for x, c in zip(logits, constraints, strict=True)])
+
+
 def apply(logits: Tensor, constraint: Constraint) -> Tensor:
     """``logits`` ``(..., V)`` with every token the constraint does not allow at -inf (a copy); rows of a table
     longer than the tokenizer's stay disallowed."""
@@ -147,4 +162,4 @@ def apply(logits: Tensor, constraint: Constraint) -> Tensor:
     return out
 
 
-__all__ = ["KINDS", "Constraint", "apply", "grammar", "token_table"]
+__all__ = ["KINDS", "Constraint", "apply", "end_token", "grammar", "masked", "token_table"]

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .constrained import masked
+
 
 class IncrementalDecoder(Protocol):
     """A model seen one step at a time, with whatever it keeps between steps.
@@ -295,7 +297,7 @@ def generate(
     for step in range(1, int(limits.max()) + 1 if n else 0):
         logits = suppress(decoder.step(last))  # (B_active, V)
         if constraints is not None:
-            logits = _constrained(logits, [constraints[row] for row in active.tolist()])
+            logits = masked(logits, [constraints[row] for row in active.tolist()])
         if sampling.repetition_penalty != 1.0 and seen is None:
             seen = _seen(logits, context if context is not None else last.tolist())
         next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
@@ -314,14 +316,6 @@ def generate(
             seen = seen[keep] if seen is not None else None
         last = next_tokens[:, None]
     return [_strip(o, stops) for o in outputs]
-
-
-def _constrained(logits: Tensor, rows: Sequence[Any]) -> Tensor:
-    """Each row's logits outside its constraint's allowed tokens at -inf (rows without one as they are)."""
-    from .constrained import apply
-
-    return torch.stack([row_logits if c is None else apply(row_logits, c) for row_logits, c in zip(logits, rows,
-                                                                                                    strict=True)])
 
 
 def _taken(tokens: Tensor, rows: Sequence[Any]) -> list[bool]:

@@ -19,6 +19,7 @@ def perplexity_cmd(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
     from ..perplexity import perplexity
+    from ..tokenizers import encode_prompt
 
     text_path = Path(args.text)
     if not text_path.is_file():
@@ -29,7 +30,7 @@ def perplexity_cmd(args: argparse.Namespace) -> None:
     if args.context > model.config.max_seq_len:
         raise ValueError(f"--context {args.context} is more than the model's {model.config.max_seq_len} positions; "
                          "give a smaller --context")
-    ids = tokenizer.encode_prompt(text) if hasattr(tokenizer, "encode_prompt") else tokenizer.encode(text)
+    ids = encode_prompt(tokenizer, text)  # the BOS first where the tokenizer puts one, as llama.cpp tokenizes
     bos = tokenizer.bos_id if getattr(tokenizer, "add_bos", False) else None
     chunks = len(ids) // args.context
     bar = tqdm(total=chunks, unit="chunk", disable=args.no_progress, dynamic_ncols=True, desc="perplexity")

@@ -18,6 +18,7 @@ what an API needs around the tokens:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections import deque
@@ -34,6 +35,7 @@ from ..tokenizers import encode_prompt
 from .protocol import ROWS, APIError, Settings
 
 log = logging.getLogger("qkv")
+GRAMMARS = 64  # compiled schemas kept (a request's is checked when it comes, then used by each of its choices)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Engine:
         self._wake = threading.Condition()
         self._model = threading.Lock()  # the batch's steps, and a prompt scored (echo) between them
         self._table = None  # the token table constrained replies are masked with (made at the first)
+        self._grammars: dict[str, str] = {}  # the latest schemas' compiled grammars
         self._thread: threading.Thread | None = None
         self._closed = False
 
@@ -128,12 +131,16 @@ class Engine:
         if not self.stop_ids:
             raise APIError(400, f"{self.name} has no end-of-text token to end a structured reply",
                            param="response_format")
+        key = json.dumps(grammar, sort_keys=True)  # a request's schema, checked before it runs, compiled once
         try:
             if self._table is None:
-                eos = getattr(self.tokenizer, "eos_id", None)
                 self._table = constrained.token_table(self.tokenizer, self.model.config.vocab_size,
-                                                      eos if eos in self.stop_ids else min(self.stop_ids))
-            return constrained.Constraint(self._table, constrained.grammar(*grammar))
+                                                      constrained.end_token(self.tokenizer, self.stop_ids))
+            if key not in self._grammars:
+                if len(self._grammars) >= GRAMMARS:
+                    self._grammars.clear()
+                self._grammars[key] = constrained.grammar(*grammar)
+            return constrained.Constraint(self._table, self._grammars[key])
         except ValueError as err:
             raise APIError(400, f"response_format: {err}", param="response_format") from None
 

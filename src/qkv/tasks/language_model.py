@@ -216,7 +216,6 @@ def _constraints(tokenizer: Tokenizer, model: nn.Module, grammar: tuple[str, Any
 
     if not stops:
         raise ValueError("a grammar needs a token that ends the text; this model has none")
-    eos = getattr(tokenizer, "eos_id", None)
-    table = constrained.token_table(tokenizer, model.config.vocab_size, eos if eos in stops else min(stops))
+    table = constrained.token_table(tokenizer, model.config.vocab_size, constrained.end_token(tokenizer, stops))
     compiled = constrained.grammar(*grammar)
     return [constrained.Constraint(table, compiled) for _ in range(rows)]
