@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 KINDS = ("json_schema", "lark", "regex")
+NAMES = {"json_schema": "JSON schema", "lark": "Lark grammar", "regex": "regular expression"}
 
 
 def _llguidance():
@@ -90,7 +91,8 @@ def grammar(kind: str, source: str | dict[str, Any]) -> str:
         text = llg.LLMatcher.grammar_from_regex(source)
     message = llg.LLMatcher.validate_grammar(text)
     if message and not message.startswith("WARNING"):
-        raise ValueError(f"the {kind.replace('_', ' ')} cannot be used: {' '.join(message.split())[:300]}")
+        reason = message.split("\n   1 | ")[0]  # the grammar's lines that follow are the caller's own text
+        raise ValueError(f"the {NAMES[kind]} cannot be used: {' '.join(reason.split())[:300]}")
     return text
 
 

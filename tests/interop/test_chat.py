@@ -140,3 +140,30 @@ def test_a_template_that_cannot_run_is_a_one_line_error(template, message):
 def test_malformed_messages_are_refused_before_the_template_runs():
     with pytest.raises(ValueError, match="message 1 must be a dict with string 'role' and 'content'"):
         render_chat(LLAMA3, [{"role": "user", "content": "a"}, {"role": "user"}])
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+WITH_CALLS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+              {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                  "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+              {"role": "tool", "content": '{"celsius": 18}', "tool_call_id": "call_1"},
+              {"role": "assistant", "content": "18 degrees."}, {"role": "user", "content": "And Rome?"}]
+
+
+@pytest.mark.parametrize("name", ["Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B", "meta-llama-Llama-3.2-3B-Instruct",
+                                  "meta-llama-Llama-3.1-8B-Instruct", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use"])
+def test_published_templates_lay_out_tools_calls_and_answers_as_transformers_does(name):
+    import os
+    from pathlib import Path
+
+    path = Path(os.environ.get("QKV_LLAMA_CPP_SOURCE", "/nonexistent")) / "models" / "templates" / f"{name}.jinja"
+    if not path.is_file():
+        pytest.skip("needs the published chat templates of llama.cpp's sources (QKV_LLAMA_CPP_SOURCE; .ci/run)")
+    template = path.read_text()
+    ours = render_chat(template, WITH_CALLS, bos_token="<s>", eos_token="</s>", tools=TOOLS)
+    theirs = chat_utils.render_jinja_template([WITH_CALLS], tools=TOOLS, chat_template=template, bos_token="<s>",
+                                              eos_token="</s>", add_generation_prompt=True)
+    assert ours == (theirs[0][0] if isinstance(theirs, tuple) else theirs[0])
+    assert '"get_weather"' in ours and 'celsius' in ours and '"Paris"' in ours

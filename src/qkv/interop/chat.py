@@ -88,11 +88,12 @@ def chat_prompt(
     return "".join(parts)
 
 
-def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "") -> str:
+def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                bos_token: str = "", eos_token: str = "", tools: Sequence[Mapping[str, Any]] | None = None) -> str:
     """A conversation laid out by a model's own Jinja chat template, run in ``jinja2``'s sandbox.
 
-    The template sees ``messages``, ``add_generation_prompt``, ``bos_token`` and ``eos_token``, and may call
+    The template sees ``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token`` and, where given,
+    ``tools`` (OpenAI's function objects; an assistant message may hold ``tool_calls``), and may call
     ``raise_exception(text)`` (to refuse a conversation it cannot lay out), ``strftime_now(format)`` and the
     ``tojson`` filter, which is what published templates use.
 
@@ -106,6 +107,7 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
         messages: ``{"role": ..., "content": text}`` in order.
         add_generation_prompt: end with the opening of an assistant turn.
         bos_token, eos_token: the tokenizer's begin/end-of-sequence token texts ("" where it has none).
+        tools: the functions the model may call, for a template that lays them out (None: none given).
 
     Returns:
         The prompt text.
@@ -118,9 +120,12 @@ def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_gen
     from jinja2.sandbox import SecurityError
 
     check_messages(messages)
-    budget = Budget(MAX_RENDERED_CHARS + 4 * sum(len(m["role"]) + len(m["content"]) for m in messages))
+    given = sum(len(m["role"]) + len(m["content"]) + len(json.dumps(m.get("tool_calls", ""))) for m in messages)
+    budget = Budget(MAX_RENDERED_CHARS + 4 * (given + len(json.dumps(tools or ""))))
     variables = dict(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token, eos_token=eos_token)
+    if tools is not None:
+        variables["tools"] = [dict(t) for t in tools]
     try:
         return render_within(_compiled(template), budget, variables)
     except _Refused as err:

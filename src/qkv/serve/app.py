@@ -34,6 +34,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -45,9 +46,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..tokenizers import encode_prompt
+from . import tools
 from .embedder import Embedder, texts
 from .engine import Continuation, Engine, Entry
 from .protocol import MAX_BODY, APIError, Settings, check_model, flag, messages, parse_body, prompts, settings
+from .tools import Call, CallReader
 
 log = logging.getLogger("qkv")
 
@@ -121,8 +124,17 @@ class Server:
 
     async def chat_completions(self, request: Request) -> Response:
         body = await self._body(request)
-        prompt = self.engine.chat_prompt(messages(body))
-        return await self._answer(request, [self.engine.prompt_ids(prompt)], settings(body, chat=True), chat=True)
+        engine, offered = self.engine, tools.request(body)
+        asked = settings(body, chat=True)
+        fmt = engine.tool_format[0]
+        if offered is not None and offered.forced:  # decoding kept to calls of the tools
+            if asked.grammar is not None:
+                raise APIError(400, "response_format and a tool_choice that requires a call both constrain the reply; "
+                                    "give one", param="response_format")
+            asked = replace(asked, grammar=("lark", tools.call_grammar(offered, fmt)), constrains="tools")
+        prompt = engine.chat_prompt(messages(body), offered)
+        reading = None if offered is None or offered.choice == "none" else (fmt, set(offered.functions))
+        return await self._answer(request, [engine.prompt_ids(prompt)], asked, chat=True, tools=reading)
 
     async def embeddings(self, request: Request) -> Response:
         body = await self._body(request)
@@ -213,14 +225,16 @@ class Server:
         return body
 
     async def _answer(self, request: Request, prompts: list[list[int]], settings: Settings, *, chat: bool,
-                      echoed: list[tuple[str, list[Entry] | None]] | None = None) -> Response:
+                      echoed: list[tuple[str, list[Entry] | None]] | None = None,
+                      tools: tuple[str, set[str]] | None = None) -> Response:
         """The answer to ``n`` continuations of each prompt (choice ``p · n + j``: prompt p's j-th), whole or
-        streamed; ``echoed``: each prompt's text and scored tokens, put before its continuations."""
+        streamed; ``echoed``: each prompt's text and scored tokens, put before its continuations; ``tools``: the
+        format calls are written in and the functions' names, to read calls out of the replies."""
         for ids in prompts:
             self.engine.room(ids, settings)  # a max_tokens beyond the context is refused now, not when it is reached
         if settings.grammar is not None:  # a schema the library refuses: 400 now, not in the middle of a stream
-            await self._run(lambda: self.engine.constraint(settings.grammar))
-        reply = _Reply(self.engine.name, chat, sum(map(len, prompts)), settings.n, echoed)
+            await self._run(lambda: self.engine.constraint(settings.grammar, settings.constrains))
+        reply = _Reply(self.engine.name, chat, sum(map(len, prompts)), settings.n, echoed, tools)
         if settings.stream:
             self._check_queue()  # a 429 as the answer's status; its events check again when they begin
             return _Stream(self._events(prompts, settings, reply), media_type="text/event-stream",
@@ -349,15 +363,20 @@ class _Mailbox:
 
 
 class _Reply:
-    """The JSON of one answer: the whole object, or its stream's chunks."""
+    """The JSON of one answer: the whole object, or its stream's chunks; a chat's tool calls read out of its text
+    (``tools``: their format and the functions' names)."""
 
     def __init__(self, model: str, chat: bool, prompt_tokens: int, n: int = 1,
-                 echoed: list[tuple[str, list[Entry] | None]] | None = None) -> None:
+                 echoed: list[tuple[str, list[Entry] | None]] | None = None,
+                 tools: tuple[str, set[str]] | None = None) -> None:
         self.model, self.chat, self.prompt_tokens, self.n, self.echoed = model, chat, prompt_tokens, n, echoed
+        self.tools = tools
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
         self.offsets: dict[int, int] = {}  # per choice of a streamed completion: characters sent so far
+        self.readers: dict[int, CallReader] = {}  # per choice of a streamed chat with tools
+        self.called: dict[int, int] = {}  # per choice of a streamed chat: calls sent so far
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
@@ -376,24 +395,52 @@ class _Reply:
         for i, c in enumerate(done):
             text, entries = self.echo(i)
             entries = None if c.entries is None else (entries or []) + c.entries
-            choices.append({"index": i, "finish_reason": c.finish_reason, "logprobs": self._logprobs(entries, 0),
-                            **({"message": {"role": "assistant", "content": c.text}} if self.chat else
-                               {"text": text + c.text})})
+            choice = {"index": i, "finish_reason": c.finish_reason, "logprobs": self._logprobs(entries, 0)}
+            if self.chat:
+                content, calls = self._read(CallReader(*self.tools), c.text, True) if self.tools else (c.text, [])
+                choice["message"] = {"role": "assistant", "content": content or (None if calls else content)}
+                if calls:
+                    choice["message"]["tool_calls"] = [call.json() for call in calls]
+                    choice["finish_reason"] = _finish(c.finish_reason, called=True)
+            else:
+                choice["text"] = text + c.text
+            choices.append(choice)
         return {**self._head(self.object), "choices": choices, "usage": self.usage(done)}
 
     def chunk(self, index: int, text: str | None, entries: list[Entry] | None = None,
               finish_reason: str | None = None) -> dict[str, Any]:
         """A piece of choice ``index``'s text with its tokens' log-probabilities (None: its end, with
-        ``finish_reason``)."""
+        ``finish_reason``); a chat's tool calls each in the piece that closes it."""
         logprobs = self._logprobs(entries or None, self.offsets.get(index, 0))
         self.offsets[index] = self.offsets.get(index, 0) + len(text or "")
-        if self.chat:
-            delta = {} if text is None else {"content": text} if text or entries else {"role": "assistant",
-                                                                                       "content": ""}
-            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice]}
+        if not self.chat:
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
+            return {**self._head("text_completion"), "choices": [choice]}
+        if text == "" and not entries:  # the first piece: the role alone
+            delta: dict[str, Any] = {"role": "assistant", "content": ""}
+        else:
+            content, calls = text or "", []
+            if self.tools:
+                reader = self.readers.setdefault(index, CallReader(*self.tools))
+                content, calls = self._read(reader, content, text is None)
+            delta = {"content": content} if content or entries else {}
+            if calls:
+                sent = self.called.get(index, 0)
+                delta["tool_calls"] = [call.json(sent + k) for k, call in enumerate(calls)]
+                self.called[index] = sent + len(calls)
+        if finish_reason is not None:
+            finish_reason = _finish(finish_reason, called=self.called.get(index, 0) > 0)
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
+    @staticmethod
+    def _read(reader: CallReader, text: str, last: bool) -> tuple[str, list[Call]]:
+        """The content and calls ``text`` makes final (``last``: and whatever the reader held, at the end)."""
+        content, calls = reader.feed(text)
+        if last:
+            rest, more = reader.end()
+            content, calls = content + rest, calls + more
+        return content, calls
 
     def usage_chunk(self, done: list[Continuation]) -> dict[str, Any]:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -410,6 +457,11 @@ class _Reply:
         starts = [offset + sum(len(e.text) for e in entries[:i]) for i in range(len(entries))]
         return {"tokens": [e.text for e in entries], "token_logprobs": [e.logprob for e in entries],
                 "top_logprobs": [None if e.top is None else dict(e.top) for e in entries], "text_offset": starts}
+
+
+def _finish(reason: str, *, called: bool) -> str:
+    """OpenAI's finish reason: ``tool_calls`` for a reply that ended (not cut short) with calls."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _token(text: str, logprob: float) -> dict[str, Any]:

@@ -96,14 +96,18 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The conversation laid out by the model's own chat template, ready for the assistant's turn."""
+    def chat_prompt(self, messages: list[dict[str, Any]], tools=None) -> str:
+        """The conversation laid out by the model's own chat template, ready for the assistant's turn; the
+        ``tools`` and the calls and answers in it as the template lays them out, or in the default format
+        (:func:`~qkv.serve.tools.conversation`)."""
         from ..interop.chat import render_chat, template_tokens
+        from .tools import conversation
 
         if self.chat_template is None or not self.stop_ids:
             raise APIError(400, f"{self.name} has no chat template; use /v1/completions", param="messages")
+        messages, offered = conversation(messages, tools, self.tool_format[1])
         try:
-            return render_chat(self.chat_template, messages, **template_tokens(self.tokenizer))
+            return render_chat(self.chat_template, messages, tools=offered, **template_tokens(self.tokenizer))
         except ValueError as err:  # the template refused the conversation, or it was too large to lay out
             raise APIError(400, f"the chat template refused these messages: {err}", param="messages") from None
 
@@ -123,14 +127,20 @@ class Engine:
             entries.append(Entry(decode([token]), chosen[i], [(decode([t]), v) for t, v in pairs]))
         return entries
 
-    def constraint(self, grammar: tuple[str, Any]):
+    @property
+    def tool_format(self) -> tuple[str, bool]:
+        """The format the model writes tool calls in, and whether its template lays tools out itself."""
+        from .tools import format_of
+
+        return format_of(self.chat_template)
+
+    def constraint(self, grammar: tuple[str, Any], param: str = "response_format"):
         """A :class:`~qkv.constrained.Constraint` of ``(kind, source)`` for one row (400 naming what the library
-        refuses); the model's token table is made once."""
+        refuses, as a fault of the request's field ``param``); the model's token table is made once."""
         from .. import constrained
 
         if not self.stop_ids:
-            raise APIError(400, f"{self.name} has no end-of-text token to end a structured reply",
-                           param="response_format")
+            raise APIError(400, f"{self.name} has no end-of-text token to end a constrained reply", param=param)
         key = json.dumps(grammar, sort_keys=True)  # a request's schema, checked before it runs, compiled once
         try:
             if self._table is None:
@@ -142,7 +152,7 @@ class Engine:
                 self._grammars[key] = constrained.grammar(*grammar)
             return constrained.Constraint(self._table, self._grammars[key])
         except ValueError as err:
-            raise APIError(400, f"response_format: {err}", param="response_format") from None
+            raise APIError(400, f"{param}: {err}", param=param) from None
 
     def prompt_ids(self, prompt: str | list[int]) -> list[int]:
         """The prompt's tokens (a text's, or the ids as given), refused (400) when it leaves no room in the context
@@ -184,7 +194,8 @@ class Engine:
         text = _Text(self.tokenizer, settings.stop, on_text)
         row = Row(ids, limit, sampling, generator, self.stop_ids, settings.logprobs,
                   on_token=lambda token, logprob: text.add(token, self._entry(token, logprob)),
-                  constraint=None if settings.grammar is None else self.constraint(settings.grammar))
+                  constraint=None if settings.grammar is None else self.constraint(settings.grammar,
+                                                                                   settings.constrains))
         with self._wake:
             if self._closed:
                 raise APIError(503, "the server is shutting down", kind="server_error")
@@ -276,6 +287,11 @@ class Engine:
             job.on_end(err)
 
 
+def held(text: str, markers) -> int:
+    """How many characters at the end of ``text`` might begin one of ``markers``."""
+    return max((k for s in markers for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
 class _Text:
     """A continuation's text, decoded incrementally, with the stop strings applied; ``on_text`` gets each piece once
     it is final, with the log-probability entries of the tokens that came with it."""
@@ -310,7 +326,7 @@ class _Text:
 
     def _held(self) -> int:
         """How many characters at the end might begin a stop string: kept back until the next token."""
-        return max((k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])), default=0)
+        return held(self.text, self.stops)
 
     def _send(self, upto: int, *, last: bool = False) -> None:
         if upto > self.sent or (last and self.entries_sent < len(self.entries)):

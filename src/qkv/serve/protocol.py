@@ -9,12 +9,13 @@ checked, and a wrong one is answered with status 400 and OpenAI's error object n
                                  "logprobs" (0-5), "echo" (the prompt's tokens and their log-probabilities
                                  before the completion's), "response_format", "stream", "stream_options":
                                  {"include_usage"}}
-    POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant", "content"}]
-                                instead of "prompt" ("max_completion_tokens" as well as "max_tokens"), and
-                                "logprobs": true with "top_logprobs" (0-20)
+    POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant"|"tool", "content"}]
+                                (an assistant's "tool_calls", a tool's "tool_call_id") instead of "prompt"
+                                ("max_completion_tokens" as well as "max_tokens"), "logprobs": true with
+                                "top_logprobs" (0-20), and "tools", "tool_choice", "parallel_tool_calls" (tools.py)
 
-Fields a client may send that would change the answer and that qkv does not compute (``tools``, penalties other
-than 0, ...) are refused by name rather than ignored.
+Fields a client may send that would change the answer and that qkv does not compute (``logit_bias``, penalties
+other than 0, ...) are refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ MAX_PROMPTS = 64  # prompts one completion request may give
 MAX_CHOICES = 8  # n: continuations of one prompt
 ROWS = 8  # sequences a server decodes together unless told (llama.cpp's server: -np)
 MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 # Fields that change the answer and that qkv does not compute: refused rather than silently ignored (their neutral
 # values pass). Fields that only describe the caller ("user", "metadata", "store", ...) are ignored.
-UNSUPPORTED = {"best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}), "tools": (None, []),
-               "tool_choice": (None, "none"), "functions": (None,), "function_call": (None,),
+UNSUPPORTED = {"best_of": (None, 1), "suffix": (None,), "logit_bias": (None, {}),
+               "functions": (None,), "function_call": (None,),
                "presence_penalty": (None, 0, 0.0),
                "frequency_penalty": (None, 0, 0.0)}
 
@@ -67,7 +68,8 @@ class Settings:
     include_usage: bool = False
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most probable tokens'
     echo: bool = False  # a completion's prompt first, its tokens' log-probabilities with the completion's
-    grammar: tuple[str, Any] | None = None  # response_format's JSON schema: ("json_schema", schema)
+    grammar: tuple[str, Any] | None = None  # the text's grammar: response_format's ("json_schema", schema), or
+    constrains: str = "response_format"  # the tools' calls ("lark", ...): the field the grammar comes from
 
     @property
     def greedy(self) -> bool:
@@ -129,9 +131,12 @@ def _token_ids(value: Any) -> bool:
                                                            for t in value)
 
 
-def messages(body: dict[str, Any]) -> list[dict[str, str]]:
+def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The messages of a chat request, each ``{"role", "content"}`` with text content (a string, or a list of
-    ``{"type": "text", "text"}`` parts, joined)."""
+    ``{"type": "text", "text"}`` parts, joined); an assistant's ``tool_calls`` (its content may then be null) and a
+    tool's ``tool_call_id`` kept, as chat templates read them."""
+    from .tools import message_calls
+
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise APIError(400, "messages must be a non-empty list of {\"role\", \"content\"}", param="messages")
@@ -144,7 +149,14 @@ def messages(body: dict[str, Any]) -> list[dict[str, str]]:
         if role not in ROLES:
             raise APIError(400, f"{param}.role is {str(role)[:40]!r}; it must be one of {', '.join(ROLES)}",
                            param=f"{param}.role")
-        out.append({"role": role, "content": _content(message.get("content"), f"{param}.content")})
+        content = message.get("content")
+        calls = message.get("tool_calls") if role == "assistant" else None
+        one = {"role": role, "content": "" if content is None and calls else _content(content, f"{param}.content")}
+        if calls:
+            one["tool_calls"] = message_calls(calls, f"{param}.tool_calls")
+        if role == "tool":
+            one["tool_call_id"] = str(message.get("tool_call_id", ""))[:100]
+        out.append(one)
     return out
 
 
