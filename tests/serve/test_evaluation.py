@@ -1,7 +1,8 @@
 """What evaluators ask of ``qkv serve``, on SmolLM2 as stored: ``echo`` with log-probabilities (each prompt token's
 after those before it, the first's null), prompts as token ids and as lists, vLLM's ``/tokenize``, ``/detokenize``
-and ``/tokenizer_info``; and lm-evaluation-harness's ``local-completions`` model running a multiple-choice task of
-the test's own against the server, with nothing downloaded: its accuracy is the one qkv's log-probabilities give."""
+and ``/tokenizer_info``; and lm-evaluation-harness's ``local-completions`` model running a multiple-choice task and a
+generation task of the test's own against the server, with nothing downloaded: their scores are the ones qkv's
+log-probabilities and greedy continuations give."""
 
 from __future__ import annotations
 
@@ -84,26 +85,34 @@ QUESTIONS = [("The capital of France is", ["Paris", "a banana", "blue"], 0),
              ("The opposite of hot is", ["loud", "cold", "square"], 1)]
 
 
-def test_lm_evaluation_harness_runs_a_task_against_the_server(url, engine, tmp_path, monkeypatch):
-    """A multiple-choice task written here (a YAML over a JSONL file), run by lm-evaluation-harness's
-    ``local-completions`` model with the server's own tokenizer (``tokenizer_backend=remote``): its accuracy is the
-    one computed from qkv's log-probabilities of each choice after the question, as lm-eval splits them."""
+def test_lm_evaluation_harness_runs_tasks_against_the_server(url, engine, tmp_path, monkeypatch):
+    """Two tasks written here (YAML over a JSONL file), run by lm-evaluation-harness's ``local-completions`` model
+    with the server's own tokenizer (``tokenizer_backend=remote``): a multiple-choice task (log-likelihoods), whose
+    accuracy is the one computed from qkv's log-probabilities of each choice after the question, as lm-eval splits
+    them; and a generation task (``generate_until``), whose exact-match score is the one of qkv's own greedy
+    continuations, cut where the task's stop strings say."""
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     lm_eval = pytest.importorskip("lm_eval", reason="pip install lm_eval")
     from lm_eval.tasks import TaskManager
 
     data = tmp_path / "questions.jsonl"
-    data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in QUESTIONS))
+    data.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a, "target": c[a]}) + "\n"
+                            for q, c, a in QUESTIONS))
+    head = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n" \
+           "doc_to_text: '{{question}}'\n"
     (tmp_path / "qkv_mc.yaml").write_text(
-        "task: qkv_mc\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: " + str(data) +
-        "\ntest_split: test\noutput_type: multiple_choice\ndoc_to_text: '{{question}}'\ndoc_to_choice: '{{choices}}'\n"
+        f"task: qkv_mc\n{head}output_type: multiple_choice\ndoc_to_choice: '{{{{choices}}}}'\n"
         "doc_to_target: '{{answer}}'\nmetric_list:\n  - metric: acc\n")
+    (tmp_path / "qkv_gen.yaml").write_text(
+        f"task: qkv_gen\n{head}output_type: generate_until\ndoc_to_target: '{{{{target}}}}'\n"
+        "generation_kwargs:\n  until: ['.', ',', '\\n']\n  max_gen_toks: 6\n  do_sample: false\n  temperature: 0\n"
+        "filter_list:\n  - name: stripped\n    filter:\n      - function: remove_whitespace\n"
+        "      - function: take_first\nmetric_list:\n  - metric: exact_match\n")
     results = lm_eval.simple_evaluate(
-        model="local-completions", tasks=["qkv_mc"], task_manager=TaskManager(include_path=str(tmp_path)),
+        model="local-completions", tasks=["qkv_mc", "qkv_gen"], task_manager=TaskManager(include_path=str(tmp_path)),
         model_args={"base_url": f"{url}/v1/completions", "model": NAME, "tokenizer_backend": "remote",
                     "tokenized_requests": True, "num_concurrent": 1, "max_retries": 1})
-    accuracy = results["results"]["qkv_mc"]["acc,none"]
     right = 0
     for question, choices, answer in QUESTIONS:  # as lm-eval splits a request: the context's tokens, then the rest
         context = engine.tokenizer.encode(question)
@@ -112,8 +121,24 @@ def test_lm_evaluation_harness_runs_a_task_against_the_server(url, engine, tmp_p
             whole = engine.tokenizer.encode(f"{question} {choice}")
             scores.append(sum(prompt_logprobs(engine, whole)[len(context) - 1 :]))
         right += max(range(len(choices)), key=scores.__getitem__) == answer
-    assert accuracy == right / len(QUESTIONS)
+    assert results["results"]["qkv_mc"]["acc,none"] == right / len(QUESTIONS)
     assert right >= 4  # SmolLM2 knows most of these: a task that scored nothing would check nothing
+    matched = [greedy(engine, question, 6, ".,\n").strip() == choices[answer] for question, choices, answer in
+               QUESTIONS]
+    assert results["results"]["qkv_gen"]["exact_match,stripped"] == sum(matched) / len(QUESTIONS)
+    assert any(matched) and not all(matched)  # a score between: a task that cannot fail would check nothing
+
+
+def greedy(engine: Engine, prompt: str, most: int, stops: str) -> str:
+    """The model's greedy continuation of ``prompt`` (one pass a token, no cache), cut at the first stop character."""
+    ids = engine.tokenizer.encode(prompt)
+    start = len(ids)
+    with torch.inference_mode():
+        for _ in range(most):
+            ids.append(int(engine.model(torch.tensor([ids]))[0, -1].argmax()))
+    text = engine.tokenizer.decode(ids[start:])
+    cut = min((i for i in map(text.find, stops) if i >= 0), default=len(text))
+    return text[:cut]
 
 
 def test_float32_log_probabilities_are_transformers(tmp_path):
