@@ -81,11 +81,25 @@ def test_a_character_vocabulary_and_a_regex():
     assert constraint.complete
 
 
+def test_llama_cpps_gbnf_is_the_lark_grammar_it_reads_as():
+    """A GBNF grammar (llama.cpp's ``root ::= ...``) lets through, step by step, what its Lark twin does."""
+    chars = CharTokenizer.train(["updown 0123456789"])
+    table = constrained.token_table(chars, chars.vocab_size, eos=2)
+    gbnf = constrained.Constraint(table, constrained.grammar("lark", 'root ::= ("up" | "down") " " [0-9]+'))
+    lark = constrained.Constraint(table, constrained.grammar("lark", 'start: ("up" | "down") " " /[0-9]+/'))
+    for c in "down 42":
+        assert torch.equal(gbnf.mask(), lark.mask())
+        gbnf.take(chars.stoi[c])
+        lark.take(chars.stoi[c])
+    assert gbnf.complete and lark.complete
+
+
 @pytest.mark.parametrize(("kind", "source", "message"), [
     ("json_schema", {"type": "object", "properties": {"x": {"type": "strnig"}}}, "strnig"),
     ("json_schema", "{not json", "is not JSON"),
     ("json_schema", [1, 2], "a JSON object"),
     ("lark", "start: undefined_rule", "undefined_rule"),
+    ("lark", 'root ::= ("a" | ', "GBNF grammar cannot be read"),
     ("yaml", "a: 1", "unknown grammar kind"),
 ])
 def test_what_cannot_be_used_is_one_line_naming_it(kind, source, message):

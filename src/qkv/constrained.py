@@ -1,8 +1,9 @@
 """Constrained decoding: only the tokens that keep the text inside a grammar may come next.
 
-A JSON schema, a Lark grammar or a regular expression is compiled by ``llguidance`` (the library llama.cpp, vLLM
-and TensorRT-LLM use; no dependencies of its own) against the model's token table; at each step it says which
-tokens may follow the text so far, and decoding sets every other logit to -inf before it chooses:
+A JSON schema, a grammar (Lark's syntax, or llama.cpp's GBNF) or a regular expression is compiled by
+``llguidance`` (the library llama.cpp, vLLM and TensorRT-LLM use; no dependencies of its own) against the model's
+token table; at each step it says which tokens may follow the text so far, and decoding sets every other logit to
+-inf before it chooses:
 
     logits_t[v] = -inf  for every token v that no text of the grammar continues with     (the mask)
     x_t = choose(logits_t)                                                                 (greedy, sampled, ...)
@@ -68,7 +69,8 @@ def token_table(tokenizer, vocab_size: int, eos: int):
 
 
 def grammar(kind: str, source: str | dict[str, Any]) -> str:
-    """llguidance's grammar of a JSON schema (a dict or its JSON text), a Lark grammar or a regular expression.
+    """llguidance's grammar of a JSON schema (a dict or its JSON text), a grammar (``lark``: Lark's syntax, or
+    llama.cpp's GBNF) or a regular expression.
 
     Raises:
         ValueError: an unknown kind, a schema that is not JSON, or what llguidance refuses in it, in its words
@@ -86,7 +88,7 @@ def grammar(kind: str, source: str | dict[str, Any]) -> str:
             raise ValueError(f"a JSON schema is a JSON object, got {type(source).__name__}")
         text = llg.LLMatcher.grammar_from_json_schema(json.dumps(source))
     elif kind == "lark":
-        text = llg.LLMatcher.grammar_from_lark(source)
+        text = llg.LLMatcher.grammar_from_lark(_lark(source))
     else:
         text = llg.LLMatcher.grammar_from_regex(source)
     message = llg.LLMatcher.validate_grammar(text)
@@ -94,6 +96,16 @@ def grammar(kind: str, source: str | dict[str, Any]) -> str:
         reason = message.split("\n   1 | ")[0]  # the grammar's lines that follow are the caller's own text
         raise ValueError(f"the {NAMES[kind]} cannot be used: {' '.join(reason.split())[:300]}")
     return text
+
+
+def _lark(source: str) -> str:
+    """A grammar in Lark's syntax as llguidance reads it, or in llama.cpp's GBNF (``root ::= ...``) turned into it."""
+    from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+
+    try:
+        return any_to_lark(source)
+    except GbnfToLarkError as err:
+        raise ValueError(f"the GBNF grammar cannot be read: {' '.join(str(err).split())[:300]}") from None
 
 
 class Constraint:

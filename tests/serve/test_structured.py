@@ -1,10 +1,12 @@
 """``response_format`` in ``qkv serve``, with the official client, on SmolLM2 as stored: a JSON schema and a JSON
 object, the reply parsing as the schema asks; requests with and without a schema decoded together, each as alone;
-a reply cut by ``max_tokens`` saying ``length``; a schema the library cannot use a 400 naming it."""
+a reply cut by ``max_tokens`` saying ``length``; a schema the library cannot use a 400 naming it; vLLM's and
+llama.cpp's own fields for the same (a regex, a choice, a Lark or GBNF grammar, a schema)."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 
 import pytest
@@ -69,3 +71,33 @@ def test_a_reply_cut_short_says_length_and_a_bad_schema_is_a_400(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=NAME, messages=QUESTION, max_tokens=5, response_format=bad)
     assert "strnig" in refused.value.body["message"] and refused.value.body["param"] == "response_format"
+
+
+def test_vllms_and_llama_cpps_fields_keep_a_completion_within_their_grammar(client):
+    """vLLM's ``structured_outputs`` (a regex, a choice, a grammar) and llama.cpp's ``grammar`` (GBNF) and
+    ``json_schema``: the text each gives is one its grammar accepts."""
+    asks = {"structured_outputs": [({"regex": "[0-9]{3}-[0-9]{4}"}, r"\d{3}-\d{4}"),
+                                   ({"choice": ["red wine", "green tea"]}, "red wine|green tea"),
+                                   ({"grammar": 'start: "yes" | "no"'}, "yes|no")],
+            "grammar": [('root ::= ("up" | "down") " " [0-9]+', "(up|down) [0-9]+")]}
+    for field, cases in asks.items():
+        for value, pattern in cases:
+            reply = client.completions.create(model=NAME, prompt="The answer:", temperature=0.8, seed=1,
+                                              max_tokens=12, extra_body={field: value})
+            assert re.fullmatch(pattern, reply.choices[0].text), (value, reply.choices[0].text)
+    value = client.completions.create(model=NAME, prompt="A city as JSON:", temperature=0, max_tokens=60,
+                                      extra_body={"json_schema": SCHEMA}).choices[0].text
+    assert set(json.loads(value)) == {"city", "population"}
+
+
+@pytest.mark.parametrize(("extra", "param", "words"), [
+    ({"json_schema": SCHEMA, "grammar": 'root ::= "a"'}, "grammar", "give one"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "one of json"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs", "list of texts"),
+    ({"grammar": 'root ::= ("a" | '}, "grammar", "GBNF grammar cannot be read"),
+    ({"grammar": 3}, "grammar", "grammar's text"),
+])
+def test_a_grammar_field_that_cannot_be_used_is_a_400_naming_it(client, extra, param, words):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.completions.create(model=NAME, prompt="x", max_tokens=3, extra_body=extra)
+    assert refused.value.body["param"] == param and words in refused.value.body["message"]

@@ -87,8 +87,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
     dec.add_argument("--json-schema", metavar="FILE", help="only text that is a JSON value of this schema (a JSON "
                                                            "file; pip install llguidance)")
-    dec.add_argument("--grammar", metavar="FILE", help="only text of this Lark grammar (a .lark file; pip install "
-                                                       "llguidance)")
+    dec.add_argument("--grammar", metavar="FILE", help="only text of this grammar (Lark's syntax, or llama.cpp's "
+                                                       "GBNF: a .lark or .gbnf file; pip install llguidance)")
     add_device_arguments(p, quantize=True)
 
 

@@ -129,8 +129,8 @@ class Server:
         fmt = engine.tool_format[0]
         if offered is not None and offered.forced:  # decoding kept to calls of the tools
             if asked.grammar is not None:
-                raise APIError(400, "response_format and a tool_choice that requires a call both constrain the reply; "
-                                    "give one", param="response_format")
+                raise APIError(400, f"{asked.constrains} and a tool_choice that requires a call both constrain the "
+                                    "reply; give one", param=asked.constrains)
             asked = replace(asked, grammar=("lark", tools.call_grammar(offered, fmt)), constrains="tools")
         prompt = engine.chat_prompt(messages(body), offered)
         reading = None if offered is None or offered.choice == "none" else (fmt, set(offered.functions))

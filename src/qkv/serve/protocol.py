@@ -7,7 +7,8 @@ checked, and a wrong one is answered with status 400 and OpenAI's error object n
     POST /v1/completions        {"model", "prompt" (a string, a list of token ids, or a list of either: one
                                  choice each), "max_tokens", "temperature", "top_p", "seed", "stop", "n",
                                  "logprobs" (0-5), "echo" (the prompt's tokens and their log-probabilities
-                                 before the completion's), "response_format", "stream", "stream_options":
+                                 before the completion's), "response_format" (or vLLM's "structured_outputs",
+                                 llama.cpp's "json_schema" or "grammar"), "stream", "stream_options":
                                  {"include_usage"}}
     POST /v1/chat/completions   the same with "messages": [{"role": "system"|"user"|"assistant"|"tool", "content"}]
                                 (an assistant's "tool_calls", a tool's "tool_call_id") instead of "prompt"
@@ -68,8 +69,8 @@ class Settings:
     include_usage: bool = False
     logprobs: int | None = None  # None: none; k: each token's log-probability and the k most probable tokens'
     echo: bool = False  # a completion's prompt first, its tokens' log-probabilities with the completion's
-    grammar: tuple[str, Any] | None = None  # the text's grammar: response_format's ("json_schema", schema), or
-    constrains: str = "response_format"  # the tools' calls ("lark", ...): the field the grammar comes from
+    grammar: tuple[str, Any] | None = None  # the text's grammar, (kind, source) of qkv.constrained.grammar
+    constrains: str = "response_format"  # the request's field the grammar comes from ("tools": the calls')
 
     @property
     def greedy(self) -> bool:
@@ -202,8 +203,55 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
         include_usage=flag(options or {}, "include_usage"),
         logprobs=_logprobs(body, chat=chat),
         echo=echo,
-        grammar=response_format(body.get("response_format")),
+        **structure(body),
     )
+
+
+STRUCTURES = ("response_format", "structured_outputs", "json_schema", "grammar")
+
+
+def structure(body: dict[str, Any]) -> dict[str, Any]:
+    """The grammar a reply is kept within and the field it came from (Settings' ``grammar`` and ``constrains``):
+    OpenAI's ``response_format``, vLLM's ``structured_outputs`` (``{"json"}``, ``{"regex"}``, ``{"grammar"}`` or
+    ``{"choice"}``), or llama.cpp's server's ``json_schema`` and ``grammar`` (Lark's syntax or GBNF); one at most."""
+    given = [name for name in STRUCTURES if body.get(name) is not None]
+    if len(given) > 1:
+        raise APIError(400, f"{' and '.join(given)} each constrain the reply; give one", param=given[1])
+    if not given:
+        return {}
+    name, value = given[0], body[given[0]]
+    if name == "response_format":
+        grammar = response_format(value)
+    elif name == "structured_outputs":
+        grammar = _structured_outputs(value)
+    elif name == "json_schema":
+        if not isinstance(value, dict):
+            raise APIError(400, "json_schema must be a JSON schema (an object)", param=name)
+        grammar = ("json_schema", value)
+    else:
+        if not isinstance(value, str) or not value.strip():
+            raise APIError(400, "grammar must be a grammar's text (Lark's syntax or GBNF)", param=name)
+        grammar = ("lark", value)
+    return {} if grammar is None else {"grammar": grammar, "constrains": name}
+
+
+def _structured_outputs(value: Any) -> tuple[str, Any]:
+    """vLLM's ``structured_outputs``: one of ``json`` (a schema, or its text), ``regex``, ``grammar`` (Lark or GBNF)
+    or ``choice`` (a list of texts, the reply one of them)."""
+    kinds = {"json": "json_schema", "regex": "regex", "grammar": "lark"}
+    given = [k for k in (*kinds, "choice") if isinstance(value, dict) and value.get(k) is not None]
+    if len(given) != 1:
+        raise APIError(400, "structured_outputs must give one of json, regex, grammar or choice",
+                       param="structured_outputs")
+    kind, source = given[0], value[given[0]]
+    if kind == "choice":
+        if not isinstance(source, list) or not source or not all(isinstance(c, str) and c for c in source):
+            raise APIError(400, "structured_outputs.choice must be a list of texts", param="structured_outputs")
+        return "lark", "start: " + " | ".join(json.dumps(c, ensure_ascii=False) for c in source)
+    if not (isinstance(source, str) and source) and not (kind == "json" and isinstance(source, dict)):
+        raise APIError(400, f"structured_outputs.{kind} must be text" + (" or a JSON schema" if kind == "json" else ""),
+                       param="structured_outputs")
+    return kinds[kind], source
 
 
 def response_format(value: Any) -> tuple[str, Any] | None:
