@@ -98,9 +98,9 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_gen
     ``tojson`` filter, which is what published templates use.
 
     A rendering is bounded: it may write at most ``MAX_RENDERED_CHARS`` characters plus 4 per character of the
-    conversation, make no one text or list larger than that (``'x' * 10**10`` is refused before it is made) and
-    ``WORK_FACTOR`` times that in all, run its loops as many steps, and nest its calls (a macro calling itself)
-    ``MAX_CALL_DEPTH`` deep.
+    conversation (its calls and tools as JSON included), make no one text or list larger than that (``'x' * 10**10``
+    is refused before it is made) and ``WORK_FACTOR`` times that in all, run its loops as many steps, and nest its
+    calls (a macro calling itself) ``MAX_CALL_DEPTH`` deep.
 
     Args:
         template: the Jinja source.
@@ -120,8 +120,9 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_gen
     from jinja2.sandbox import SecurityError
 
     check_messages(messages)
-    given = sum(len(m["role"]) + len(m["content"]) + len(json.dumps(m.get("tool_calls", ""))) for m in messages)
-    budget = Budget(MAX_RENDERED_CHARS + 4 * (given + len(json.dumps(tools or ""))))
+    given = sum(len(m["role"]) + len(m["content"]) + (len(json.dumps(m["tool_calls"])) if "tool_calls" in m else 0)
+                for m in messages) + (len(json.dumps(tools)) if tools else 0)
+    budget = Budget(MAX_RENDERED_CHARS + 4 * given)
     variables = dict(messages=[dict(m) for m in messages], add_generation_prompt=add_generation_prompt,
                      bos_token=bos_token, eos_token=eos_token)
     if tools is not None:
