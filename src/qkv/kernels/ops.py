@@ -1,0 +1,103 @@
+"""qkv's fused operations (``ops.c``) from Python: a decoding step's norms, gated activations and attention, one call
+each instead of several of PyTorch's small operations.
+
+The modules call them where they apply (:func:`applies`: the library loaded, float32 on the CPU, no gradient, not
+being compiled) and run their own Python otherwise, which stays the reference the tests hold these to:
+
+* :func:`rms_norm` for :class:`qkv.nn.norm.RMSNorm` (an addition to the input first, where asked);
+* :func:`gated` for :class:`qkv.nn.feedforward.StackedFeedForward`'s ``act(gate) * up`` (SiLU, GELU's tanh form);
+* :func:`decode_attention` for :class:`qkv.nn.attention.StackedSelfAttention` with one new token a row: rotary
+  positions, the KV cache's new position written, attention over each row's cached positions.
+
+``QKV_FUSED=0`` in the environment, or :func:`reference` around a call, runs the Python instead (to compare, or to
+measure what these save: ``benchmarks/bench_decode_parts.py --reference``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from . import _loaded
+
+ACTIVATIONS = {"swiglu": 0, "geglu_tanh": 1}  # ops.c's codes of the gated activations it computes
+_off = os.environ.get("QKV_FUSED", "1") == "0"
+
+
+@contextlib.contextmanager
+def reference() -> Iterator[None]:
+    """Within it, the modules run their Python, not these operations."""
+    global _off
+    before, _off = _off, True
+    try:
+        yield
+    finally:
+        _off = before
+
+
+def applies(x: Tensor) -> bool:
+    """Whether a fused operation may stand in for the Python on ``x``: the library is there and not turned off, and
+    ``x`` is float32 on the CPU with no gradient to record and no graph being compiled."""
+    return (not torch.compiler.is_compiling() and not _off and x.dtype == torch.float32 and x.device.type == "cpu"
+            and not torch.is_grad_enabled() and _library() is not None)
+
+
+def _library() -> ctypes.CDLL | None:
+    return _loaded()[0]
+
+
+def rms_norm(x: Tensor, gains: Tensor, eps: float, add: Tensor | None = None) -> Tensor:
+    """``RMSNorm(x + add)`` over the last dimension, ``gains`` float32; with ``add`` (``x``'s shape), ``x`` itself
+    becomes ``x + add`` (the residual stream, summed in place) and both must be contiguous."""
+    n = x.size(-1)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _library().qkv_rms_norm(x.data_ptr(), None if add is None else add.contiguous().data_ptr(), gains.data_ptr(),
+                            ctypes.c_float(eps), x.numel() // n, n, out.data_ptr())
+    return out
+
+
+def gated(gate_up: Tensor, activation: str) -> Tensor:
+    """``act(gate) * up`` of ``gate_up`` ``(..., 2 d)``, ``[gate | up]`` side by side: ``(..., d)``."""
+    gate_up = gate_up.contiguous()
+    d = gate_up.size(-1) // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], d)
+    _library().qkv_gated(gate_up.data_ptr(), gate_up.numel() // (2 * d), d, ACTIVATIONS[activation], out.data_ptr())
+    return out
+
+
+def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: tuple[Tensor, Tensor] | None,
+                     rotary: int, interleaved: bool, keys: Tensor, values: Tensor, length: int,
+                     starts: Tensor | None, window: int | None, scale: float) -> Tensor:
+    """One new token a row: ``qkv`` ``(B, (heads + 2 kv_heads) · dim)`` contiguous, its queries and keys turned by
+    ``tables`` (the rotary cosines and sines of the new positions, ``(1 or B, ..., rotary or rotary / 2)``; None:
+    no rotary positions), its keys and values written at position ``length`` of the cache ``keys``, ``values``
+    ``(B, kv_heads, room, dim)`` (each position's numbers contiguous; the rows and heads may be further apart, as
+    in a view of a longer cache), and each query's attention over its row's positions ``starts[b]`` (int64, or
+    None: 0) to ``length``, the last ``window`` of them if given: ``(B, heads · dim)``."""
+    b, room = qkv.size(0), keys.size(2)
+    if keys.stride()[2:] != (dim, 1) or values.stride() != keys.stride():
+        raise ValueError("the cache's positions must each hold their numbers side by side, alike for keys and values")
+    cos = sin = None
+    table = 0
+    if tables is not None:
+        cos, sin = tables
+        table = 0 if cos.size(0) == 1 else cos[0].numel()
+    out = qkv.new_empty(b, heads * dim)
+    scratch = qkv.new_empty(b * heads, room)
+    status = _library().qkv_decode_attention(
+        qkv.data_ptr(), b, heads, kv_heads, dim, None if cos is None else cos.data_ptr(),
+        None if sin is None else sin.data_ptr(), table, rotary, int(interleaved), keys.data_ptr(), values.data_ptr(),
+        room, keys.stride(0), keys.stride(1), length, None if starts is None else starts.data_ptr(), window or 0,
+        ctypes.c_float(scale), scratch.data_ptr(), out.data_ptr())
+    if status:
+        raise ValueError("the KV cache has no room for the new position, or a row has no position to attend to")
+    return out
+
+
+__all__ = ["ACTIVATIONS", "applies", "decode_attention", "gated", "reference", "rms_norm"]

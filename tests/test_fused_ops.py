@@ -1,0 +1,202 @@
+"""qkv's fused operations (``ops.c`` through ``qkv.kernels.ops``) against the Python they stand in for: RMSNorm (with
+the residual summed in place), the gated activations, and a decoding step's attention (rotary positions of both
+layouts, partial rotary, none; grouped key/value heads; a sliding window; a gate; rows of different lengths; a
+cache that is a view of a longer one), on odd sizes and 1 to 4 threads; whole models decoding alike through them
+and through the Python; and the Python taking over where they do not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from qkv import GPT, GPTConfig, kernels
+from qkv.kernels import ops
+from qkv.nn import KVCache, RMSNorm, StackedSelfAttention
+from qkv.nn.feedforward import StackedFeedForward
+from qkv.nn.position import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"qkv's kernel is not here: {kernels.why_not()}")
+
+
+@pytest.fixture(params=[1, 2, 4], ids=lambda n: f"{n}threads")
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("n", [1, 7, 33, 576, 2049])
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_rms_norm_is_the_formula_and_sums_the_residual_in_place(n, unit_offset):
+    torch.manual_seed(n)
+    norm = RMSNorm(n, eps=1e-5, unit_offset=unit_offset)
+    with torch.no_grad():
+        norm.weight.normal_()
+        x, add = torch.randn(3, 2, n) * 4, torch.randn(3, 2, n)
+        expected = F.rms_norm(x + add, (n,), norm.gains(), 1e-5)
+        summed = x.clone()
+        out = ops.rms_norm(summed, norm.gains(), 1e-5, add=add)
+        assert torch.equal(summed, x + add)  # the residual stream, summed exactly as PyTorch sums it
+        torch.testing.assert_close(out, expected, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(norm(x), F.rms_norm(x, (n,), norm.gains(), 1e-5), rtol=2e-6, atol=2e-6)
+        assert torch.equal(norm(x), ops.rms_norm(x, norm.gains(), 1e-5))  # the module takes it here
+        with ops.reference():
+            assert torch.equal(norm(x), F.rms_norm(x, (n,), norm.gains(), 1e-5))
+
+
+@pytest.mark.parametrize("activation", ["swiglu", "geglu_tanh"])
+@pytest.mark.parametrize("d", [1, 5, 64, 1536])
+def test_the_gated_activations_are_pytorchs(activation, d):
+    torch.manual_seed(d)
+    ffn = StackedFeedForward(16, d, activation=activation).eval()
+    x = torch.randn(2, 3, 16)
+    with torch.no_grad():
+        gate_up = ffn.gate_up(x) * 3
+        gate, up = gate_up.chunk(2, dim=-1)
+        torch.testing.assert_close(ops.gated(gate_up, activation), ffn.act(gate) * up, rtol=2e-6, atol=2e-6)
+        fused = ffn(x)
+        with ops.reference():
+            torch.testing.assert_close(fused, ffn(x), rtol=1e-5, atol=1e-6)
+
+
+ATTENTION = {  # (heads, kv heads, head dim, rotary: None / "half" / "interleaved" / "partial", window, gated, scale)
+    "mha-half": (4, 4, 16, "half", None, False, None),
+    "gqa-half": (9, 3, 64, "half", None, False, None),
+    "mqa-interleaved": (6, 1, 10, "interleaved", None, False, None),
+    "partial": (4, 2, 32, "partial", None, False, 0.2),
+    "no-rotary": (3, 3, 8, None, None, False, None),
+    "window-gated": (4, 2, 16, "half", 5, True, None),
+}
+
+
+def _attention(heads, kv_heads, dim, rotary, window, gated, scale):
+    torch.manual_seed(heads * 100 + dim)
+    turn = None if rotary is None else RotaryEmbedding(dim, rotary_dim=dim // 2 if rotary == "partial" else None,
+                                                       interleaved=rotary == "interleaved")
+    return StackedSelfAttention(heads * dim, heads, n_kv_heads=kv_heads, rotary=turn, head_dim=dim, causal=True,
+                                window=window, gated=gated, scale=scale).eval()
+
+
+def _decode(attention, prompt, steps, cache, starts=None):
+    """The prompt read, then one token at a time: the outputs of the steps."""
+    cache.starts = starts
+    outs = []
+    with torch.no_grad():
+        attention(prompt[:, :-steps] if starts is None else prompt[:, :1], cache=cache)
+        for t in range(prompt.size(1) - steps if starts is None else 1, prompt.size(1)):
+            outs.append(attention(prompt[:, t : t + 1], cache=cache)[0])
+    return torch.cat(outs, dim=1)
+
+
+@pytest.mark.parametrize("case", ATTENTION)
+def test_decoding_attention_is_the_modules_own(case, threads):
+    attention = _attention(*ATTENTION[case])
+    prompt = torch.randn(2, 13, attention.d_model)
+    fused_cache, python_cache = KVCache(), KVCache()
+    fused = _decode(attention, prompt, 6, fused_cache)
+    with ops.reference():
+        python = _decode(attention, prompt, 6, python_cache)
+    torch.testing.assert_close(fused, python, rtol=1e-5, atol=1e-5)
+    assert len(fused_cache) == len(python_cache) == 13
+    torch.testing.assert_close(fused_cache.k, python_cache.k, rtol=0, atol=0)  # rotary bit for bit
+    torch.testing.assert_close(fused_cache.v, python_cache.v, rtol=0, atol=0)
+
+
+def test_rows_of_different_lengths_each_attend_as_alone():
+    """A cache of rows that begin at different positions (continuous batching's ``starts``): each row's output is
+    the one it has alone, through the fused step as through the Python."""
+    attention = _attention(*ATTENTION["gqa-half"])
+    rows = [torch.randn(1, n, attention.d_model) for n in (3, 7)]
+    alone = []
+    for row in rows:
+        cache = KVCache()
+        with torch.no_grad():
+            attention(row, cache=cache)
+            alone.append(attention(row[:, -1:] * 0.5, cache=cache)[0])
+    together = KVCache()
+    with torch.no_grad():
+        first, second = KVCache(), KVCache()
+        attention(rows[0], cache=first)
+        attention(rows[1], cache=second)
+        together.extend(first)
+        together.extend(second)
+        step = torch.cat([rows[0][:, -1:], rows[1][:, -1:]]) * 0.5
+        positions = torch.tensor([[3], [7]])
+        out = attention(step, cache=together, positions=positions)[0]
+    torch.testing.assert_close(out, torch.cat(alone), rtol=1e-5, atol=1e-6)
+
+
+def test_a_cache_that_is_a_view_of_a_longer_one():
+    """After ``drop_left`` the cache is a view whose rows lie further apart than its length: read as such."""
+    attention = _attention(*ATTENTION["gqa-half"])
+    prompt = torch.randn(1, 10, attention.d_model)
+    caches = []
+    for run in (ops.applies, None):
+        cache = KVCache()
+        with torch.no_grad(), (ops.reference() if run is None else torch.no_grad()):
+            attention(prompt[:, :8], cache=cache)
+            cache.drop_left(3)
+            out = attention(prompt[:, 8:9], cache=cache, positions=torch.tensor([8]))[0]
+        caches.append(out)
+    torch.testing.assert_close(caches[0], caches[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_cache_is_refused_not_overrun():
+    qkv = torch.randn(1, 3 * 8)
+    keys = values = torch.zeros(1, 1, 4, 8)
+    with pytest.raises(ValueError, match="no room"):
+        ops.decode_attention(qkv, 1, 1, 8, None, 8, False, keys, values, 4, None, None, 1.0)
+
+
+@pytest.mark.parametrize("options", [{}, {"activation": "geglu_tanh", "attention_scale": 0.3, "residual_scale": 0.7}],
+                         ids=["llama", "geglu-scaled"])
+def test_a_model_decodes_alike_through_them_and_through_the_python(options, monkeypatch):
+    """Greedy tokens and logits of a small model, cached, the fused operations against the Python (and against
+    no cache at all)."""
+    calls = []
+    for name in ("decode_attention", "gated", "rms_norm"):
+        real = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("llama", vocab_size=97, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96,
+                                   max_seq_len=64, **options)
+    from qkv.quantize import stack_projections
+
+    model = GPT(config).eval()
+    stack_projections(model)  # the stacked projections a quantized model decodes with, in float32
+    assert isinstance(model.decoder.layers[0].self_attn, StackedSelfAttention)
+    prompt = torch.randint(0, 97, (2, 5))
+
+    def greedy():
+        cache, ids, logits = model.new_cache(), prompt, []
+        with torch.no_grad():
+            step = model(ids, cache=cache, last_only=True)
+            for _ in range(8):
+                logits.append(step[:, -1])
+                ids = torch.cat([ids, step[:, -1].argmax(-1, keepdim=True)], dim=1)
+                step = model(ids[:, -1:], cache=cache, last_only=True)
+        return ids, torch.stack(logits)
+
+    fused_ids, fused_logits = greedy()
+    assert {"decode_attention", "gated", "rms_norm"} <= set(calls)  # each took its part
+    with ops.reference():
+        python_ids, python_logits = greedy()
+    assert torch.equal(fused_ids, python_ids)
+    torch.testing.assert_close(fused_logits, python_logits, rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        uncached = model(fused_ids[:, :-1])[:, prompt.size(1) - 1 :].transpose(0, 1)
+    torch.testing.assert_close(fused_logits, uncached, rtol=1e-4, atol=1e-4)
+
+
+def test_the_python_runs_where_they_do_not_apply(monkeypatch):
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert ops.applies(x)
+        assert not ops.applies(x.double()) and not ops.applies(x.bfloat16())
+        with ops.reference():
+            assert not ops.applies(x)
+        monkeypatch.setattr(ops, "_library", lambda: None)  # no library (no C compiler at install)
+        assert not ops.applies(x)
+    assert not ops.applies(x)  # gradients being recorded: training runs the Python
