@@ -8,6 +8,7 @@ from setuptools import Extension, setup
 # -fopenmp when compiling only: the library is not linked to an OpenMP runtime and runs on the one PyTorch loads.
 # -ffp-contract=off: the portable variant's float arithmetic as written, the reference the others are held to.
 KERNEL = Extension("qkv.kernels._q4", sources=["src/qkv/kernels/q4.c", "src/qkv/kernels/ops.c"], optional=True,
+                   depends=["src/qkv/kernels/kernels.h"],
                    extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-ffp-contract=off"])
 
 setup(ext_modules=[KERNEL])

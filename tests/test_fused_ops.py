@@ -29,16 +29,16 @@ def threads(request):
 
 @pytest.mark.parametrize("n", [1, 7, 33, 576, 2049])
 @pytest.mark.parametrize("unit_offset", [False, True])
-def test_rms_norm_is_the_formula_and_sums_the_residual_in_place(n, unit_offset):
+def test_rms_norm_is_the_formula_and_sums_the_residual_first(n, unit_offset):
     torch.manual_seed(n)
     norm = RMSNorm(n, eps=1e-5, unit_offset=unit_offset)
     with torch.no_grad():
         norm.weight.normal_()
         x, add = torch.randn(3, 2, n) * 4, torch.randn(3, 2, n)
         expected = F.rms_norm(x + add, (n,), norm.gains(), 1e-5)
-        summed = x.clone()
-        out = ops.rms_norm(summed, norm.gains(), 1e-5, add=add)
-        assert torch.equal(summed, x + add)  # the residual stream, summed exactly as PyTorch sums it
+        before = x.clone()
+        summed, out = ops.add_rms_norm(x, add, norm.gains(), 1e-5)
+        assert torch.equal(summed, x + add) and torch.equal(x, before)  # summed as PyTorch sums, x left alone
         torch.testing.assert_close(out, expected, rtol=2e-6, atol=2e-6)
         torch.testing.assert_close(norm(x), F.rms_norm(x, (n,), norm.gains(), 1e-5), rtol=2e-6, atol=2e-6)
         assert torch.equal(norm(x), ops.rms_norm(x, norm.gains(), 1e-5))  # the module takes it here
@@ -90,16 +90,25 @@ def _decode(attention, prompt, steps, cache, starts=None):
     return torch.cat(outs, dim=1)
 
 
+@pytest.fixture(params=kernels.VARIANTS)
+def variant(request, monkeypatch):
+    """Each instruction set's loops (the ones this CPU runs), as ``QKV_KERNEL`` chooses them."""
+    if not kernels.runs(request.param):
+        pytest.skip(f"this CPU does not run the {request.param} variant")
+    monkeypatch.setenv("QKV_KERNEL", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("case", ATTENTION)
-def test_decoding_attention_is_the_modules_own(case, threads):
+def test_decoding_attention_is_the_modules_own(case, threads, variant):
     attention = _attention(*ATTENTION[case])
-    prompt = torch.randn(2, 13, attention.d_model)
+    prompt = torch.randn(2, 40, attention.d_model)  # 40 positions: the vector loops' whole registers and a rest
     fused_cache, python_cache = KVCache(), KVCache()
     fused = _decode(attention, prompt, 6, fused_cache)
     with ops.reference():
         python = _decode(attention, prompt, 6, python_cache)
     torch.testing.assert_close(fused, python, rtol=1e-5, atol=1e-5)
-    assert len(fused_cache) == len(python_cache) == 13
+    assert len(fused_cache) == len(python_cache) == 40
     torch.testing.assert_close(fused_cache.k, python_cache.k, rtol=0, atol=0)  # rotary bit for bit
     torch.testing.assert_close(fused_cache.v, python_cache.v, rtol=0, atol=0)
 

@@ -71,10 +71,10 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_linear_x8_picked.argtypes = [_INT, _P, _P, _P, _P, _I64, _I64, _I64, _P, _INT, _P]
     library.qkv_linear_x8_picked.restype = _INT
     _F = ctypes.c_float  # the fused operations (ops.c, qkv.kernels.ops)
-    library.qkv_rms_norm.argtypes = [_P, _P, _P, _F, _I64, _I64, _P]
+    library.qkv_rms_norm.argtypes = [_P, _P, _P, _F, _I64, _I64, _P, _P]
     library.qkv_gated.argtypes = [_P, _I64, _I64, _INT, _P]
-    library.qkv_decode_attention.argtypes = [_P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64, _I64,
-                                             _I64, _I64, _P, _I64, _F, _P, _P]
+    library.qkv_decode_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64,
+                                             _I64, _I64, _I64, _P, _I64, _F, _P, _P]
     library.qkv_decode_attention.restype = _INT
     return library, ""
 

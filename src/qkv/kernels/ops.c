@@ -3,7 +3,8 @@
  * The Python modules stay the reference (qkv.nn.norm.RMSNorm, qkv.nn.feedforward.StackedFeedForward,
  * qkv.nn.attention.StackedSelfAttention); these do the same arithmetic, and the tests hold them to it:
  *
- *   qkv_rms_norm          x <- x + add (in place, if an addition is given);  out = (x * 1/sqrt(mean(x^2) + eps)) * g
+ *   qkv_rms_norm          out = (x * 1/sqrt(mean(x^2) + eps)) * g, of x, or of sum = x + add (the residual stream
+ *                         summed, then normed: one pass for what decoding does between two sub-layers)
  *   qkv_gated             out = act(gate) * up, for rows [gate | up]: act SiLU, x / (1 + e^-x), or GELU's tanh form
  *   qkv_decode_attention  one new token a row: its query and key turned by rotary positions, its key and value
  *                         written into the KV cache, and the query's attention over the row's cached positions
@@ -19,15 +20,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels.h"
+
 /* -------------------------------------------------------------------------------------------------- RMSNorm */
 
-void qkv_rms_norm(float *x, const float *add, const float *gains, float eps, int64_t rows, int64_t n, float *out)
+void qkv_rms_norm(const float *x, const float *add, const float *gains, float eps, int64_t rows, int64_t n,
+                  float *sum, float *out)
 {
     for (int64_t r = 0; r < rows; r++) {
-        float *v = x + r * n;
-        if (add != NULL)
+        const float *v = x + r * n;
+        if (add != NULL) {  /* the residual stream's sum, which the norm then reads */
             for (int64_t i = 0; i < n; i++)
-                v[i] += add[r * n + i];
+                sum[r * n + i] = v[i] + add[r * n + i];
+            v = sum + r * n;
+        }
         double part[8] = {0};  /* in double: the mean of a few thousand squares, rounded once; 8 partial sums */
         int64_t i = 0;
         for (; i + 8 <= n; i += 8)
@@ -91,10 +97,14 @@ static void turn(const float *x, int64_t dim, const float *cos, const float *sin
         out[i] = x[i];
 }
 
-#define LANES 16  /* partial sums of a dot product: independent, so the compiler keeps them in vector registers */
+/* The two loops of attention that read the cache, in each variant:
+ *   dot           q . k over n numbers (a query and a key)
+ *   weighted_sum  out = sum_t p_t v_t over `count` values of n numbers each, `n` apart
+ * The portable ones sum in a fixed order of LANES partial sums; the vector ones in their registers' lanes (with
+ * FMA): equal to float rounding, as any two orders of a sum are. */
+#define LANES 16
 
-/* q . k over n numbers: LANES partial sums (element i into sum i mod LANES), then those summed in order. */
-static float dot(const float *q, const float *k, int64_t n)
+static float dot_portable(const float *q, const float *k, int64_t n)
 {
     float part[LANES] = {0};
     int64_t i = 0;
@@ -103,35 +113,232 @@ static float dot(const float *q, const float *k, int64_t n)
             part[j] += q[i + j] * k[i + j];
     for (; i < n; i++)
         part[i % LANES] += q[i] * k[i];
-    float s = 0.0f;
-    for (int j = 0; j < LANES; j++)
-        s += part[j];
-    return s;
+    for (int w = LANES / 2; w > 0; w /= 2)  /* the partial sums added pairwise */
+        for (int j = 0; j < w; j++)
+            part[j] += part[j + w];
+    return part[0];
+}
+
+static void weighted_sum_portable(const float *p, const float *values, int64_t count, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i++)
+        out[i] = 0.0f;
+    for (int64_t t = 0; t < count; t++)
+        for (int64_t i = 0; i < n; i++)
+            out[i] += p[t] * values[t * n + i];
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *q, const float *k, int64_t n)
+{
+    __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
+        b = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(k + i + 8), b);
+    }
+    a = _mm256_add_ps(a, b);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    float total = _mm_cvtss_f32(s);
+    for (; i < n; i++)
+        total += q[i] * k[i];
+    return total;
+}
+
+__attribute__((target("avx2,fma"))) static void weighted_sum_avx2(const float *p, const float *values, int64_t count,
+                                                                   int64_t n, float *out)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {  /* eight of the output's numbers in a register, over every value */
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t t = 0; t < count; t++)
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(p[t]), _mm256_loadu_ps(values + t * n + i), acc);
+        _mm256_storeu_ps(out + i, acc);
+    }
+    for (; i < n; i++) {
+        float acc = 0.0f;
+        for (int64_t t = 0; t < count; t++)
+            acc += p[t] * values[t * n + i];
+        out[i] = acc;
+    }
+}
+
+__attribute__((target("avx512f"))) static float dot_avx512(const float *q, const float *k, int64_t n)
+{
+    __m512 a = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a);
+    if (i < n) {  /* the last numbers, masked */
+        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
+        a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), _mm512_maskz_loadu_ps(m, k + i), a);
+    }
+    return _mm512_reduce_add_ps(a);
+}
+
+__attribute__((target("avx512f"))) static void weighted_sum_avx512(const float *p, const float *values,
+                                                                   int64_t count, int64_t n, float *out)
+{
+    for (int64_t i = 0; i < n; i += 16) {  /* sixteen of the output's numbers in a register, over every value */
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t t = 0; t < count; t++)
+            acc = _mm512_fmadd_ps(_mm512_set1_ps(p[t]), _mm512_maskz_loadu_ps(m, values + t * n + i), acc);
+        _mm512_mask_storeu_ps(out + i, m, acc);
+    }
+}
+#endif
+
+typedef float (*dot_fn)(const float *, const float *, int64_t);
+typedef void (*weighted_sum_fn)(const float *, const float *, int64_t, int64_t, float *);
+
+/* e^x for x <= 0 (a softmax's scores less their largest), within 2 units in the last place of expf, in arithmetic
+ * the compiler can keep in vectors (expf is a call per number): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its
+ * series to r^7 (Cephes' expf coefficients), times 2^n built in the exponent bits. */
+static inline __attribute__((always_inline)) float exp_negative(float x)
+{
+    x = x < -87.0f ? -87.0f : x;  /* e^-87 ~ 1.6e-38, a float's smallest normal order: below it, as good as 0 */
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f - n * -2.12194440e-4f;  /* ln 2 in two parts: r exact to a float's rounding */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union {
+        int32_t bits;
+        float value;
+    } two = {.bits = ((int32_t)n + 127) << 23};
+    return p * two.value;
+}
+
+/* softmax over `count` scores in place: e^(s - max) / sum; the vector variants take the exponentials eight or
+ * sixteen at a time, by exp_negative's arithmetic in their registers. */
+static float largest(const float *scores, int64_t count)
+{
+    float top = -INFINITY;
+    for (int64_t t = 0; t < count; t++)
+        top = scores[t] > top ? scores[t] : top;
+    return top;
+}
+
+static void normalize(float *scores, int64_t count)
+{
+    float total = 0.0f;
+    for (int64_t t = 0; t < count; t++)
+        total += scores[t];
+    float inverse = 1.0f / total;
+    for (int64_t t = 0; t < count; t++)
+        scores[t] *= inverse;
+}
+
+static void softmax_portable(float *scores, int64_t count)
+{
+    float top = largest(scores, count);
+    for (int64_t t = 0; t < count; t++)
+        scores[t] = exp_negative(scores[t] - top);
+    normalize(scores, count);
+}
+
+#if defined(__x86_64__)
+/* exp_negative's steps on eight numbers (AVX2) and on sixteen (AVX-512). */
+__attribute__((target("avx2,fma"))) static inline __m256 exp_negative8(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                             _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    __m256i two = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two));
+}
+
+__attribute__((target("avx2,fma"))) static void softmax_avx2(float *scores, int64_t count)
+{
+    __m256 top = _mm256_set1_ps(largest(scores, count));
+    int64_t t = 0;
+    for (; t + 8 <= count; t += 8)
+        _mm256_storeu_ps(scores + t, exp_negative8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top)));
+    for (; t < count; t++)
+        scores[t] = exp_negative(scores[t] - _mm256_cvtss_f32(top));
+    normalize(scores, count);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp_negative16(__m512 x)
+{
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                             _mm512_set1_ps(0.5f)));
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+    __m512i two = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(two));
+}
+
+__attribute__((target("avx512f"))) static void softmax_avx512(float *scores, int64_t count)
+{
+    __m512 top = _mm512_set1_ps(largest(scores, count));
+    for (int64_t t = 0; t < count; t += 16) {
+        __mmask16 m = count - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count - t)) - 1);
+        __m512 e = exp_negative16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), top));
+        _mm512_mask_storeu_ps(scores + t, m, e);
+    }
+    normalize(scores, count);
+}
+#endif
+
+typedef void (*softmax_fn)(float *, int64_t);
+
+/* The loops of one variant. */
+typedef struct {
+    dot_fn dot;
+    weighted_sum_fn weighted_sum;
+    softmax_fn softmax;
+} attention_loops;
+
+static attention_loops loops_of(int variant)
+{
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        return (attention_loops){dot_avx512, weighted_sum_avx512, softmax_avx512};
+    if (variant == AVX2)
+        return (attention_loops){dot_avx2, weighted_sum_avx2, softmax_avx2};
+#else
+    (void)variant;
+#endif
+    return (attention_loops){dot_portable, weighted_sum_portable, softmax_portable};
 }
 
 /* One query head's attention over keys and values [first, last] of its row's cache (each `dim` long):
  * out = sum_t softmax_t(q k_t * scale) v_t. */
 static void attend(const float *q, const float *keys, const float *values, int64_t first, int64_t last, int64_t dim,
-                   float scale, float *scores, float *out)
+                   float scale, const attention_loops *run, float *scores, float *out)
 {
-    float top = -INFINITY;
-    for (int64_t t = first; t <= last; t++) {
-        scores[t - first] = dot(q, keys + t * dim, dim) * scale;
-        top = fmaxf(top, scores[t - first]);
-    }
-    float total = 0.0f;
-    for (int64_t t = first; t <= last; t++) {
-        scores[t - first] = expf(scores[t - first] - top);
-        total += scores[t - first];
-    }
-    for (int64_t i = 0; i < dim; i++)
-        out[i] = 0.0f;
-    for (int64_t t = first; t <= last; t++) {
-        const float *v = values + t * dim;
-        float p = scores[t - first] / total;
-        for (int64_t i = 0; i < dim; i++)
-            out[i] += p * v[i];
-    }
+    int64_t count = last - first + 1;
+    for (int64_t t = 0; t < count; t++)
+        scores[t] = run->dot(q, keys + (first + t) * dim, dim) * scale;
+    run->softmax(scores, count);
+    run->weighted_sum(scores, values + first * dim, count, dim, out);
 }
 
 /* A decoding step's attention for `batch` rows of one new token each:
@@ -143,16 +350,18 @@ static void attend(const float *q, const float *keys, const float *values, int64
  *            are read, at most the last `window` of them (0: all)
  *   out      (batch, heads dim): each head's output, heads side by side
  * Query head h reads key/value head h / (heads / kv_heads); `scratch` (batch heads, room) floats holds the scores.
- * Returns 0, or -1 for a cache with no room for the new position, heads that kv_heads do not divide, or a start
- * past the new position. */
-int qkv_decode_attention(const float *qkv, int64_t batch, int64_t heads, int64_t kv_heads, int64_t dim,
-                         const float *cos, const float *sin, int64_t table, int64_t rotary, int interleaved,
-                         float *keys, float *values, int64_t room, int64_t row_stride, int64_t head_stride,
-                         int64_t length, const int64_t *starts, int64_t window, float scale, float *scratch,
-                         float *out)
+ * `variant`: the instruction set its loops over the cache run in (kernels.h). Returns 0, or -1 for a cache with no
+ * room for the new position, heads that kv_heads do not divide, a variant this CPU does not run, or a start past
+ * the new position. */
+int qkv_decode_attention(int variant, const float *qkv, int64_t batch, int64_t heads, int64_t kv_heads,
+                         int64_t dim, const float *cos, const float *sin, int64_t table, int64_t rotary,
+                         int interleaved, float *keys, float *values, int64_t room, int64_t row_stride,
+                         int64_t head_stride, int64_t length, const int64_t *starts, int64_t window, float scale,
+                         float *scratch, float *out)
 {
-    if (length >= room || heads % kv_heads)
+    if (length >= room || heads % kv_heads || !qkv_runs_variant(variant))
         return -1;
+    attention_loops run = loops_of(variant);
     int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
     for (int64_t b = 0; b < batch; b++) {  /* the new keys turned, and they and the values written: cheap, here */
         const float *row = qkv + b * width;
@@ -168,7 +377,7 @@ int qkv_decode_attention(const float *qkv, int64_t batch, int64_t heads, int64_t
             return -1;
     }
     int64_t work = batch * heads * (length + 1) * dim;
-#pragma omp parallel for schedule(static) if (work > (1 << 17))
+#pragma omp parallel for schedule(static) if (work > (1 << 14))
     for (int64_t bh = 0; bh < batch * heads; bh++) {
         int64_t b = bh / heads, h = bh % heads, g = h / group;
         const float *c = cos == NULL ? NULL : cos + b * table, *s = sin == NULL ? NULL : sin + b * table;
@@ -178,7 +387,7 @@ int qkv_decode_attention(const float *qkv, int64_t batch, int64_t heads, int64_t
         if (window > 0 && length - window + 1 > first)
             first = length - window + 1;
         int64_t at = b * row_stride + g * head_stride;
-        attend(q, keys + at, values + at, first, length, dim, scale, scratch + bh * room,
+        attend(q, keys + at, values + at, first, length, dim, scale, &run, scratch + bh * room,
                out + b * heads * dim + h * dim);
     }
     return 0;

@@ -4,7 +4,8 @@ each instead of several of PyTorch's small operations.
 The modules call them where they apply (:func:`applies`: the library loaded, float32 on the CPU, no gradient, not
 being compiled) and run their own Python otherwise, which stays the reference the tests hold these to:
 
-* :func:`rms_norm` for :class:`qkv.nn.norm.RMSNorm` (an addition to the input first, where asked);
+* :func:`rms_norm` for :class:`qkv.nn.norm.RMSNorm`, and :func:`add_rms_norm` for a residual connection's sum
+  and the norm after it (:class:`qkv.nn.layers.DecoderLayer`'s decoding step);
 * :func:`gated` for :class:`qkv.nn.feedforward.StackedFeedForward`'s ``act(gate) * up`` (SiLU, GELU's tanh form);
 * :func:`decode_attention` for :class:`qkv.nn.attention.StackedSelfAttention` with one new token a row: rotary
   positions, the KV cache's new position written, attention over each row's cached positions.
@@ -23,7 +24,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from . import _loaded
+from . import VARIANTS, _best, _loaded
 
 ACTIVATIONS = {"swiglu": 0, "geglu_tanh": 1}  # ops.c's codes of the gated activations it computes
 _off = os.environ.get("QKV_FUSED", "1") == "0"
@@ -51,15 +52,23 @@ def _library() -> ctypes.CDLL | None:
     return _loaded()[0]
 
 
-def rms_norm(x: Tensor, gains: Tensor, eps: float, add: Tensor | None = None) -> Tensor:
-    """``RMSNorm(x + add)`` over the last dimension, ``gains`` float32; with ``add`` (``x``'s shape), ``x`` itself
-    becomes ``x + add`` (the residual stream, summed in place) and both must be contiguous."""
-    n = x.size(-1)
+def rms_norm(x: Tensor, gains: Tensor, eps: float) -> Tensor:
+    """``RMSNorm(x)`` over the last dimension, ``gains`` float32."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _library().qkv_rms_norm(x.data_ptr(), None if add is None else add.contiguous().data_ptr(), gains.data_ptr(),
-                            ctypes.c_float(eps), x.numel() // n, n, out.data_ptr())
+    _library().qkv_rms_norm(x.data_ptr(), None, gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1), None,
+                            out.data_ptr())
     return out
+
+
+def add_rms_norm(x: Tensor, add: Tensor, gains: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """``(x + add, RMSNorm(x + add))``: a residual connection's sum and the next sub-layer's norm of it, in one
+    pass; ``x`` and ``add`` of one shape."""
+    x, add = x.contiguous(), add.contiguous()
+    summed, out = torch.empty_like(x), torch.empty_like(x)
+    _library().qkv_rms_norm(x.data_ptr(), add.data_ptr(), gains.data_ptr(), eps, x.numel() // x.size(-1),
+                            x.size(-1), summed.data_ptr(), out.data_ptr())
+    return summed, out
 
 
 def gated(gate_up: Tensor, activation: str) -> Tensor:
@@ -73,13 +82,14 @@ def gated(gate_up: Tensor, activation: str) -> Tensor:
 
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: tuple[Tensor, Tensor] | None,
                      rotary: int, interleaved: bool, keys: Tensor, values: Tensor, length: int,
-                     starts: Tensor | None, window: int | None, scale: float) -> Tensor:
+                     starts: Tensor | None, window: int | None, scale: float, *, variant: str | None = None) -> Tensor:
     """One new token a row: ``qkv`` ``(B, (heads + 2 kv_heads) · dim)`` contiguous, its queries and keys turned by
     ``tables`` (the rotary cosines and sines of the new positions, ``(1 or B, ..., rotary or rotary / 2)``; None:
     no rotary positions), its keys and values written at position ``length`` of the cache ``keys``, ``values``
     ``(B, kv_heads, room, dim)`` (each position's numbers contiguous; the rows and heads may be further apart, as
     in a view of a longer cache), and each query's attention over its row's positions ``starts[b]`` (int64, or
-    None: 0) to ``length``, the last ``window`` of them if given: ``(B, heads · dim)``."""
+    None: 0) to ``length``, the last ``window`` of them if given: ``(B, heads · dim)``. ``variant``: the
+    instruction set of its loops over the cache (:data:`qkv.kernels.VARIANTS`; default the best this CPU runs)."""
     b, room = qkv.size(0), keys.size(2)
     if keys.stride()[2:] != (dim, 1) or values.stride() != keys.stride():
         raise ValueError("the cache's positions must each hold their numbers side by side, alike for keys and values")
@@ -91,13 +101,15 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: t
     out = qkv.new_empty(b, heads * dim)
     scratch = qkv.new_empty(b * heads, room)
     status = _library().qkv_decode_attention(
-        qkv.data_ptr(), b, heads, kv_heads, dim, None if cos is None else cos.data_ptr(),
-        None if sin is None else sin.data_ptr(), table, rotary, int(interleaved), keys.data_ptr(), values.data_ptr(),
-        room, keys.stride(0), keys.stride(1), length, None if starts is None else starts.data_ptr(), window or 0,
-        ctypes.c_float(scale), scratch.data_ptr(), out.data_ptr())
+        _best() if variant is None else VARIANTS.index(variant), qkv.data_ptr(), b, heads, kv_heads, dim,
+        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), table, rotary,
+        int(interleaved), keys.data_ptr(), values.data_ptr(), room, keys.stride(0), keys.stride(1), length,
+        None if starts is None else starts.data_ptr(), window or 0, ctypes.c_float(scale), scratch.data_ptr(),
+        out.data_ptr())
     if status:
-        raise ValueError("the KV cache has no room for the new position, or a row has no position to attend to")
+        raise ValueError("the KV cache has no room for the new position, a row has no position to attend to, or "
+                         "this CPU does not run that variant")
     return out
 
 
-__all__ = ["ACTIVATIONS", "applies", "decode_attention", "gated", "reference", "rms_norm"]
+__all__ = ["ACTIVATIONS", "add_rms_norm", "applies", "decode_attention", "gated", "reference", "rms_norm"]

@@ -39,6 +39,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #define BLOCK 32
 #define TILE 4  /* activation rows taken at once: each weight block read and unpacked once for them */
 /* The SIMD variants ask for the codes this many bytes ahead of those they multiply (prefetch): the hardware's own
@@ -46,11 +48,9 @@
  * decoding step's products of a 360M and a 1.7B model: 30-35% less time; 2 to 8 KB ahead all did about as well). */
 #define AHEAD 4096
 
-enum { PORTABLE = 0, AVX2 = 1, AVX512_VNNI = 2 };  /* the variants */
 enum { Q4 = 0, Q8 = 1, Q4X8 = 2, Q6 = 3, Q5 = 4 };  /* the weight blocks' formats */
 #define GROUP 8                                     /* Q4X8: rows interleaved eight at a time */
 
-int qkv_best_variant(void);
 
 /* An IEEE fp16 as a float (exact: every fp16 is a float), without F16C. */
 static float half_portable(uint16_t h)

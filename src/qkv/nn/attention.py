@@ -515,19 +515,22 @@ class StackedSelfAttention(MultiHeadAttention):
                 unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor | None]:
         """:meth:`MultiHeadAttention.forward`; a decoding step on a CPU (one new token a row, a cache, no mask,
         bias or weights asked for) in one call of qkv's own (:meth:`_decode`)."""
-        if (cache is not None and query.size(1) == 1 and key_value is None and key_padding_mask is None
-                and attn_mask is None and attn_bias is None and not need_weights and unpadded is None
-                and self.softcap is None and self.q_norm is None and ops.applies(query) and self._fits(cache)):
+        if (key_value is None and key_padding_mask is None and attn_mask is None and attn_bias is None
+                and not need_weights and unpadded is None and self.decodes(query, cache)):
             return self._decode(query, positions, cache), None
         return super().forward(query, key_value, key_padding_mask=key_padding_mask, attn_mask=attn_mask,
                                attn_bias=attn_bias, positions=positions, cache=cache, need_weights=need_weights,
                                unpadded=unpadded)
 
-    @staticmethod
-    def _fits(cache: KVCache) -> bool:
-        """The cache holds float32 positions whose numbers lie side by side (as it makes them), or nothing yet."""
+    def decodes(self, query: Tensor, cache: KVCache | None) -> bool:
+        """Whether :meth:`_decode` computes this step (with no mask, bias or weights asked for): one new token a
+        row, a cache of float32 positions whose numbers lie side by side (as it makes them) or none yet, no score
+        cap or query/key norm, and :func:`qkv.kernels.ops.applies`."""
+        if cache is None or query.size(1) != 1 or self.softcap is not None or self.q_norm is not None:
+            return False
         k = cache._k
-        return k is None or (k.dtype == torch.float32 and k.stride(3) == 1 and k.stride(2) == k.size(3))
+        fits = k is None or (k.dtype == torch.float32 and k.stride(3) == 1 and k.stride(2) == k.size(3))
+        return fits and ops.applies(query)
 
     def _decode(self, query: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
         """One new token a row, as :meth:`forward` computes it, in one call (:func:`qkv.kernels.ops.decode_attention`):
