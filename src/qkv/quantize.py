@@ -184,7 +184,22 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("outlier_weights", torch.zeros(outliers, out_features))  # (W - Ŵ)[:, cols]ᵀ
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self._product: Callable[[Tensor], Tensor] | None = None  # the kernel call, made on first use
+        self._lean: Callable[[Tensor], Tensor] | None = None  # decoding's call, where it is the product alone
         self.exact_largest = False  # an output layer: see _exact_largest (set by quantize)
+
+    @property
+    def exact_largest(self) -> bool:
+        """Each row's largest outputs computed again in fp32 (an output layer: see :meth:`_exact_largest`)."""
+        return self._exact_largest_on
+
+    @exact_largest.setter
+    def exact_largest(self, on: bool) -> None:
+        self._exact_largest_on = on
+        self._forget_product()
+
+    def _forget_product(self) -> None:
+        """The kernel's calls are made again at the next use (new codes, moved buffers, another output rule)."""
+        self._product = self._lean = None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, outlier_columns: Tensor | None = None, **options) -> QuantizedLinear:
@@ -253,11 +268,11 @@ class QuantizedLinear(nn.Module):
         return y.index_put((rows, outputs), exact)
 
     def _load_from_state_dict(self, *args, **kwargs) -> None:
-        self._product = None  # new codes: repack on next use
+        self._forget_product()  # new codes: repack on next use
         super()._load_from_state_dict(*args, **kwargs)
 
     def _apply(self, fn, *args, **kwargs):  # moved or cast: the kernel call must see the new buffers
-        self._product = None
+        self._forget_product()
         return super()._apply(fn, *args, **kwargs)
 
     def _cpu_product(self) -> Callable[[Tensor], Tensor]:
@@ -267,7 +282,16 @@ class QuantizedLinear(nn.Module):
             self._product = self._make_product()
             if self.outliers and self.input_dtype == torch.float32:
                 self._product = self._without_outlier_inputs(self._product)
+            if self.bias is None and not self.outliers and not self.exact_largest:
+                self._lean = self._make_lean()
         return self._product
+
+    def _make_lean(self) -> Callable[[Tensor], Tensor] | None:
+        """Decoding's product, where the layer is the product alone (no bias, outlier columns or exact largest
+        outputs): ``x`` ``(..., in_features)`` contiguous float32 with no gradient, called straight from
+        :meth:`forward` (each Python step a decoding token takes costs microseconds, and a small model's step is
+        hundreds of products). None where the format has none (qkv's kernel layers do)."""
+        return None
 
     def _without_outlier_inputs(self, product: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
         """``product`` for a kernel that quantizes its inputs per block (qkv's): an outlier input would coarsen the
@@ -282,6 +306,10 @@ class QuantizedLinear(nn.Module):
         return without
 
     def forward(self, x: Tensor) -> Tensor:
+        lean = self._lean
+        if (lean is not None and not torch.compiler.is_compiling() and not x.requires_grad and x.is_contiguous()
+                and x.dtype == torch.float32 and x.device.type == "cpu"):
+            return lean(x)
         flat = x.reshape(-1, self.in_features)
         if self._plain(x):  # decoding's common case: the product alone, nothing converted or added
             return self._cpu_product()(flat.contiguous()).view(*x.shape[:-1], self.out_features)
@@ -367,7 +395,7 @@ class Int8Linear(QuantizedLinear):
         """Rows ``start ...`` of the layer: their codes ``(r, in)`` int8 and scales ``(r,)``."""
         self.codes[start : start + len(codes)] = codes
         self.scales[start : start + len(codes)] = scales.to(torch.bfloat16)
-        self._product = None  # the kernel's copy of the codes, padded to its width step, is made again
+        self._forget_product()  # the kernel's copy of the codes, padded to its width step, is made again
 
     def _decoded(self, outputs: Tensor | None = None) -> Tensor:
         codes, scales = (self.codes, self.scales) if outputs is None else (self.codes[outputs], self.scales[outputs])

@@ -284,9 +284,10 @@ def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *
     fixed = (_format(codes), _best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
              None if offsets is None else offsets.data_ptr(), rows)
 
-    def product(x: Tensor) -> Tensor:
-        y = x.new_empty(x.size(0), rows)
-        status = call(*fixed, x.size(1), x.data_ptr(), x.size(0), y.data_ptr())
+    def product(x: Tensor) -> Tensor:  # x (..., n): every leading dimension a row
+        n = x.size(-1)
+        y = x.new_empty(*x.shape[:-1], rows)
+        status = call(*fixed, n, x.data_ptr(), x.numel() // n, y.data_ptr())
         if status:
             raise (ValueError("this CPU does not run that variant") if status == -1 else MemoryError())
         return y

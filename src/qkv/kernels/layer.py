@@ -138,6 +138,19 @@ class _KernelProduct:
         rows = self.out_features
         return _product(*self._blocks(), rows, bound_linear(*self._blocks(), rows=rows))
 
+    def _make_lean(self) -> Callable[[Tensor], Tensor]:
+        """The kernel's call on ``x`` ``(..., in)`` as it lies, for a few rows; more (a prompt) go the full way."""
+        codes, scales, offsets = self._blocks()
+        kernel, full = bound_linear(codes, scales, offsets, rows=self.out_features), self._product
+        most, n, rows = widen_rows(bits(codes)) * self.in_features, self.in_features, self.out_features
+
+        def lean(x: Tensor) -> Tensor:
+            if x.numel() >= most:
+                return full(x.reshape(-1, n)).view(*x.shape[:-1], rows)
+            return kernel(x)
+
+        return lean
+
     def _cpu_product(self) -> Callable[[Tensor], Tensor]:
         if not torch.compiler.is_compiling():
             return super()._cpu_product()
