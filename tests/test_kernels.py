@@ -364,3 +364,23 @@ def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager(mon
                   KernelInt8Linear.from_linear(torch.nn.Linear(96, 40))):
         with torch.no_grad():
             torch.testing.assert_close(torch.compile(layer, fullgraph=True)(x), layer(x), rtol=0, atol=0)
+
+
+def test_a_library_built_from_older_sources_is_refused_in_one_line(tmp_path, monkeypatch):
+    """A rebuild that failed leaves the old library in place: one that lacks a function this qkv calls is not
+    used (the Python runs instead), and the reason names what to do."""
+    import shutil
+    import subprocess
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc to build a stand-in library")
+    source = tmp_path / "old.c"
+    source.write_text("int qkv_best_variant(void) { return 0; }\nint qkv_runs_variant(int v) { return v == 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "_q4.so"), str(source)], check=True)
+    monkeypatch.setattr(kernels, "_HERE", tmp_path)
+    kernels._loaded.cache_clear()
+    try:
+        library, why = kernels._loaded()
+        assert library is None and "is older than this qkv" in why and "reinstall qkv" in why and "\n" not in why
+    finally:
+        kernels._loaded.cache_clear()

@@ -58,6 +58,16 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
         library = ctypes.CDLL(str(built[0]))
     except OSError as err:
         return None, f"qkv's kernel {built[0].name} does not load: {' '.join(str(err).split())}"
+    try:
+        _declare(library)
+    except AttributeError as err:  # a library built from older sources (a rebuild that failed left it in place)
+        return None, (f"qkv's kernel {built[0].name} is older than this qkv ({' '.join(str(err).split())}); "
+                      "reinstall qkv to build it again")
+    return library, ""
+
+
+def _declare(library: ctypes.CDLL) -> None:
+    """The argument and result types of the library's functions (AttributeError for one it lacks)."""
     library.qkv_best_variant.restype = _INT
     library.qkv_runs_variant.argtypes = [_INT]
     library.qkv_quantize_q8.argtypes = [_P, _I64, _I64, _P, _P, _P]
@@ -76,7 +86,6 @@ def _loaded() -> tuple[ctypes.CDLL | None, str]:
     library.qkv_decode_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64,
                                              _I64, _I64, _I64, _P, _I64, _F, _P, _P]
     library.qkv_decode_attention.restype = _INT
-    return library, ""
 
 
 def available() -> bool:
