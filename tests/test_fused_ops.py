@@ -96,6 +96,9 @@ def variant(request, monkeypatch):
     if not kernels.runs(request.param):
         pytest.skip(f"this CPU does not run the {request.param} variant")
     monkeypatch.setenv("QKV_KERNEL", request.param)
+    kernels._best.cache_clear()  # the choice is read once a process; again here, and again after
+    request.addfinalizer(kernels._best.cache_clear)
+    assert kernels.best_variant() == request.param
     return request.param
 
 

@@ -185,6 +185,9 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Returns ``(x, self-attention weights, cross-attention weights)``; weights None unless asked.
         ``unpadded``: ``x`` is a padded batch's real tokens end to end (:mod:`qkv.nn.unpadded`)."""
+        if (memory is None and key_padding_mask is None and attn_mask is None and not need_weights
+                and unpadded is None and self._decodes(x, cache)):
+            return self._decode(x, positions, cache), None, None
         if unpadded is not None and self.cross_attn is not None:
             raise ValueError("unpadded tokens take no cross-attention (its memory is in padded rows)")
         if (memory is None) != (self.cross_attn is None):
@@ -206,9 +209,6 @@ class DecoderLayer(nn.Module):
                 cache=None if cache is None else cache.cross_attn, need_weights=need_weights,
             )
 
-        if (memory is None and key_padding_mask is None and attn_mask is None and not need_weights
-                and unpadded is None and self._decodes(x, cache)):
-            return self._decode(x, positions, cache), None, None
         scale = self.residual_scale
         x, self_weights = _residual(x, self.self_attn_norm, self.dropout, self.norm_first, attend_self,
                                     self.self_attn_out_norm, scale)
@@ -223,10 +223,13 @@ class DecoderLayer(nn.Module):
     def _decodes(self, x: Tensor, cache: LayerCache | None) -> bool:
         """Whether :meth:`_decode` computes this step: a decoder-only Pre-Norm layer with RMSNorms and stacked
         self-attention, not training, whose attention decodes this step in one call (with no mask or weights)."""
-        return (cache is not None and self.cross_attn is None and self.norm_first and not self.dropout.training
-                and type(self.self_attn_norm) is RMSNorm and type(self.ffn_norm) is RMSNorm
-                and self.self_attn_norm.fused and self.ffn_norm.fused
-                and isinstance(self.self_attn, StackedSelfAttention) and self.self_attn.decodes(x, cache.self_attn))
+        if cache is None or x.size(1) != 1 or not self.norm_first:
+            return False
+        modules = self._modules  # read once: each submodule of a module is a lookup through nn.Module
+        attention, attn_norm, ffn_norm = modules["self_attn"], modules.get("self_attn_norm"), modules.get("ffn_norm")
+        return (modules.get("cross_attn") is None and not modules["dropout"].training
+                and type(attn_norm) is RMSNorm and type(ffn_norm) is RMSNorm and attn_norm.fused and ffn_norm.fused
+                and isinstance(attention, StackedSelfAttention) and attention.decodes(x, cache.self_attn))
 
     def _decode(self, x: Tensor, positions: Tensor | None, cache: LayerCache) -> Tensor:
         """One new token a row through the layer, as :meth:`forward` computes it, with fewer calls: each norm,
