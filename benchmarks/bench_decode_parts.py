@@ -10,6 +10,11 @@ qkv's kernel (every product of a kernel layer timed around the library's call); 
 operations a decoding step dispatches (counted by a dispatch mode over one step, views included) and a step's
 kernel calls. Everything that is not the kernel is the layers' other work (norms, rotary positions, the cache,
 attention, the residual sums) and the Python that calls it.
+
+Last, what each way of calling native code costs a call, on SmolLM2's sizes (medians of 2,000 calls): the
+library's function through ctypes with its arguments made once, qkv's Python wrapper around it
+(``qkv.kernels.ops``, the bound kernel product), and the registered operator ``qkv::block_linear`` that
+``torch.compile`` calls (``torch.library.custom_op``), against the PyTorch operations they stand in for.
 """
 
 from __future__ import annotations
@@ -101,6 +106,58 @@ def main() -> None:
         print(f"{way}: median {1e3 * statistics.median(totals[way]):.2f} ms a token; {sum(count.ops.values())} PyTorch "
               f"operations a step, most frequent: {', '.join(f'{op} {n}' for op, n in count.ops.most_common(8))}")
     print(f"fused / python: {statistics.median(totals['python']) / statistics.median(totals['fused']):.2f}x faster")
+    calls(model)
+
+
+def _per_call(fn, n: int = 2000) -> float:
+    """Median microseconds of a call of ``fn``, over ``n`` calls in 20 timed groups."""
+    for _ in range(200):
+        fn()
+    groups = []
+    for _ in range(20):
+        start = time.perf_counter()
+        for _ in range(n // 20):
+            fn()
+        groups.append((time.perf_counter() - start) / (n // 20) * 1e6)
+    return statistics.median(groups)
+
+
+def calls(model) -> None:
+    """What a call of each binding costs (the work inside included, on SmolLM2's sizes)."""
+    import ctypes
+
+    import torch.nn.functional as F
+
+    from qkv.kernels.layer import block_linear
+
+    library = kernels._library()
+    x, gains = torch.randn(1, 576), torch.ones(576)
+    out = torch.empty_like(x)
+    eps = ctypes.c_float(1e-5)
+    gate_up, hidden = torch.randn(1, 3072), torch.empty(1, 1536)
+    layer = model.decoder.layers[0].self_attn.out_proj
+    codes, scales, offsets = layer._blocks()
+    bound = kernels.bound_linear(codes, scales, offsets, rows=576)
+    y = torch.empty(1, 576)
+    fixed = (2, kernels._best(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), 576)
+    rows = {
+        "RMSNorm 576: ctypes, arguments made once": lambda: library.qkv_rms_norm(
+            x.data_ptr(), None, gains.data_ptr(), eps, 1, 576, None, out.data_ptr()),
+        "RMSNorm 576: qkv.kernels.ops.rms_norm": lambda: ops.rms_norm(x, gains, 1e-5),
+        "RMSNorm 576: F.rms_norm (PyTorch)": lambda: F.rms_norm(x, (576,), gains, 1e-5),
+        "SwiGLU 1536: ctypes": lambda: library.qkv_gated(
+            kernels._best(), gate_up.data_ptr(), 1, 1536, 0, hidden.data_ptr()),
+        "SwiGLU 1536: qkv.kernels.ops.gated": lambda: ops.gated(gate_up, "swiglu"),
+        "SwiGLU 1536: chunk, silu, mul (PyTorch)": lambda: (lambda g, u: F.silu(g) * u)(*gate_up.chunk(2, -1)),
+        "int4 576x576: ctypes": lambda: library.qkv_linear(*fixed, 576, x.data_ptr(), 1, y.data_ptr()),
+        "int4 576x576: the bound product": lambda: bound(x),
+        "int4 576x576: the layer (module call)": lambda: layer(x),
+        "int4 576x576: qkv::block_linear (custom_op)": lambda: block_linear(x, codes, scales, offsets, 576),
+    }
+    print("\nA call of each binding, microseconds (the work inside included):")
+    with torch.inference_mode():
+        for name, fn in rows.items():
+            print(f"  {name:46s} {_per_call(fn):7.2f}")
 
 
 if __name__ == "__main__":

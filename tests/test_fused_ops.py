@@ -47,15 +47,15 @@ def test_rms_norm_is_the_formula_and_sums_the_residual_first(n, unit_offset):
 
 
 @pytest.mark.parametrize("activation", ["swiglu", "geglu_tanh"])
-@pytest.mark.parametrize("d", [1, 5, 64, 1536])
-def test_the_gated_activations_are_pytorchs(activation, d):
+@pytest.mark.parametrize("d", [1, 5, 64, 1537])
+def test_the_gated_activations_are_pytorchs(activation, d, variant):
     torch.manual_seed(d)
     ffn = StackedFeedForward(16, d, activation=activation).eval()
     x = torch.randn(2, 3, 16)
     with torch.no_grad():
         gate_up = ffn.gate_up(x) * 3
         gate, up = gate_up.chunk(2, dim=-1)
-        torch.testing.assert_close(ops.gated(gate_up, activation), ffn.act(gate) * up, rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(ops.gated(gate_up, activation), ffn.act(gate) * up, rtol=4e-6, atol=4e-6)
         fused = ffn(x)
         with ops.reference():
             torch.testing.assert_close(fused, ffn(x), rtol=1e-5, atol=1e-6)

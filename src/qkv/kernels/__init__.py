@@ -82,7 +82,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.qkv_linear_x8_picked.restype = _INT
     _F = ctypes.c_float  # the fused operations (ops.c, qkv.kernels.ops)
     library.qkv_rms_norm.argtypes = [_P, _P, _P, _F, _I64, _I64, _P, _P]
-    library.qkv_gated.argtypes = [_P, _I64, _I64, _INT, _P]
+    library.qkv_gated.argtypes = [_INT, _P, _I64, _I64, _INT, _P]
+    library.qkv_gated.restype = _INT
     library.qkv_decode_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64,
                                              _I64, _I64, _I64, _P, _I64, _F, _P, _P]
     library.qkv_decode_attention.restype = _INT

@@ -50,25 +50,156 @@ void qkv_rms_norm(const float *x, const float *add, const float *gains, float ep
     }
 }
 
+/* ------------------------------------------------------------------------------------------- exponentials */
+
+/* e^x within 2 units in the last place of expf, in arithmetic the compiler keeps in registers (expf is a call per
+ * number): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its series to r^7 (Cephes' expf coefficients), times 2^n
+ * built in the exponent bits; x kept within [-87, 88] (e^-87 ~ 1.6e-38, a float's smallest normal order: below
+ * it, as good as 0; e^88 near a float's largest). The same steps on one number, eight (AVX2) and sixteen
+ * (AVX-512). */
+static inline __attribute__((always_inline)) float exp_clamped(float x)
+{
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f - n * -2.12194440e-4f;  /* ln 2 in two parts: r exact to a float's rounding */
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    union {
+        int32_t bits;
+        float value;
+    } two = {.bits = ((int32_t)n + 127) << 23};
+    return p * two.value;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                             _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
+                             _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
+    __m256i two = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two));
+}
+
+__attribute__((target("avx512f"))) static inline __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                             _mm512_set1_ps(0.5f)));
+    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
+                             _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+    __m512i two = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(two));
+}
+
+#endif
+
 /* ---------------------------------------------------------------------------------------- gated activations */
 
 enum { SILU = 0, GELU_TANH = 1 };
 
+/* act(g): SiLU g / (1 + e^-g), or GELU's tanh form 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))). The portable
+ * variant with expf and tanhf; the vector ones with exp8 / exp16, tanh(u) = 1 - 2 / (1 + e^2u). */
 static float activation(float g, int act)
 {
     if (act == SILU)
         return g / (1.0f + expf(-g));
-    /* 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) */
     return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
 }
 
-void qkv_gated(const float *gate_up, int64_t rows, int64_t d, int act, float *out)
+static void gated_portable(const float *gate, const float *up, int64_t d, int act, float *out)
 {
-    for (int64_t r = 0; r < rows; r++) {
-        const float *gate = gate_up + r * 2 * d, *up = gate + d;
-        for (int64_t i = 0; i < d; i++)
-            out[r * d + i] = activation(gate[i], act) * up[i];
+    for (int64_t i = 0; i < d; i++)
+        out[i] = activation(gate[i], act) * up[i];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx2,fma"))) static inline __m256 activation8(__m256 g, int act)
+{
+    __m256 one = _mm256_set1_ps(1.0f);
+    if (act == SILU)
+        return _mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), g))));
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                             _mm256_add_ps(g, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), g),
+                                                            _mm256_mul_ps(g, g))));
+    __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f),
+                                                _mm256_add_ps(one, exp8(_mm256_add_ps(u, u)))));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), g), _mm256_add_ps(one, t));
+}
+
+__attribute__((target("avx2,fma"))) static void gated_avx2(const float *gate, const float *up, int64_t d, int act,
+                                                           float *out)
+{
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(activation8(_mm256_loadu_ps(gate + i), act),
+                                                _mm256_loadu_ps(up + i)));
+    gated_portable(gate + i, up + i, d - i, act, out + i);
+}
+
+__attribute__((target("avx512f"))) static inline __m512 activation16(__m512 g, int act)
+{
+    __m512 one = _mm512_set1_ps(1.0f);
+    if (act == SILU)
+        return _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+    __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                             _mm512_add_ps(g, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), g),
+                                                            _mm512_mul_ps(g, g))));
+    __m512 t = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f),
+                                                _mm512_add_ps(one, exp16(_mm512_add_ps(u, u)))));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), g), _mm512_add_ps(one, t));
+}
+
+__attribute__((target("avx512f"))) static void gated_avx512(const float *gate, const float *up, int64_t d, int act,
+                                                            float *out)
+{
+    for (int64_t i = 0; i < d; i += 16) {
+        __mmask16 m = d - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (d - i)) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(activation16(g, act), _mm512_maskz_loadu_ps(m, up + i)));
     }
+}
+#endif
+
+/* out (rows, d) = act(gate) * up for rows [gate | up] (2 d floats each), in `variant`'s instruction set; returns 0,
+ * or -1 for a variant this CPU does not run. */
+int qkv_gated(int variant, const float *gate_up, int64_t rows, int64_t d, int act, float *out)
+{
+    if (!qkv_runs_variant(variant))
+        return -1;
+    void (*run)(const float *, const float *, int64_t, int, float *) = gated_portable;
+#if defined(__x86_64__)
+    if (variant == AVX512_VNNI)
+        run = gated_avx512;
+    else if (variant == AVX2)
+        run = gated_avx2;
+#endif
+    for (int64_t r = 0; r < rows; r++)
+        run(gate_up + r * 2 * d, gate_up + r * 2 * d + d, d, act, out + r * d);
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------- decoding attention */
@@ -129,8 +260,6 @@ static void weighted_sum_portable(const float *p, const float *values, int64_t c
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-
 __attribute__((target("avx2,fma"))) static float dot_avx2(const float *q, const float *k, int64_t n)
 {
     __m256 a = _mm256_setzero_ps(), b = _mm256_setzero_ps();
@@ -196,30 +325,8 @@ __attribute__((target("avx512f"))) static void weighted_sum_avx512(const float *
 typedef float (*dot_fn)(const float *, const float *, int64_t);
 typedef void (*weighted_sum_fn)(const float *, const float *, int64_t, int64_t, float *);
 
-/* e^x for x <= 0 (a softmax's scores less their largest), within 2 units in the last place of expf, in arithmetic
- * the compiler can keep in vectors (expf is a call per number): x = n ln 2 + r with |r| <= ln 2 / 2, e^r by its
- * series to r^7 (Cephes' expf coefficients), times 2^n built in the exponent bits. */
-static inline __attribute__((always_inline)) float exp_negative(float x)
-{
-    x = x < -87.0f ? -87.0f : x;  /* e^-87 ~ 1.6e-38, a float's smallest normal order: below it, as good as 0 */
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f - n * -2.12194440e-4f;  /* ln 2 in two parts: r exact to a float's rounding */
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union {
-        int32_t bits;
-        float value;
-    } two = {.bits = ((int32_t)n + 127) << 23};
-    return p * two.value;
-}
-
 /* softmax over `count` scores in place: e^(s - max) / sum; the vector variants take the exponentials eight or
- * sixteen at a time, by exp_negative's arithmetic in their registers. */
+ * sixteen at a time (exp8, exp16). */
 static float largest(const float *scores, int64_t count)
 {
     float top = -INFINITY;
@@ -242,57 +349,20 @@ static void softmax_portable(float *scores, int64_t count)
 {
     float top = largest(scores, count);
     for (int64_t t = 0; t < count; t++)
-        scores[t] = exp_negative(scores[t] - top);
+        scores[t] = exp_clamped(scores[t] - top);
     normalize(scores, count);
 }
 
 #if defined(__x86_64__)
-/* exp_negative's steps on eight numbers (AVX2) and on sixteen (AVX-512). */
-__attribute__((target("avx2,fma"))) static inline __m256 exp_negative8(__m256 x)
-{
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                             _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(0.693359375f))),
-                             _mm256_mul_ps(n, _mm256_set1_ps(-2.12194440e-4f)));
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, r), r), r), _mm256_set1_ps(1.0f));
-    __m256i two = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two));
-}
-
 __attribute__((target("avx2,fma"))) static void softmax_avx2(float *scores, int64_t count)
 {
     __m256 top = _mm256_set1_ps(largest(scores, count));
     int64_t t = 0;
     for (; t + 8 <= count; t += 8)
-        _mm256_storeu_ps(scores + t, exp_negative8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top)));
+        _mm256_storeu_ps(scores + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + t), top)));
     for (; t < count; t++)
-        scores[t] = exp_negative(scores[t] - _mm256_cvtss_f32(top));
+        scores[t] = exp_clamped(scores[t] - _mm256_cvtss_f32(top));
     normalize(scores, count);
-}
-
-__attribute__((target("avx512f"))) static inline __m512 exp_negative16(__m512 x)
-{
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_floor_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                             _mm512_set1_ps(0.5f)));
-    __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f))),
-                             _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
-    __m512i two = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(two));
 }
 
 __attribute__((target("avx512f"))) static void softmax_avx512(float *scores, int64_t count)
@@ -300,7 +370,7 @@ __attribute__((target("avx512f"))) static void softmax_avx512(float *scores, int
     __m512 top = _mm512_set1_ps(largest(scores, count));
     for (int64_t t = 0; t < count; t += 16) {
         __mmask16 m = count - t >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (count - t)) - 1);
-        __m512 e = exp_negative16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), top));
+        __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), top));
         _mm512_mask_storeu_ps(scores + t, m, e);
     }
     normalize(scores, count);

@@ -71,12 +71,15 @@ def add_rms_norm(x: Tensor, add: Tensor, gains: Tensor, eps: float) -> tuple[Ten
     return summed, out
 
 
-def gated(gate_up: Tensor, activation: str) -> Tensor:
-    """``act(gate) * up`` of ``gate_up`` ``(..., 2 d)``, ``[gate | up]`` side by side: ``(..., d)``."""
+def gated(gate_up: Tensor, activation: str, *, variant: str | None = None) -> Tensor:
+    """``act(gate) * up`` of ``gate_up`` ``(..., 2 d)``, ``[gate | up]`` side by side: ``(..., d)``; ``variant``:
+    the instruction set (:data:`qkv.kernels.VARIANTS`; default the best this CPU runs)."""
     gate_up = gate_up.contiguous()
     d = gate_up.size(-1) // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], d)
-    _library().qkv_gated(gate_up.data_ptr(), gate_up.numel() // (2 * d), d, ACTIVATIONS[activation], out.data_ptr())
+    if _library().qkv_gated(_best() if variant is None else VARIANTS.index(variant), gate_up.data_ptr(),
+                            gate_up.numel() // (2 * d), d, ACTIVATIONS[activation], out.data_ptr()):
+        raise ValueError(f"this CPU does not run the {variant} variant")
     return out
 
 
