@@ -36,12 +36,9 @@ def decode_step(experts: nn.ModuleList) -> Callable[[Tensor, Tensor, Tensor], Te
         return None
     gate_up = bound_picked([layer._blocks() for layer, _ in layers], first.gate_up.out_features)
     down = bound_picked([layer._blocks() for _, layer in layers], first.down.out_features)
-    act = first.act
-
     def step(token: Tensor, weights: Tensor, picked: Tensor) -> Tensor:
         ids = picked.reshape(-1).contiguous()
-        gate, up = gate_up(token.float().contiguous(), ids, True).chunk(2, dim=-1)  # (k, ff) each
-        hidden = (act(gate) * up).contiguous()
+        hidden = first.activate(gate_up(token.float().contiguous(), ids, True)).contiguous()  # (k, ff)
         return torch.mm(weights.float(), down(hidden, ids, False)).to(token.dtype)  # Σ_j w_j · down_j(h_j)
 
     return step

@@ -111,8 +111,12 @@ class StackedFeedForward(FeedForward):
         return stacked.train(ffn.training)
 
     def _hidden(self, x: Tensor) -> Tensor:
-        gate_up = self.gate_up(x)
-        if self.activation in ops.ACTIVATIONS and ops.applies(gate_up):  # qkv's own, one call (qkv.kernels.ops)
+        return self.activate(self.gate_up(x))  # (B, T, d_ff)
+
+    def activate(self, gate_up: Tensor) -> Tensor:
+        """``act(gate) * up`` of ``[gate | up]`` side by side ``(..., 2 d_ff)``: qkv's own call where it applies
+        (:mod:`qkv.kernels.ops`), else PyTorch's; a mixture of experts' decoding step takes it from here too."""
+        if self.activation in ops.ACTIVATIONS and ops.applies(gate_up):
             return ops.gated(gate_up, self.activation)
         gate, up = gate_up.chunk(2, dim=-1)
-        return self.act(gate) * up  # (B, T, d_ff)
+        return self.act(gate) * up
