@@ -12,9 +12,11 @@
  *
  * The norm and the activation run on the calling thread (a fork and join of threads costs more than a row of a few
  * hundred numbers); attention splits its rows and heads over PyTorch's OpenMP threads when there is enough of it.
- * Built with -ffp-contract=off, so that a product and a sum are each rounded as PyTorch rounds them: the rotary
- * turn is bit for bit PyTorch's; sums (the norm's mean, attention's dot products and softmax) are accumulated in
- * another order and agree to float rounding.
+ * The activation and attention's loops over the cache come in the variants of kernels.h (portable, AVX2, AVX-512),
+ * the caller naming one. Built with -ffp-contract=off, so that a product and a sum are each rounded as PyTorch
+ * rounds them: the rotary turn and the residual sum are bit for bit PyTorch's; sums (the norm's mean, attention's
+ * dot products, the softmax) are accumulated in another order, and the vector variants' exponential is a
+ * polynomial within 2 ulps of expf: they agree to float rounding.
  */
 #include <math.h>
 #include <stddef.h>
