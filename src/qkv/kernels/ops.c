@@ -433,6 +433,9 @@ int qkv_decode_attention(int variant, const float *qkv, int64_t batch, int64_t h
 {
     if (length >= room || heads % kv_heads || !qkv_runs_variant(variant))
         return -1;
+    for (int64_t b = 0; starts != NULL && b < batch; b++)  /* refused before anything is written */
+        if (starts[b] > length)
+            return -1;
     attention_loops run = loops_of(variant);
     int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
     for (int64_t b = 0; b < batch; b++) {  /* the new keys turned, and they and the values written: cheap, here */
@@ -445,8 +448,6 @@ int qkv_decode_attention(int variant, const float *qkv, int64_t batch, int64_t h
             for (int64_t i = 0; i < dim; i++)
                 values[at + i] = v[i];
         }
-        if (starts != NULL && starts[b] > length)
-            return -1;
     }
     int64_t work = batch * heads * (length + 1) * dim;
 #pragma omp parallel for schedule(static) if (work > (1 << 14))

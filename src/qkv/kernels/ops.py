@@ -11,7 +11,7 @@ being compiled) and run their own Python otherwise, which stays the reference th
   positions, the KV cache's new position written, attention over each row's cached positions.
 
 ``QKV_FUSED=0`` in the environment, or :func:`reference` around a call, runs the Python instead (to compare, or to
-measure what these save: ``benchmarks/bench_decode_parts.py --reference``).
+measure what these save: ``benchmarks/bench_decode_parts.py`` times both ways).
 """
 
 from __future__ import annotations

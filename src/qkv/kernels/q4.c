@@ -51,7 +51,6 @@
 enum { Q4 = 0, Q8 = 1, Q4X8 = 2, Q6 = 3, Q5 = 4 };  /* the weight blocks' formats */
 #define GROUP 8                                     /* Q4X8: rows interleaved eight at a time */
 
-
 /* An IEEE fp16 as a float (exact: every fp16 is a float), without F16C. */
 static float half_portable(uint16_t h)
 {
@@ -932,8 +931,6 @@ static int64_t row_bytes(int format, int64_t n)
     return format == Q8 ? n : n / 2;
 }
 
-/* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
- * other lanes zeros) gives only its rows' outputs. */
 /* The Q4X8 dot product of a variant. */
 static counted_dot x8_dot(int variant)
 {
@@ -948,6 +945,8 @@ static counted_dot x8_dot(int variant)
     return x8_portable;
 }
 
+/* qkv_matmul for Q4X8 weights: the groups of eight rows split over the threads; a last group of fewer rows (its
+ * other lanes zeros) gives only its rows' outputs. */
 static void matmul_x8(int variant, const uint8_t *codes, const uint16_t *d, const uint16_t *m, int64_t rows,
                       int64_t n, const int8_t *xq, const float *xd, const float *xs, int64_t batch, float *y)
 {

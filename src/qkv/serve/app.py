@@ -49,7 +49,18 @@ from ..tokenizers import encode_prompt
 from . import tools
 from .embedder import Embedder, texts
 from .engine import Continuation, Engine, Entry
-from .protocol import MAX_BODY, APIError, Settings, check_model, flag, messages, parse_body, prompts, settings
+from .protocol import (
+    MAX_BODY,
+    APIError,
+    Settings,
+    check_model,
+    flag,
+    messages,
+    parse_body,
+    prompts,
+    settings,
+    token_ids,
+)
 from .tools import Call, CallReader
 
 log = logging.getLogger("qkv")
@@ -174,8 +185,7 @@ class Server:
         body = await self._body(request, model_required=False)
         engine = self.engine
         tokens = body.get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
-                                                   and 0 <= t < engine.model.config.vocab_size for t in tokens):
+        if not token_ids(tokens, engine.model.config.vocab_size):
             raise APIError(400, f"tokens must be a list of token ids from 0 to {engine.model.config.vocab_size - 1}",
                            param="tokens")
         return JSONResponse({"prompt": engine.tokenizer.decode(tokens)})

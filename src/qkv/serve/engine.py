@@ -33,6 +33,7 @@ from ..footprint import check_decoding
 from ..generation import GREEDY, Sampling
 from ..tokenizers import encode_prompt
 from .protocol import ROWS, APIError, Settings
+from .tools import Tools, conversation, format_of, held
 
 log = logging.getLogger("qkv")
 GRAMMARS = 64  # compiled schemas kept (a request's is checked when it comes, then used by each of its choices)
@@ -96,12 +97,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closed = False
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools=None) -> str:
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: Tools | None = None) -> str:
         """The conversation laid out by the model's own chat template, ready for the assistant's turn; the
         ``tools`` and the calls and answers in it as the template lays them out, or in the default format
         (:func:`~qkv.serve.tools.conversation`)."""
         from ..interop.chat import render_chat, template_tokens
-        from .tools import conversation
 
         if self.chat_template is None or not self.stop_ids:
             raise APIError(400, f"{self.name} has no chat template; use /v1/completions", param="messages")
@@ -130,8 +130,6 @@ class Engine:
     @property
     def tool_format(self) -> tuple[str, bool]:
         """The format the model writes tool calls in, and whether its template lays tools out itself."""
-        from .tools import format_of
-
         return format_of(self.chat_template)
 
     def constraint(self, grammar: tuple[str, Any], param: str = "response_format"):
@@ -285,11 +283,6 @@ class Engine:
         except Exception as err:
             log.error("qkv serve: ending a continuation failed: %s: %s", type(err).__name__, str(err)[:300])
             job.on_end(err)
-
-
-def held(text: str, markers) -> int:
-    """How many characters at the end of ``text`` might begin one of ``markers``."""
-    return max((k for s in markers for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
 class _Text:

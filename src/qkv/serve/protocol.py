@@ -30,6 +30,7 @@ MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousan
 MAX_STOPS = 16  # stop strings a request may give (OpenAI's limit is 4; evaluation harnesses send more)
 MAX_PROMPTS = 64  # prompts one completion request may give
 MAX_CHOICES = 8  # n: continuations of one prompt
+MAX_TOOLS = 128  # functions one request may offer, and calls one message may hold (OpenAI's limit)
 ROWS = 8  # sequences a server decodes together unless told (llama.cpp's server: -np)
 MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
 ROLES = ("system", "user", "assistant", "tool")
@@ -121,7 +122,7 @@ def prompts(body: dict[str, Any], vocab_size: int) -> list[str | list[int]]:
         if not (isinstance(one, str) and one) and not _token_ids(one):
             raise APIError(400, f"prompt[{i}] must be a non-empty string or a non-empty list of token ids",
                            param="prompt")
-        if not isinstance(one, str) and not all(0 <= t < vocab_size for t in one):
+        if not isinstance(one, str) and not token_ids(one, vocab_size):
             raise APIError(400, f"prompt[{i}] holds a token id outside the vocabulary (0 to {vocab_size - 1})",
                            param="prompt")
     return prompt
@@ -132,12 +133,16 @@ def _token_ids(value: Any) -> bool:
                                                            for t in value)
 
 
+def token_ids(value: Any, vocab_size: int) -> bool:
+    """``value`` is a list of token ids of the vocabulary (0 to ``vocab_size - 1``)."""
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+                                           for t in value)
+
+
 def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     """The messages of a chat request, each ``{"role", "content"}`` with text content (a string, or a list of
     ``{"type": "text", "text"}`` parts, joined); an assistant's ``tool_calls`` (its content may then be null) and a
     tool's ``tool_call_id`` kept, as chat templates read them."""
-    from .tools import message_calls
-
     value = body.get("messages")
     if not isinstance(value, list) or not value:
         raise APIError(400, "messages must be a non-empty list of {\"role\", \"content\"}", param="messages")
@@ -158,6 +163,31 @@ def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if role == "tool":
             one["tool_call_id"] = str(message.get("tool_call_id", ""))[:100]
         out.append(one)
+    return out
+
+
+def message_calls(calls: Any, param: str) -> list[dict[str, Any]]:
+    """An assistant message's ``tool_calls`` as a chat template reads them: each ``{"id", "type": "function",
+    "function": {"name", "arguments"}}`` with its arguments a JSON object (sent as text, as OpenAI sends them)."""
+    if not isinstance(calls, list) or len(calls) > MAX_TOOLS:
+        raise APIError(400, f"{param} must be a list of at most {MAX_TOOLS} calls", param=param)
+    out = []
+    for i, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str):
+            raise APIError(400, f"{param}[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
+                                f"\"arguments\"}}}}", param=param)
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                arguments = None
+        if not isinstance(arguments, dict):
+            raise APIError(400, f"{param}[{i}].function.arguments must be a JSON object", param=param)
+        out.append({"id": str(call.get("id", "")), "type": "function",
+                    "function": {"name": name, "arguments": arguments}})
     return out
 
 

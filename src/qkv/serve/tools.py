@@ -32,10 +32,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .engine import held
-from .protocol import APIError, flag
+from .protocol import MAX_TOOLS, APIError, flag
 
-MAX_TOOLS = 128  # functions one request may offer (OpenAI's limit)
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a function's name, as OpenAI allows them
 OPEN, CLOSE = "<tool_call>", "</tool_call>"  # the Hermes format's tags
 PYTHON_TAG = "<|python_tag|>"  # what Llama 3.1 may write before a call
@@ -126,31 +124,6 @@ def _choice(choice: Any, functions: dict[str, dict[str, Any]]) -> str:
     return name
 
 
-def message_calls(calls: Any, param: str) -> list[dict[str, Any]]:
-    """An assistant message's ``tool_calls`` as a chat template reads them: each ``{"id", "type": "function",
-    "function": {"name", "arguments"}}`` with its arguments a JSON object (sent as text, as OpenAI sends them)."""
-    if not isinstance(calls, list) or len(calls) > MAX_TOOLS:
-        raise APIError(400, f"{param} must be a list of at most {MAX_TOOLS} calls", param=param)
-    out = []
-    for i, call in enumerate(calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str):
-            raise APIError(400, f"{param}[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\", "
-                                f"\"arguments\"}}}}", param=param)
-        arguments = function.get("arguments", {})
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                arguments = None
-        if not isinstance(arguments, dict):
-            raise APIError(400, f"{param}[{i}].function.arguments must be a JSON object", param=param)
-        out.append({"id": str(call.get("id", "")), "type": "function",
-                    "function": {"name": name, "arguments": arguments}})
-    return out
-
-
 def format_of(template: str | None) -> tuple[str, bool]:
     """The format a model writes calls in, and whether its template lays tools out itself: a template that reads
     ``tools`` and shows ``<tool_call>`` (Qwen, SmolLM3, Hermes) or Llama's ``"parameters"`` JSON; any other
@@ -171,20 +144,21 @@ def conversation(messages: list[dict[str, Any]], tools: Tools | None,
     if native:
         return messages, None if tools is None else tools.offered()
     out: list[dict[str, Any]] = []
+    answering = False  # the last turn holds tools' answers
     for message in messages:
         role, content = message["role"], message["content"]
         if role == "assistant" and message.get("tool_calls"):
-            written = [f"{OPEN}\n{_call_text(c['function'], 'arguments')}\n{CLOSE}" for c in message["tool_calls"]]
+            written = [f"{OPEN}\n{_call_json(c['function'])}\n{CLOSE}" for c in message["tool_calls"]]
             out.append({"role": "assistant", "content": "\n".join(filter(None, [content, *written]))})
         elif role == "tool":
             answer = f"<tool_response>\n{content}\n</tool_response>"
-            if out and out[-1].get("tool"):  # a tool's answers after one call of several: one user turn
+            if answering:  # a tool's answers after one call of several: one user turn
                 out[-1]["content"] += "\n" + answer
             else:
-                out.append({"role": "user", "content": answer, "tool": True})
+                out.append({"role": "user", "content": answer})
         else:
             out.append({"role": role, "content": content})
-    out = [{"role": m["role"], "content": m["content"]} for m in out]
+        answering = role == "tool"
     if tools is not None:
         described = describe(tools)
         if out and out[0]["role"] == "system":
@@ -204,8 +178,9 @@ def describe(tools: Tools) -> str:
             f"{OPEN}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n{CLOSE}")
 
 
-def _call_text(function: dict[str, Any], key: str) -> str:
-    return json.dumps({"name": function["name"], key: function["arguments"]}, ensure_ascii=False)
+def _call_json(function: dict[str, Any]) -> str:
+    """A call as the default format writes it: ``{"name": ..., "arguments": {...}}``."""
+    return json.dumps({"name": function["name"], "arguments": function["arguments"]}, ensure_ascii=False)
 
 
 def call_grammar(tools: Tools, fmt: str) -> str:
@@ -224,6 +199,12 @@ def call_grammar(tools: Tools, fmt: str) -> str:
         call, between = f'{json.dumps(OPEN + chr(10))} obj {json.dumps(chr(10) + CLOSE)}', r'"\n"'
     start = f"start: {call} ({between} {call})*" if tools.parallel else f"start: {call}"
     return f"{start}\nobj: %json {json.dumps(schema)}\n"
+
+
+def held(text: str, markers) -> int:
+    """How many characters at the end of ``text`` might begin one of ``markers``: held back from a stream until
+    the next piece shows whether they do (a call's tag here; the stop strings, :mod:`qkv.serve.engine`)."""
+    return max((k for s in markers for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
 class CallReader:
@@ -342,5 +323,4 @@ class CallReader:
         return Call(value["name"], json.dumps(arguments, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
 
 
-__all__ = ["MAX_TOOLS", "Call", "CallReader", "Tools", "call_grammar", "conversation", "describe", "format_of",
-           "message_calls", "request"]
+__all__ = ["Call", "CallReader", "Tools", "call_grammar", "conversation", "describe", "format_of", "held", "request"]
