@@ -10,7 +10,7 @@ from decoding_reference import continue_prompts
 from qkv import GPT, GPTConfig
 from qkv.batching import Batch, Row
 from qkv.config import LayerSpec
-from qkv.generation import GREEDY, Sampling
+from qkv.sampling import GREEDY, Sampling
 
 VOCAB = 50
 STOP = 3
@@ -156,13 +156,33 @@ def test_rows_that_do_not_fit_are_refused(model):
 
 
 def test_a_cache_of_rows_of_different_lengths_refuses_what_it_cannot_do(model):
-    """Its attention reads each row's own keys, one new token a row: a mask, weights or several tokens are refused
-    rather than run over the padding."""
+    """Its attention reads each row's own keys: a mask or weights are refused rather than run over the padding."""
     batch = Batch(model)
     batch.join([Row([5, 6, 7], limit=5), Row([8], limit=5)])
     ids = torch.tensor([[9], [10]])
     with pytest.raises(ValueError, match="rows of different lengths"):
         model(ids, positions=batch.lengths[:, None], cache=batch.cache, return_attention=True)
     with pytest.raises(ValueError, match="rows of different lengths"):
-        model(torch.tensor([[9, 9], [10, 10]]), cache=batch.cache)
+        model(ids, attention_mask=torch.ones(2, 4, dtype=torch.bool), cache=batch.cache)
     assert len(batch.cache) == 3  # nothing was written into it
+
+
+def test_several_new_tokens_a_row_read_as_one_at_a_time(model):
+    """Rows of different lengths fed three tokens each in one step (speculative decoding's check) get the logits
+    they get fed one token a step, and dropping the last columns again (drop_right) leaves the cache as it was."""
+    new = torch.tensor([[9, 11, 12], [10, 13, 14]])
+    one, many = Batch(model), Batch(model)
+    for b in (one, many):
+        b.join([Row([5, 6, 7, 3], limit=5), Row([8], limit=5)])
+    stepped = []
+    for t in range(3):
+        positions = one.lengths[:, None] + t
+        stepped.append(model(new[:, t : t + 1], positions=positions, cache=one.cache)[:, -1])
+    positions = many.lengths[:, None] + torch.arange(3)
+    together = model(new, positions=positions, cache=many.cache)
+    torch.testing.assert_close(together, torch.stack(stepped, dim=1), atol=1e-5, rtol=1e-5)
+    many.cache.drop_right(2)
+    again = model(new[:, 1:2], positions=many.lengths[:, None] + 1, cache=many.cache)[:, -1]
+    torch.testing.assert_close(again, stepped[1], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cannot drop"):
+        many.cache.drop_right(99)

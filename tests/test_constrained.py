@@ -113,7 +113,8 @@ def test_rows_with_their_own_grammars_or_none_decode_together():
     import re
 
     from qkv import GPT, GPTConfig
-    from qkv.generation import LMDecoder, Sampling, generate
+    from qkv.generation import LMDecoder, generate
+    from qkv.sampling import Sampling
 
     chars = CharTokenizer.train(["yes no 0123456789 abc"])
     torch.manual_seed(0)

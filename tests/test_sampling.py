@@ -9,12 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qkv import GPT, GPTConfig
-from qkv.generation import (
+from qkv.generation import LMDecoder, beam_search
+from qkv.sampling import (
     GREEDY,
-    LMDecoder,
     Sampling,
     apply_repetition_penalty,
-    beam_search,
     choose,
     next_token_logits,
     top_k_filter,

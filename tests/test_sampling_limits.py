@@ -4,7 +4,7 @@ overflows, and seeds as large as the command line accepts."""
 import pytest
 import torch
 
-from qkv.generation import Sampling, choose, next_token_logits
+from qkv.sampling import Sampling, choose, next_token_logits
 
 
 @pytest.mark.parametrize("temperature", [1e-300, 1e-45, 1e-38, 1e-30, 1e-4])

@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from .constrained import masked
-from .generation import GREEDY, LMDecoder, Sampling, _suppressor, choose
+from .generation import LMDecoder, _suppressor
+from .sampling import GREEDY, Sampling, choose
 
 
 @dataclass(frozen=True)

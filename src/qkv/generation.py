@@ -21,7 +21,6 @@ model; after that, only the newest token.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .constrained import masked
+from .sampling import GREEDY, Sampling, choose
+from .speculative import accept, agreed, lay_out
 
 
 class IncrementalDecoder(Protocol):
@@ -91,9 +92,15 @@ class LMDecoder:
         self.batch_size = len(prompts)
 
     def step(self, tokens: Tensor) -> Tensor:
+        return self.read(tokens, every=False)[:, -1]
+
+    def read(self, tokens: Tensor, *, every: bool = True) -> Tensor:
+        """tokens ``(B, t)`` -> the logits after each of them ``(B, t, vocab)`` (``every``; else after the last
+        only, ``(B, 1, vocab)``): speculative decoding checks t - 1 drafted tokens in one step."""
         if self.tokens.size(1):  # the first step's tokens are `start`, whose mask is already known
             self.mask = torch.cat([self.mask, self.mask.new_ones(tokens.shape)], dim=1)
         self.tokens = torch.cat([self.tokens, tokens], dim=1)
+        t = tokens.size(1)
         if self.tokens.size(1) > self.max_len:  # out of positions: go on from the last half
             keep = self.max_len // 2
             self.tokens, self.mask = self.tokens[:, -keep:], self.mask[:, -keep:]
@@ -104,7 +111,16 @@ class LMDecoder:
             tokens = self.tokens  # no cache, or a fresh one: read everything
         # Without padding the cached steps need no mask: the causal one is implied (the fused kernel's path).
         mask = self.mask if self.padded or self.cache is None else None
-        return self.model(tokens, attention_mask=mask, cache=self.cache, last_only=True)[:, -1]
+        if not every:
+            return self.model(tokens, attention_mask=mask, cache=self.cache, last_only=True)
+        return self.model(tokens, attention_mask=mask, cache=self.cache)[:, -min(t, tokens.size(1)) :]
+
+    def rewind(self, n: int) -> None:
+        """Forget the last ``n`` tokens read (drafts that were not accepted), as if they had never been fed."""
+        if n:
+            self.tokens, self.mask = self.tokens[:, :-n], self.mask[:, :-n]
+            if self.cache is not None:
+                self.cache.drop_right(n)
 
     def reorder(self, index: Tensor) -> None:
         self.tokens, self.mask = self.tokens.index_select(0, index), self.mask.index_select(0, index)
@@ -112,103 +128,6 @@ class LMDecoder:
         if self.cache is not None:
             self.cache.reorder(index)
         self.batch_size = index.numel()
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How to choose the next token from the logits.
-
-    Args:
-        temperature: logits are divided by it; < 1 sharpens, > 1 flattens; 0 means greedy (argmax).
-        top_k: keep only the k most probable tokens (None: all).
-        top_p: keep the smallest set of most probable tokens whose probabilities sum to at least p (None: all).
-        repetition_penalty: > 1 makes every token already in the context less likely (CTRL, Keskar et al.
-            2019): a positive logit is divided by it, a negative one multiplied. Applies to greedy too.
-    """
-
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1 = none), got {self.repetition_penalty}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-GREEDY = Sampling(temperature=0.0)
-_TINY = torch.finfo(torch.float32).tiny
-
-
-def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
-    """logits ``(B, V)``; seen ``(B, V)`` bool: tokens already in each row's context."""
-    if penalty == 1.0:
-        return logits
-    penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
-    return torch.where(seen, penalised, logits)
-
-
-def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Set every logit below the k-th largest of its row to -inf (ties with the k-th are kept)."""
-    if k >= logits.size(-1):
-        return logits
-    kth = logits.topk(k, dim=-1).values[..., -1:]
-    return logits.masked_fill(logits < kth, float("-inf"))
-
-
-def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Keep the smallest set of most probable tokens whose total probability is at least ``p``.
-
-    Sorted by probability, a token is dropped when the tokens before it already reach ``p``; the most probable
-    token is always kept.
-    """
-    if p >= 1.0:
-        return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # mass of the more probable tokens
-    drop_sorted = before >= p
-    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-    return logits.masked_fill(drop, float("-inf"))
-
-
-def next_token_logits(logits: Tensor, sampling: Sampling, seen: Tensor | None = None) -> Tensor:
-    """The logits that are actually sampled from: repetition penalty, temperature, top-k, top-p, in that
-    order (the order Hugging Face uses too)."""
-    logits = logits.float()
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, sampling.repetition_penalty)
-    if sampling.greedy:
-        return logits
-    # Shifted so the largest logit is 0 and every other < 0: divided by however small a temperature they stay
-    # <= 0 (at worst -inf, probability 0), never +inf or nan. The temperature is kept above float32's smallest
-    # normal number, which it is rounded to in the division: 1e-300 would become 0, and 0/0 is nan. In the
-    # limit the draw is uniform among the tied largest logits, as the softmax's limit is.
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / max(sampling.temperature, _TINY)
-    if sampling.top_k is not None:
-        logits = top_k_filter(logits, sampling.top_k)
-    if sampling.top_p is not None:
-        logits = top_p_filter(logits, sampling.top_p)
-    return logits
-
-
-def choose(logits: Tensor, sampling: Sampling, *, seen: Tensor | None = None,
-           generator: torch.Generator | None = None) -> Tensor:
-    """logits ``(B, V)`` -> next tokens ``(B,)``: argmax when greedy, else a draw from the filtered softmax."""
-    logits = next_token_logits(logits, sampling, seen)
-    if sampling.greedy:
-        return logits.argmax(dim=-1)
-    return torch.multinomial(logits.softmax(dim=-1), 1, generator=generator).squeeze(1)
 
 
 def _strip(tokens: list[int], stop_ids: Collection[int]) -> list[int]:
@@ -263,6 +182,7 @@ def generate(
     on_token: Callable[[int, int], None] | None = None,
     suppress_ids: Collection[int] | None = None,
     constraints: Sequence[Any] | None = None,
+    speculation: Any = None,
 ) -> list[list[int]]:
     """Greedy decoding or sampling, until a stop token or the row's ``max_new_tokens``.
 
@@ -273,60 +193,95 @@ def generate(
         start: the first tokens ``(B, t)``, fed in one step (default: a column of ``bos_id``).
         eos_id, stop_ids: tokens that end a row (not included in the output).
         sampling: how to choose each token; the default is greedy.
-        context: per row, the tokens the repetition penalty counts as already seen (default: the ``start``
-            rows; pass the unpadded prompts when ``start`` is padded).
+        context: per row, the tokens before the output: what the repetition penalty counts as already seen and what
+            speculation drafts from (default: the ``start`` rows; pass the unpadded prompts when ``start`` is padded).
         generator: the random source of sampling, for reproducible draws.
         on_token: called as ``on_token(row, token)`` for every produced token that is not a stop token, as it
             is produced: for streaming.
         suppress_ids: tokens never to produce (special tokens that have no text, such as padding or ``<unk>``).
         constraints: per input row, a :class:`qkv.constrained.Constraint` (or None): only the tokens it allows are
             chosen, and the row ends once its text is complete.
+        speculation: a :class:`qkv.speculative.Speculation` (a decoder with ``read`` and ``rewind``, such as
+            :class:`LMDecoder`): each step checks the drafted tokens of every row in one forward; greedy output is
+            unchanged, sampled output distributed as without it. Rows with a constraint, and every row under a
+            repetition penalty, draft nothing.
 
     Returns:
         per input row, the generated ids (without the start and the stop token).
     """
     n, device = decoder.batch_size, decoder.device
-    limits = _limits(max_new_tokens, n, device)
+    limits = _limits(max_new_tokens, n, device).tolist()
+    if not n or max(limits) < 1:
+        return [[] for _ in range(n)]
     stops = _stop_set(eos_id, stop_ids)
-    stop_tensor = torch.tensor(sorted(stops), dtype=torch.long, device=device)
     last = _start(decoder, start, bos_id)
+    context = context if context is not None else last.tolist()
     outputs: list[list[int]] = [[] for _ in range(n)]
     active = torch.arange(n, device=device)  # which original rows are still decoding
     seen: Tensor | None = None  # (B_active, V), only with a repetition penalty
     suppress = _suppressor(suppress_ids, device)
-    for step in range(1, int(limits.max()) + 1 if n else 0):
-        logits = suppress(decoder.step(last))  # (B_active, V)
-        if constraints is not None:
-            logits = masked(logits, [constraints[row] for row in active.tolist()])
-        if sampling.repetition_penalty != 1.0 and seen is None:
-            seen = _seen(logits, context if context is not None else last.tolist())
-        next_tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
-        if seen is not None:
-            seen[torch.arange(len(next_tokens), device=device), next_tokens] = True
-        _append(outputs, active, next_tokens, on_token, stops)
-        going = ~torch.isin(next_tokens, stop_tensor) & (limits[active] > step)
-        if constraints is not None:  # a row whose text is complete ends, as at a stop token
-            going &= torch.tensor(_taken(next_tokens, [constraints[row] for row in active.tolist()]), device=device)
-        if not going.any():
+    drafting = speculation is not None and sampling.repetition_penalty == 1.0
+    if drafting:
+        speculation.start(context)
+    unread: list[list[int]] | None = None  # with drafts, after the first step: each row's tokens not yet read
+    while True:
+        rows = active.tolist()
+        conditions = [None] * len(rows) if constraints is None else [constraints[row] for row in rows]
+        if unread is None:
+            logits = masked(suppress(decoder.step(last)), conditions)  # (B_active, V)
+            if sampling.repetition_penalty != 1.0 and seen is None:
+                seen = _seen(logits, context)
+            tokens = choose(logits, sampling, seen=seen, generator=generator)  # (B_active,)
+            if seen is not None:
+                seen[torch.arange(len(tokens), device=device), tokens] = True
+            chosen, width, unread_now = [[t] for t in tokens.tolist()], 0, [[] for _ in rows]
+        else:
+            texts = [[*context[row], *outputs[row]] for row in rows]
+            space = decoder.max_len - decoder.tokens.size(1)  # positions before the decoder would start over
+            room = [min(limits[row] - len(outputs[row]) - 1, space - len(u)) if c is None else 0
+                    for row, u, c in zip(rows, unread, conditions, strict=True)]
+            drafts = speculation.propose(texts, room)
+            fed, width = lay_out(unread, drafts, device)
+            logits = suppress(decoder.read(fed))  # (B_active, width, V)
+            chosen = [accept(masked(logits[i, len(u) - 1 : len(u) + len(d)], [c]), d, sampling, generator)
+                      for i, (u, d, c) in enumerate(zip(unread, drafts, conditions, strict=True))]
+            speculation.settle(drafts, chosen)
+            unread_now = unread
+        going = [_emit(outputs[row], tokens, stops, limits[row], on_token, row, c)
+                 for row, tokens, c in zip(rows, chosen, conditions, strict=True)]
+        if not any(going):
             break
-        if not going.all():
-            keep = going.nonzero().squeeze(1)
-            decoder.reorder(keep)
-            active, next_tokens = active[keep], next_tokens[keep]
-            seen = seen[keep] if seen is not None else None
-        last = next_tokens[:, None]
+        kept = [i for i, g in enumerate(going) if g]
+        if drafting:  # the columns every remaining row accepted stay read; the rest is read again
+            agreed_now = agreed([unread_now[i] for i in kept], [chosen[i] for i in kept])
+            decoder.rewind(width - agreed_now)
+            unread = [[*unread_now[i], *chosen[i]][agreed_now:] for i in kept]
+        if len(kept) < len(rows):
+            index = torch.tensor(kept, device=device)
+            decoder.reorder(index)
+            active = active[index]
+            seen = seen[index] if seen is not None else None
+            if drafting:
+                speculation.keep(kept)
+        last = torch.tensor([chosen[i][-1] for i in kept], device=device)[:, None]
     return [_strip(o, stops) for o in outputs]
 
 
-def _taken(tokens: Tensor, rows: Sequence[Any]) -> list[bool]:
-    """Each row's chosen token taken by its constraint; whether the row may go on (False once its text is
-    complete)."""
-    going = []
-    for token, constraint in zip(tokens.tolist(), rows, strict=True):
+def _emit(output: list[int], tokens: list[int], stops: Collection[int], limit: int,
+          on_token: Callable[[int, int], None] | None, row: int, constraint: Any) -> bool:
+    """A row's new tokens onto its output (each streamed to ``on_token`` unless it is a stop token), up to the one
+    that ends the row (a stop token, its ``limit``, its constraint complete); whether the row goes on."""
+    for token in tokens:
+        output.append(token)
         if constraint is not None:
             constraint.take(token)
-        going.append(constraint is None or not constraint.done)
-    return going
+        if token in stops:
+            return False
+        if on_token is not None:
+            on_token(row, token)
+        if len(output) >= limit or (constraint is not None and constraint.done):
+            return False
+    return True
 
 
 def _seen(logits: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
@@ -335,15 +290,6 @@ def _seen(logits: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:
     for row, tokens in enumerate(rows):
         seen[row, list(tokens)] = True
     return seen
-
-
-def _append(outputs: list[list[int]], active: Tensor, tokens: Tensor, on_token: Callable[[int, int], None] | None,
-            stops: Collection[int]) -> None:
-    """Each active row's new token onto its output, streamed to ``on_token`` unless it is a stop token."""
-    for row, token in zip(active.tolist(), tokens.tolist(), strict=True):
-        outputs[row].append(token)
-        if on_token is not None and token not in stops:
-            on_token(row, token)
 
 
 def greedy(decoder: IncrementalDecoder, *, max_new_tokens: int | Sequence[int], **kwargs) -> list[list[int]]:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from qkv import GPT, GPTConfig
 from qkv.data import DataError
-from qkv.generation import Sampling
+from qkv.sampling import Sampling
 from qkv.tasks.language_model import (
     LanguageModelTask,
     complete,

@@ -116,7 +116,7 @@ def _grammar(args: argparse.Namespace):
 
 
 def _sampling(args: argparse.Namespace):
-    from ..generation import GREEDY, Sampling
+    from ..sampling import GREEDY, Sampling
 
     sampled = args.temperature is not None or args.top_k is not None or args.top_p is not None
     if args.beam > 1 and sampled:

@@ -161,6 +161,13 @@ class KVCache:
             self._k, self._v, self.length = self._k[:, :, n:], self._v[:, :, n:], self.length - n
             self.starts = None if self.starts is None else [max(0, s - n) for s in self.starts]
 
+    def drop_right(self, n: int) -> None:
+        """Forget every row's last ``n`` positions (drafted tokens the model did not accept: speculative decoding);
+        the next append writes over them."""
+        if not 0 <= n <= self.length:
+            raise ValueError(f"cannot drop {n} of {self.length} cached positions")
+        self.length -= n
+
 
 class MultiHeadAttention(nn.Module):
     """Multi-head attention: h heads attend in parallel in subspaces of width d_model / h (or ``head_dim``).
@@ -393,15 +400,15 @@ class MultiHeadAttention(nn.Module):
         return out.masked_fill(~has_key, 0.0), None
 
     def _rows_alone(self, q: Tensor, k: Tensor, v: Tensor, starts: list[int]) -> Tensor:
-        """One new query per row, each attending to its own keys from ``starts[row]`` on, as it would alone: the
-        same call on the same numbers, so a row decoded among rows of other lengths (continuous batching) gets the
-        very result it gets alone; a mask over the padding would give the same up to rounding, which int8-rounded
-        activations can turn into other tokens."""
+        """The new queries of each row (one, or a few: speculative decoding's drafts), each attending to its own
+        keys from ``starts[row]`` on, as it would alone: the same call on the same numbers, so a row decoded among
+        rows of other lengths (continuous batching) gets the very result it gets alone; a mask over the padding
+        would give the same up to rounding, which int8-rounded activations can turn into other tokens."""
         heads = []
         for row, start in enumerate(starts):
             keys = k.size(2) - start
             heads.append(self._attend(q[row : row + 1], k[row : row + 1, :, start:], v[row : row + 1, :, start:],
-                                      self._structural_mask(1, keys, q.device), None, fused_causal=False,
+                                      self._structural_mask(q.size(2), keys, q.device), None, fused_causal=False,
                                       need_weights=False)[0])
         return torch.cat(heads)
 
@@ -453,9 +460,9 @@ class MultiHeadAttention(nn.Module):
         self._check_inputs(query, key_value)
         ragged = cache is not None and cache.starts is not None and any(cache.starts)  # rows of different lengths
         masks = key_padding_mask is not None or attn_mask is not None or attn_bias is not None
-        if ragged and (query.size(1) != 1 or need_weights or masks):
-            raise ValueError("a cache of rows of different lengths (qkv.batching) takes one new token a row, no mask "
-                             "or bias, and gives no attention weights")
+        if ragged and (need_weights or masks):
+            raise ValueError("a cache of rows of different lengths (qkv.batching) takes no mask or bias, and gives no "
+                             "attention weights")
         if unpadded is not None and (key_value is not None or cache is not None or need_weights):
             raise ValueError("unpadded tokens attend to themselves (self-attention), with no cache and no weights")
         q, k, v = self._project(query, key_value, positions, cache, unpadded)  # (B, H, T_q, Dh), (B, H_kv, T_k, Dh)

@@ -305,6 +305,11 @@ class DecoderCache:
         for layer in self.layers:
             layer.self_attn.drop_left(n)
 
+    def drop_right(self, n: int) -> None:
+        """Forget every row's last ``n`` positions (speculative decoding's rejected drafts)."""
+        for layer in self.layers:
+            layer.self_attn.drop_right(n)
+
 
 class Decoder(nn.Module):
     """N decoder layers, then a final norm (or None for Post-Norm).

@@ -137,7 +137,7 @@ class LanguageModelRecipe(Recipe):
 
     def finish(self) -> None:
         """A sample of what the model learnt, from the first character or word of the text."""
-        from ..generation import Sampling
+        from ..sampling import Sampling
         from ..tasks.language_model import complete
 
         prompt = self.train_text[:1] if self.tokenizer.kind == "char" else self.train_text.split()[0]

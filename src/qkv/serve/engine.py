@@ -30,7 +30,7 @@ import torch
 
 from ..batching import Batch, Logprob, Row
 from ..footprint import check_decoding
-from ..generation import GREEDY, Sampling
+from ..sampling import GREEDY, Sampling
 from ..tokenizers import encode_prompt
 from .protocol import ROWS, APIError, Settings
 from .tools import Tools, conversation, format_of, held

@@ -23,7 +23,8 @@ from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..footprint import check_decoding
-from ..generation import LMDecoder, Sampling, generate
+from ..generation import LMDecoder, generate
+from ..sampling import Sampling
 from ..tokenizers import Tokenizer, encode_all, encode_prompt
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,8 @@ def complete(
     :func:`qkv.generation.generate` (``beam_size > 1`` runs beam search instead); ``grammar``: ``(kind, source)``
     of :func:`qkv.constrained.grammar`, each continuation kept within it (the first of ``stop_ids`` ends it once
     complete)."""
-    from ..generation import GREEDY, beam_search
+    from ..generation import beam_search
+    from ..sampling import GREEDY
 
     model.eval()
     ids = [encode_prompt(tokenizer, p) for p in prompts]
