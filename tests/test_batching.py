@@ -11,6 +11,7 @@ from qkv import GPT, GPTConfig
 from qkv.batching import Batch, Row
 from qkv.config import LayerSpec
 from qkv.sampling import GREEDY, Sampling
+from qkv.speculative import DraftModel, Lookup, Speculation
 
 VOCAB = 50
 STOP = 3
@@ -88,6 +89,23 @@ def test_rows_joining_and_leaving_decode_as_each_would_alone(model):
         assert row.finish in ("stop", "length")
         assert row.tokens == alone(model, row, seed)
         assert (row.finish == "stop") == (row.tokens[-1] == STOP and STOP in row.stop_ids)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "draft"])
+def test_rows_with_drafts_decode_as_each_would_alone(model, drafter):
+    """Speculative decoding in a running batch (rows of different lengths joining and leaving, several tokens a row
+    checked at once): greedy rows get the tokens they get alone; sampled rows end as they should."""
+    rows, _ = make_rows(10, seed=2)
+    for row in rows:  # prompts that repeat themselves, so that prompt lookup has something to find
+        row.prompt = [*row.prompt, *row.prompt][:20]
+    source = Lookup() if drafter == "lookup" else DraftModel(model)
+    speculation = Speculation(source, most=5)
+    run(Batch(model, speculation=speculation), {0: rows[:3], 2: rows[3:6], 5: rows[6:]})
+    for row in rows:
+        assert row.finish in ("stop", "length") and 0 < len(row.tokens) <= row.limit
+        if row.sampling.greedy:
+            assert row.tokens == alone(model, row, None)
+    assert speculation.accepted > 0
 
 
 def test_the_cache_keeps_only_columns_a_row_uses_and_starts_afresh_when_empty(model):

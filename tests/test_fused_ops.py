@@ -156,8 +156,41 @@ def test_a_cache_that_is_a_view_of_a_longer_one():
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["gqa-half", "mqa-interleaved", "partial", "window-gated", "no-rotary"])
+@pytest.mark.parametrize("ragged", [False, True], ids=["aligned", "ragged"])
+def test_several_new_tokens_at_once_are_each_what_it_is_alone(case, ragged, variant):
+    """Speculative decoding's check: seven new tokens a row in one call give, bit for bit, the attention and the
+    cache of seven calls of one token (rows of different lengths too: ``starts``). (One token a call is held to the
+    module's Python above.)"""
+    attention = _attention(*ATTENTION[case])
+    heads, kv_heads, dim = attention.n_heads, attention.n_kv_heads, attention.head_dim
+    starts = torch.tensor([9, 0]) if ragged else None
+    positions = torch.arange(12, 19) - (starts[:, None] if ragged else 0)
+    with torch.no_grad():
+        qkv = attention.qkv_proj(torch.randn(2, 7, attention.d_model)).contiguous()
+    prefix = torch.randn(2, kv_heads, 12, dim), torch.randn(2, kv_heads, 12, dim)
+    caches = []
+    for _ in range(2):
+        keys, values = torch.zeros(2, kv_heads, 24, dim), torch.zeros(2, kv_heads, 24, dim)
+        keys[:, :, :12], values[:, :, :12] = prefix
+        caches.append((keys, values))
+
+    def call(part, where, length, cache):
+        tables = None if attention.rotary is None else attention.rotary.cos_sin(where)
+        rotary = dim if attention.rotary is None else attention.rotary.rotary_dim
+        interleaved = attention.rotary is not None and attention.rotary.interleaved
+        return ops.decode_attention(part.contiguous(), heads, kv_heads, dim, tables, rotary, interleaved, *cache,
+                                    length, starts, attention.window, dim ** -0.5 if attention.scale is None else
+                                    attention.scale, variant=variant)
+
+    singles = torch.cat([call(qkv[:, j : j + 1], positions[..., j : j + 1], 12 + j, caches[0]) for j in range(7)], 1)
+    together = call(qkv, positions, 12, caches[1])
+    assert torch.equal(together, singles)
+    assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1], strict=True))
+
+
 def test_a_full_cache_is_refused_not_overrun():
-    qkv = torch.randn(1, 3 * 8)
+    qkv = torch.randn(1, 1, 3 * 8)
     keys = values = torch.zeros(1, 1, 4, 8)
     with pytest.raises(ValueError, match="no room"):
         ops.decode_attention(qkv, 1, 1, 8, None, 8, False, keys, values, 4, None, None, 1.0)

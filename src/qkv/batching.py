@@ -30,6 +30,7 @@ from torch import Tensor
 from .constrained import masked
 from .generation import LMDecoder, _suppressor
 from .sampling import GREEDY, Sampling, choose
+from .speculative import Speculation, accept, agreed, lay_out
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,11 @@ class Row:
 class Batch:
     """The rows a decoder-only ``model`` (:class:`~qkv.models.GPT`) is continuing now. :meth:`join` adds rows and
     reads their prompts; :meth:`step` gives every row one more token; both return the rows that ended.
-    ``suppress_ids``: tokens never to produce (special tokens with no text)."""
+    ``suppress_ids``: tokens never to produce (special tokens with no text). ``speculation``: a
+    :class:`~qkv.speculative.Speculation` whose drafts each step checks, several tokens a row at once (rows with a
+    constraint draft nothing)."""
 
-    def __init__(self, model, *, suppress_ids: Collection[int] = ()) -> None:
+    def __init__(self, model, *, suppress_ids: Collection[int] = (), speculation: Speculation | None = None) -> None:
         self.model = model
         self.device = next(model.parameters()).device
         self.max_len = model.config.max_seq_len
@@ -90,6 +93,10 @@ class Batch:
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,): each row's positions so far
         self.last = torch.zeros(0, 1, dtype=torch.long, device=self.device)  # (B, 1): each row's newest token
         self.suppress = _suppressor(suppress_ids, self.device)
+        self.speculation = speculation  # drafts checked each step (qkv.speculative); rows then keep their
+        self.unread: list[list[int]] = []  # chosen tokens not yet read (the newest, and any the others refused)
+        if speculation is not None:
+            speculation.start([])
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -109,6 +116,8 @@ class Batch:
             self.cache.extend(reader.cache)
             self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([len(row.prompt)])])
             self.rows = [*self.rows, row]
+            if self.speculation is not None:
+                self.speculation.join(row.prompt)
             ended += self._settle(logits, range(len(self.rows) - 1, len(self.rows)), self.last)
         return ended
 
@@ -122,9 +131,43 @@ class Batch:
         self._keep([i for i, row in enumerate(self.rows) if not row.cancelled])
         if not self.rows:
             return ended
+        if self.speculation is not None:
+            return ended + self._checked_step()
         logits = self.model(self.last, positions=self.lengths[:, None], cache=self.cache, last_only=True)[:, -1]
         self.lengths += 1
         return ended + self._settle(self.suppress(logits), range(len(self.rows)), self.last[:0])
+
+    def _checked_step(self) -> list[Row]:
+        """A step with drafts: every row's unread tokens and drafts read at once, each row's accepted drafts and one
+        token of the model's own handed on; the columns every remaining row accepted stay in the cache."""
+        rows, unread = self.rows, self.unread
+        room = [min(row.limit - len(row.tokens) - 1, self.max_len - int(n) - len(u)) if row.constraint is None else 0
+                for row, u, n in zip(rows, unread, self.lengths.tolist(), strict=True)]
+        drafts = self.speculation.propose([[*row.prompt, *row.tokens] for row in rows], room)
+        fed, width = lay_out(unread, drafts, self.device)
+        positions = self.lengths[:, None] + torch.arange(width, device=self.device)
+        logits = self.suppress(self.model(fed, positions=positions, cache=self.cache))  # (B, width, V)
+        chosen = []
+        for i, (row, u, d) in enumerate(zip(rows, unread, drafts, strict=True)):
+            at = masked(logits[i, len(u) - 1 : len(u) + len(d)], [row.constraint])
+            tokens = accept(at, d, row.sampling, row.generator)
+            logprobs = _logprobs(logits[i, len(u) - 1 : len(u) + len(tokens) - 1], torch.tensor(tokens),
+                                 [row] * len(tokens))
+            chosen.append(tokens)
+            for token, logprob in zip(tokens, logprobs, strict=True):
+                if _take(row, token, logprob):
+                    break
+        self.speculation.settle(drafts, chosen)
+        going = [i for i, row in enumerate(rows) if row.finish is None]
+        if going:
+            kept = agreed([unread[i] for i in going], [chosen[i] for i in going])
+            self.cache.drop_right(width - kept)
+            self.lengths += kept
+            self.unread = [[*u, *c][kept:] for u, c in zip(unread, chosen, strict=True)]
+            self.last = torch.tensor([c[-1:] for c in chosen], dtype=torch.long, device=self.device)
+        ended = [row for row in rows if row.finish is not None]
+        self._keep(going)
+        return ended
 
     def _settle(self, logits: Tensor, which: range, earlier: Tensor) -> list[Row]:
         """Choose the next token of rows ``which`` (the last rows; ``earlier``: the newest tokens of those before),
@@ -132,20 +175,10 @@ class Batch:
         rows = [self.rows[i] for i in which]
         tokens = _chosen(masked(logits, [row.constraint for row in rows]), rows)
         self.last = torch.cat([earlier, tokens[:, None]])
+        self.unread = self.unread[: which.start] + [[t] for t in tokens.tolist()]
         logprobs = _logprobs(logits, tokens, rows)  # the model's own, before any constraint
-        ended = []
-        for i, token, logprob in zip(which, tokens.tolist(), logprobs, strict=True):
-            row = self.rows[i]
-            row.tokens.append(token)
-            if row.constraint is not None:
-                row.constraint.take(token)
-            if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)) or \
-                    (row.constraint is not None and row.constraint.done):
-                row.finish = "stop"
-            elif len(row.tokens) >= row.limit:
-                row.finish = "length"
-            if row.finish is not None:
-                ended.append(row)
+        ended = [row for row, token, logprob in zip(rows, tokens.tolist(), logprobs, strict=True)
+                 if _take(row, token, logprob)]
         if ended:
             self._keep([i for i, row in enumerate(self.rows) if row.finish is None])
         return ended
@@ -155,6 +188,9 @@ class Batch:
         if len(index) == len(self.rows):
             return
         self.rows = [self.rows[i] for i in index]
+        self.unread = [self.unread[i] for i in index]
+        if self.speculation is not None:
+            self.speculation.keep(index)
         if not self.rows:  # an empty batch starts afresh
             self.cache, self.lengths, self.last = self.model.new_cache(), self.lengths[:0], self.last[:0]
             return
@@ -162,6 +198,19 @@ class Batch:
         self.cache.reorder(keep)
         self.lengths, self.last = self.lengths.index_select(0, keep), self.last.index_select(0, keep)
         self.cache.drop_left(len(self.cache) - int(self.lengths.max()))
+
+
+def _take(row: Row, token: int, logprob: Logprob | None) -> bool:
+    """``token`` onto ``row`` (and to its ``on_token``, unless it is a stop token); whether the row ended there."""
+    row.tokens.append(token)
+    if row.constraint is not None:
+        row.constraint.take(token)
+    if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)) or \
+            (row.constraint is not None and row.constraint.done):
+        row.finish = "stop"
+    elif len(row.tokens) >= row.limit:
+        row.finish = "length"
+    return row.finish is not None
 
 
 def _chosen(logits: Tensor, rows: Sequence[Row]) -> Tensor:

@@ -71,8 +71,20 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                                                       "adapter_model.safetensors) to run on the model")
 
 
+def add_draft_arguments(p: argparse.ArgumentParser) -> None:
+    """--draft and --draft-max: speculative decoding (:func:`load_speculation`)."""
+    spec = p.add_argument_group("speculative decoding (the same text, sooner)")
+    spec.add_argument("--draft", metavar="lookup|SRC", help="guess tokens and check them together: 'lookup' finds "
+                                                            "them in the prompt and the text so far (rewriting, "
+                                                            "editing); SRC is a smaller model with the same tokenizer "
+                                                            "(as --pretrained or --model takes it)")
+    spec.add_argument("--draft-max", type=COUNT, default=16, help="the most tokens drafted a step (default 16; the "
+                                                                  "number adapts to how many are accepted)")
+
+
 def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -> None:
     add_model_arguments(p)
+    add_draft_arguments(p)
     dec = p.add_argument_group("decoding (greedy unless a sampling option is given)")
     dec.add_argument("--max-new-tokens", type=COUNT, default=max_new_tokens, help=f"(default {max_new_tokens})")
     dec.add_argument("--temperature", type=NON_NEGATIVE, help="sample at this temperature (0 = greedy)")
@@ -168,6 +180,41 @@ def load_lm(args: argparse.Namespace, device, precision):
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
     return place(_adapted(ckpt.model, args), device, args), ckpt.tokenizers["text"], stops, ckpt.meta.get(
         "chat_template")
+
+
+def load_speculation(args: argparse.Namespace, tokenizer, device, precision):
+    """The :class:`~qkv.speculative.Speculation` of --draft (None without it): prompt lookup, or a draft model read
+    as --pretrained or --model reads one (quantized as --quantize says), whose tokenizer must be the model's."""
+    from ..speculative import DraftModel, Lookup, Speculation
+
+    if not args.draft:
+        return None
+    if args.draft == "lookup":
+        return Speculation(Lookup(), most=args.draft_max)
+    from pathlib import Path
+
+    source = Path(args.draft)
+    pretrained = args.draft == "smollm2" or source.suffix == ".gguf" or (source / "config.json").is_file()
+    draft = argparse.Namespace(**{**vars(args), "model": None if pretrained else args.draft,
+                                  "pretrained": args.draft if pretrained else None, "adapter": None, "stop": []})
+    try:
+        model, theirs, _, _ = load_lm(draft, device, precision)
+    except ValueError as err:
+        raise ValueError(f"--draft {args.draft}: {err}") from None
+    if not _same_vocabulary(tokenizer, theirs):
+        raise ValueError(f"--draft {args.draft}: its tokenizer is not the model's; a draft model must share it "
+                         "(a smaller model of the same family)")
+    return Speculation(DraftModel(model), most=args.draft_max)
+
+
+def _same_vocabulary(ours, theirs) -> bool:
+    """Whether two tokenizers give every token the same id: the same size, and the same text for a spread of ids
+    and for a sample sentence's tokens."""
+    if ours.vocab_size != theirs.vocab_size:
+        return False
+    probe = "The quick brown fox, 1234 times: déjà vu!\n"
+    ids = range(0, ours.vocab_size, max(1, ours.vocab_size // 512))
+    return ours.encode(probe) == theirs.encode(probe) and all(ours.decode([i]) == theirs.decode([i]) for i in ids)
 
 
 def _adapted(model, args: argparse.Namespace):
@@ -273,6 +320,15 @@ def _closing_line(timing: _Timing, prompt_tokens: int, rows: int, max_new_tokens
             f"stopped: {stopped}")
 
 
+def _drafts(speculation) -> str:
+    """The closing line's account of speculative decoding (reset for the next reply)."""
+    if speculation is None:
+        return ""
+    summary = speculation.summary()
+    speculation.drafted = speculation.accepted = 0
+    return f"; {summary}"
+
+
 def _prompt_tokens(tokenizer, prompts: list[str]) -> int:
     """The tokens the model reads for ``prompts``, as qkv.tasks.language_model.complete encodes them."""
     from ..tokenizers import encode_prompt
@@ -295,6 +351,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
     constrained = _grammar(args)
     device, precision, amp = runtime(args)
     model, tokenizer, stops, _ = load_lm(args, device, precision)
+    speculation = load_speculation(args, tokenizer, device, precision)
     if args.show_routing and not getattr(model.config, "n_experts", None):
         raise ValueError("--show-routing draws a mixture of experts' routing; this model has no experts")
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
@@ -304,7 +361,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
     with amp, timing:
         texts = complete(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling,
                          beam_size=args.beam, stop_ids=stops, seed=args.seed, use_cache=not args.no_cache,
-                         on_token=timing, grammar=constrained)
+                         on_token=timing, grammar=constrained, speculation=speculation)
     _print_texts(prompts, texts, streamed=stream)
     if args.show_routing:
         _draw_routing(model, tokenizer, prompts[0] + texts[0], args.show_routing)
@@ -312,8 +369,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if args.beam > 1:  # beam search keeps its hypotheses to the end: no token to time as it comes
         log.info("prompt %s; beam search of %d beams took %.2f s", _tokens(n), args.beam, timing.end - timing.start)
         return
-    log.info("%s", _closing_line(timing, n, len(prompts), args.max_new_tokens,
-                                 _stop_kind(tokenizer, args.stop, stops)))
+    log.info("%s%s", _closing_line(timing, n, len(prompts), args.max_new_tokens,
+                                   _stop_kind(tokenizer, args.stop, stops)), _drafts(speculation))
 
 
 def _draw_routing(model, tokenizer, text: str, path: str) -> None:
@@ -376,6 +433,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
     if not args.model and not args.pretrained:
         args.pretrained = "smollm2"
     model, tokenizer, stops, template = load_lm(args, device, precision)
+    speculation = load_speculation(args, tokenizer, device, precision)
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
     chat_prompt = _chat_layout(template, tokenizer)
@@ -408,10 +466,10 @@ def chat_cmd(args: argparse.Namespace) -> None:
         with amp, timing:
             reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
                              stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=timing,
-                             grammar=constrained)
+                             grammar=constrained, speculation=speculation)
         print(flush=True)
-        log.info("%s", _closing_line(timing, _prompt_tokens(tokenizer, [prompt]), 1, args.max_new_tokens, stop_kind,
-                                     limit="--max-new-tokens reached, the reply is cut off"))
+        log.info("%s%s", _closing_line(timing, _prompt_tokens(tokenizer, [prompt]), 1, args.max_new_tokens, stop_kind,
+                                       limit="--max-new-tokens reached, the reply is cut off"), _drafts(speculation))
         messages.append({"role": "assistant", "content": reply[0].strip()})
 
 

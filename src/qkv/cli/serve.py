@@ -13,6 +13,7 @@ import argparse
 from ..serve.protocol import ROWS
 from .common import add_device_arguments, command, place, runtime
 from .explore import LOCAL_HOSTS
+from .lm import add_draft_arguments
 from .numbers import integer
 
 
@@ -64,11 +65,11 @@ def _config(folder) -> dict:
 
 def _engine(args: argparse.Namespace, device, precision, amp, name: str):
     from ..serve.engine import Engine
-    from .lm import load_lm
+    from .lm import load_lm, load_speculation
 
     model, tokenizer, stops, template = load_lm(args, device, precision)
     return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template, rows=args.parallel,
-                  autocast=amp)
+                  autocast=amp, speculation=load_speculation(args, tokenizer, device, precision))
 
 
 def _embedder(args: argparse.Namespace, device, name: str):
@@ -105,5 +106,6 @@ def add_commands(sub) -> None:
     net.add_argument("--api-key", help="a bearer token every request must send (required off this machine)")
     net.add_argument("--parallel", "-np", type=integer(1, 256), default=ROWS,
                      help=f"sequences decoded together; more requests wait their turn (default {ROWS})")
+    add_draft_arguments(p)
     add_device_arguments(p, quantize=True)
     p.set_defaults(run=serve_cmd, stop=[])

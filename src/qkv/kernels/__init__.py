@@ -84,9 +84,9 @@ def _declare(library: ctypes.CDLL) -> None:
     library.qkv_rms_norm.argtypes = [_P, _P, _P, _F, _I64, _I64, _P, _P]
     library.qkv_gated.argtypes = [_INT, _P, _I64, _I64, _INT, _P]
     library.qkv_gated.restype = _INT
-    library.qkv_decode_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _INT, _P, _P, _I64,
-                                             _I64, _I64, _I64, _P, _I64, _F, _P, _P]
-    library.qkv_decode_attention.restype = _INT
+    library.qkv_new_token_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64,
+                                                _INT, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _F, _P, _P]
+    library.qkv_new_token_attention.restype = _INT
 
 
 def available() -> bool:

@@ -6,9 +6,10 @@
  *   qkv_rms_norm          out = (x * 1/sqrt(mean(x^2) + eps)) * g, of x, or of sum = x + add (the residual stream
  *                         summed, then normed: one pass for what decoding does between two sub-layers)
  *   qkv_gated             out = act(gate) * up, for rows [gate | up]: act SiLU, x / (1 + e^-x), or GELU's tanh form
- *   qkv_decode_attention  one new token a row: its query and key turned by rotary positions, its key and value
- *                         written into the KV cache, and the query's attention over the row's cached positions
- *                         (grouped key/value heads, an optional sliding window), softmax(q k^T * scale) v
+ *   qkv_new_token_attention  a few new tokens a row (one, when decoding): their queries and keys turned by rotary
+ *                         positions, their keys and values written into the KV cache, and each query's attention over
+ *                         the row's cached positions up to its own (grouped key/value heads, an optional sliding
+ *                         window), softmax(q k^T * scale) v
  *
  * The norm and the activation run on the calling thread (a fork and join of threads costs more than a row of a few
  * hundred numbers); attention splits its rows and heads over PyTorch's OpenMP threads when there is enough of it.
@@ -413,55 +414,61 @@ static void attend(const float *q, const float *keys, const float *values, int64
     run->weighted_sum(scores, values + first * dim, count, dim, out);
 }
 
-/* A decoding step's attention for `batch` rows of one new token each:
- *   qkv      (batch, (heads + 2 kv_heads) dim): the stacked projection's output, queries, keys, values
- *   cos, sin the rotary tables of the new positions, `table` floats a row apart (0: one for every row); NULL: none
+/* A decoding step's attention for `batch` rows of `tokens` new tokens each (one; or a few: speculative decoding's
+ * drafts, each computed exactly as it would be alone, one step after the other):
+ *   qkv      (batch, tokens, (heads + 2 kv_heads) dim): the stacked projection's output, queries, keys, values
+ *   cos, sin the rotary tables of the new positions, `table` floats a row apart (0: one for every row) and
+ *            `token_table` a token apart; NULL: none
  *   keys, values  the cache: `room` positions of `dim` numbers for each row and key/value head, a row `row_stride`
  *            floats apart and a head `head_stride` (a contiguous (batch, kv_heads, room, dim) cache: kv_heads room dim
- *            and room dim); position `length` is written, positions starts[b] (0 when starts is NULL) to `length`
- *            are read, at most the last `window` of them (0: all)
- *   out      (batch, heads dim): each head's output, heads side by side
- * Query head h reads key/value head h / (heads / kv_heads); `scratch` (batch heads, room) floats holds the scores.
- * `variant`: the instruction set its loops over the cache run in (kernels.h). Returns 0, or -1 for a cache with no
- * room for the new position, heads that kv_heads do not divide, a variant this CPU does not run, or a start past
- * the new position. */
-int qkv_decode_attention(int variant, const float *qkv, int64_t batch, int64_t heads, int64_t kv_heads,
-                         int64_t dim, const float *cos, const float *sin, int64_t table, int64_t rotary,
-                         int interleaved, float *keys, float *values, int64_t room, int64_t row_stride,
-                         int64_t head_stride, int64_t length, const int64_t *starts, int64_t window, float scale,
-                         float *scratch, float *out)
+ *            and room dim); positions `length` to `length + tokens - 1` are written, and new token j reads positions
+ *            starts[b] (0 when starts is NULL) to `length + j`, at most the last `window` of them (0: all)
+ *   out      (batch, tokens, heads dim): each head's output, heads side by side
+ * Query head h reads key/value head h / (heads / kv_heads); `scratch` (batch tokens heads, room) floats holds the
+ * scores. `variant`: the instruction set its loops over the cache run in (kernels.h). Returns 0, or -1 for a cache
+ * with no room for the new positions, heads that kv_heads do not divide, a variant this CPU does not run, or a start
+ * past the first new position. */
+int qkv_new_token_attention(int variant, const float *qkv, int64_t batch, int64_t tokens, int64_t heads,
+                            int64_t kv_heads, int64_t dim, const float *cos, const float *sin, int64_t table,
+                            int64_t token_table, int64_t rotary, int interleaved, float *keys, float *values,
+                            int64_t room, int64_t row_stride, int64_t head_stride, int64_t length,
+                            const int64_t *starts, int64_t window, float scale, float *scratch, float *out)
 {
-    if (length >= room || heads % kv_heads || !qkv_runs_variant(variant))
+    if (tokens < 1 || length + tokens > room || heads % kv_heads || !qkv_runs_variant(variant))
         return -1;
     for (int64_t b = 0; starts != NULL && b < batch; b++)  /* refused before anything is written */
         if (starts[b] > length)
             return -1;
     attention_loops run = loops_of(variant);
     int64_t width = (heads + 2 * kv_heads) * dim, group = heads / kv_heads;
-    for (int64_t b = 0; b < batch; b++) {  /* the new keys turned, and they and the values written: cheap, here */
-        const float *row = qkv + b * width;
-        const float *c = cos == NULL ? NULL : cos + b * table, *s = sin == NULL ? NULL : sin + b * table;
+    for (int64_t bj = 0; bj < batch * tokens; bj++) {  /* the new keys turned, and they and the values written */
+        int64_t b = bj / tokens, j = bj % tokens;
+        const float *row = qkv + bj * width;
+        const float *c = cos == NULL ? NULL : cos + b * table + j * token_table;
+        const float *s = sin == NULL ? NULL : sin + b * table + j * token_table;
         for (int64_t g = 0; g < kv_heads; g++) {
-            int64_t at = b * row_stride + g * head_stride + length * dim;
+            int64_t at = b * row_stride + g * head_stride + (length + j) * dim;
             turn(row + (heads + g) * dim, dim, c, s, rotary, interleaved, keys + at);
             const float *v = row + (heads + kv_heads + g) * dim;
             for (int64_t i = 0; i < dim; i++)
                 values[at + i] = v[i];
         }
     }
-    int64_t work = batch * heads * (length + 1) * dim;
+    int64_t work = batch * tokens * heads * (length + tokens) * dim;
 #pragma omp parallel for schedule(static) if (work > (1 << 14))
-    for (int64_t bh = 0; bh < batch * heads; bh++) {
-        int64_t b = bh / heads, h = bh % heads, g = h / group;
-        const float *c = cos == NULL ? NULL : cos + b * table, *s = sin == NULL ? NULL : sin + b * table;
+    for (int64_t bjh = 0; bjh < batch * tokens * heads; bjh++) {
+        int64_t bj = bjh / heads, h = bjh % heads, g = h / group;
+        int64_t b = bj / tokens, j = bj % tokens, last = length + j;
+        const float *c = cos == NULL ? NULL : cos + b * table + j * token_table;
+        const float *s = sin == NULL ? NULL : sin + b * table + j * token_table;
         float q[dim];
-        turn(qkv + b * width + h * dim, dim, c, s, rotary, interleaved, q);
+        turn(qkv + bj * width + h * dim, dim, c, s, rotary, interleaved, q);
         int64_t first = starts == NULL ? 0 : starts[b];
-        if (window > 0 && length - window + 1 > first)
-            first = length - window + 1;
+        if (window > 0 && last - window + 1 > first)
+            first = last - window + 1;
         int64_t at = b * row_stride + g * head_stride;
-        attend(q, keys + at, values + at, first, length, dim, scale, &run, scratch + bh * room,
-               out + b * heads * dim + h * dim);
+        attend(q, keys + at, values + at, first, last, dim, scale, &run, scratch + bjh * room,
+               out + bj * heads * dim + h * dim);
     }
     return 0;
 }

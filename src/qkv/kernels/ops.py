@@ -7,8 +7,9 @@ being compiled) and run their own Python otherwise, which stays the reference th
 * :func:`rms_norm` for :class:`qkv.nn.norm.RMSNorm`, and :func:`add_rms_norm` for a residual connection's sum
   and the norm after it (:class:`qkv.nn.layers.DecoderLayer`'s decoding step);
 * :func:`gated` for :class:`qkv.nn.feedforward.StackedFeedForward`'s ``act(gate) * up`` (SiLU, GELU's tanh form);
-* :func:`decode_attention` for :class:`qkv.nn.attention.StackedSelfAttention` with one new token a row: rotary
-  positions, the KV cache's new position written, attention over each row's cached positions.
+* :func:`decode_attention` for :class:`qkv.nn.attention.StackedSelfAttention` with one new token a row (or a few:
+  speculative decoding's drafts): rotary positions, the KV cache's new positions written, attention over each row's
+  cached positions.
 
 ``QKV_FUSED=0`` in the environment, or :func:`reference` around a call, runs the Python instead (to compare, or to
 measure what these save: ``benchmarks/bench_decode_parts.py`` times both ways).
@@ -86,31 +87,33 @@ def gated(gate_up: Tensor, activation: str, *, variant: str | None = None) -> Te
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: tuple[Tensor, Tensor] | None,
                      rotary: int, interleaved: bool, keys: Tensor, values: Tensor, length: int,
                      starts: Tensor | None, window: int | None, scale: float, *, variant: str | None = None) -> Tensor:
-    """One new token a row: ``qkv`` ``(B, (heads + 2 kv_heads) · dim)`` contiguous, its queries and keys turned by
-    ``tables`` (the rotary cosines and sines of the new positions, ``(1 or B, ..., rotary or rotary / 2)``; None:
-    no rotary positions), its keys and values written at position ``length`` of the cache ``keys``, ``values``
-    ``(B, kv_heads, room, dim)`` (each position's numbers contiguous; the rows and heads may be further apart, as
-    in a view of a longer cache), and each query's attention over its row's positions ``starts[b]`` (int64, or
-    None: 0) to ``length``, the last ``window`` of them if given: ``(B, heads · dim)``. ``variant``: the
+    """A few new tokens a row (one, when decoding): ``qkv`` ``(B, t, (heads + 2 kv_heads) · dim)`` contiguous, their
+    queries and keys turned by ``tables`` (the rotary cosines and sines of the new positions, ``(1 or B, ..., t,
+    rotary or rotary / 2)``; None: no rotary positions), their keys and values written at positions ``length`` to
+    ``length + t - 1`` of the cache ``keys``, ``values`` ``(B, kv_heads, room, dim)`` (each position's numbers
+    contiguous; the rows and heads may be further apart, as in a view of a longer cache), and each query's attention
+    over its row's positions ``starts[b]`` (int64, or None: 0) up to its own, the last ``window`` of them if given:
+    ``(B, t, heads · dim)``, each token's numbers those it gets fed alone after the ones before it. ``variant``: the
     instruction set of its loops over the cache (:data:`qkv.kernels.VARIANTS`; default the best this CPU runs)."""
-    b, room = qkv.size(0), keys.size(2)
+    b, t, room = qkv.size(0), qkv.size(1), keys.size(2)
     if keys.stride()[2:] != (dim, 1) or values.stride() != keys.stride():
         raise ValueError("the cache's positions must each hold their numbers side by side, alike for keys and values")
     cos = sin = None
-    table = 0
+    table = token_table = 0
     if tables is not None:
         cos, sin = tables
+        token_table = cos.size(-1)
         table = 0 if cos.size(0) == 1 else cos[0].numel()
-    out = qkv.new_empty(b, heads * dim)
-    scratch = qkv.new_empty(b * heads, room)
-    status = _library().qkv_decode_attention(
-        _best() if variant is None else VARIANTS.index(variant), qkv.data_ptr(), b, heads, kv_heads, dim,
-        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), table, rotary,
+    out = qkv.new_empty(b, t, heads * dim)
+    scratch = qkv.new_empty(b * t * heads, room)
+    status = _library().qkv_new_token_attention(
+        _best() if variant is None else VARIANTS.index(variant), qkv.data_ptr(), b, t, heads, kv_heads, dim,
+        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), table, token_table, rotary,
         int(interleaved), keys.data_ptr(), values.data_ptr(), room, keys.stride(0), keys.stride(1), length,
         None if starts is None else starts.data_ptr(), window or 0, ctypes.c_float(scale), scratch.data_ptr(),
         out.data_ptr())
     if status:
-        raise ValueError("the KV cache has no room for the new position, a row has no position to attend to, or "
+        raise ValueError("the KV cache has no room for the new positions, a row has no position to attend to, or "
                          "this CPU does not run that variant")
     return out
 

@@ -480,6 +480,9 @@ class MultiHeadAttention(nn.Module):
         return self._output(heads, query), weights
 
 
+DECODED = 32  # the most new tokens a row that qkv's own attention (StackedSelfAttention._decode) computes in one call
+
+
 class StackedSelfAttention(MultiHeadAttention):
     """Self-attention with W^Q, W^K and W^V held as one layer, ``qkv_proj``: ``[Q | K | V] = X [W^Q; W^K; W^V]ᵀ``.
 
@@ -520,8 +523,8 @@ class StackedSelfAttention(MultiHeadAttention):
                 attn_mask: Tensor | None = None, attn_bias: Tensor | None = None, positions: Tensor | None = None,
                 cache: KVCache | None = None, need_weights: bool = False,
                 unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor | None]:
-        """:meth:`MultiHeadAttention.forward`; a decoding step on a CPU (one new token a row, a cache, no mask,
-        bias or weights asked for) in one call of qkv's own (:meth:`_decode`)."""
+        """:meth:`MultiHeadAttention.forward`; a decoding step on a CPU (a few new tokens a row at most, a cache, no
+        mask, bias or weights asked for) in one call of qkv's own (:meth:`_decode`)."""
         if (key_value is None and key_padding_mask is None and attn_mask is None and attn_bias is None
                 and not need_weights and unpadded is None and self.decodes(query, cache)):
             return self._decode(query, positions, cache), None
@@ -530,36 +533,38 @@ class StackedSelfAttention(MultiHeadAttention):
                                unpadded=unpadded)
 
     def decodes(self, query: Tensor, cache: KVCache | None) -> bool:
-        """Whether :meth:`_decode` computes this step (with no mask, bias or weights asked for): one new token a
-        row, a cache of float32 positions whose numbers lie side by side (as it makes them) or none yet, no score
-        cap or query/key norm, and :func:`qkv.kernels.ops.applies`."""
-        if cache is None or query.size(1) != 1 or self.softcap is not None or self.q_norm is not None:
+        """Whether :meth:`_decode` computes this step (with no mask, bias or weights asked for): at most
+        ``DECODED`` new tokens a row (one when decoding, a few when checking drafts: then each gets the numbers it
+        gets alone), a cache of float32 positions whose numbers lie side by side (as it makes them) or none yet, no
+        score cap or query/key norm, and :func:`qkv.kernels.ops.applies`."""
+        if cache is None or query.size(1) > DECODED or self.softcap is not None or self.q_norm is not None:
             return False
         k = cache._k
         fits = k is None or (k.dtype == torch.float32 and k.stride(3) == 1 and k.stride(2) == k.size(3))
         return fits and ops.applies(query)
 
     def _decode(self, query: Tensor, positions: Tensor | None, cache: KVCache) -> Tensor:
-        """One new token a row, as :meth:`forward` computes it, in one call (:func:`qkv.kernels.ops.decode_attention`):
-        its queries and keys turned by the rotary positions, its key and value written into the cache, each query's
-        attention over its row's cached positions (``cache.starts`` on, the last ``window``); then W^O."""
-        b = query.size(0)
-        qkv = self.qkv_proj(query).view(b, -1)
+        """A few new tokens a row, as :meth:`forward` computes them, in one call
+        (:func:`qkv.kernels.ops.decode_attention`): their queries and keys turned by the rotary positions, their keys
+        and values written into the cache, each query's attention over its row's cached positions up to its own
+        (``cache.starts`` on, the last ``window``); then W^O."""
+        b, t = query.shape[:2]
+        qkv = self.qkv_proj(query).view(b, t, -1)
         length = len(cache)
-        if cache._k is None or length + 1 > cache._k.size(2):
+        if cache._k is None or length + t > cache._k.size(2):
             like = qkv.new_empty(b, self.n_kv_heads, 1, self.head_dim)
-            cache._grow(like, like, length + 1)
+            cache._grow(like, like, length + t)
         tables = None
         if self.rotary is not None:
-            tables = self.rotary.cos_sin(self._positions(positions, cache, 1, query.device))
+            tables = self.rotary.cos_sin(self._positions(positions, cache, t, query.device))
         starts = None if cache.starts is None or not any(cache.starts) else torch.tensor(cache.starts)
         scale = self.head_dim ** -0.5 if self.scale is None else self.scale
         heads = ops.decode_attention(qkv.contiguous(), self.n_heads, self.n_kv_heads, self.head_dim, tables,
                                      self.head_dim if self.rotary is None else self.rotary.rotary_dim,
                                      self.rotary is not None and self.rotary.interleaved, cache._k, cache._v, length,
                                      starts, self.window, scale)
-        cache.length = length + 1
-        out = heads.view(b, 1, self.inner_dim)
+        cache.length = length + t
+        out = heads.view(b, t, self.inner_dim)
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
         return self.out_proj(out)

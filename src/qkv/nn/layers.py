@@ -223,7 +223,7 @@ class DecoderLayer(nn.Module):
     def _decodes(self, x: Tensor, cache: LayerCache | None) -> bool:
         """Whether :meth:`_decode` computes this step: a decoder-only Pre-Norm layer with RMSNorms and stacked
         self-attention, not training, whose attention decodes this step in one call (with no mask or weights)."""
-        if cache is None or x.size(1) != 1 or not self.norm_first:
+        if cache is None or not self.norm_first:
             return False
         modules = self._modules  # read once: each submodule of a module is a lookup through nn.Module
         attention, attn_norm, ffn_norm = modules["self_attn"], modules.get("self_attn_norm"), modules.get("ffn_norm")
@@ -232,7 +232,7 @@ class DecoderLayer(nn.Module):
                 and isinstance(attention, StackedSelfAttention) and attention.decodes(x, cache.self_attn))
 
     def _decode(self, x: Tensor, positions: Tensor | None, cache: LayerCache) -> Tensor:
-        """One new token a row through the layer, as :meth:`forward` computes it, with fewer calls: each norm,
+        """A few new tokens a row through the layer, as :meth:`forward` computes them, with fewer calls: each norm,
         the attention (:meth:`StackedSelfAttention._decode`), and the residual sum with the norm after it
         (:func:`qkv.kernels.ops.add_rms_norm`) one call of qkv's own each."""
         attn_norm, ffn_norm, scale = self.self_attn_norm, self.ffn_norm, self.residual_scale

@@ -31,6 +31,7 @@ import torch
 from ..batching import Batch, Logprob, Row
 from ..footprint import check_decoding
 from ..sampling import GREEDY, Sampling
+from ..speculative import Speculation
 from ..tokenizers import encode_prompt
 from .protocol import ROWS, APIError, Settings
 from .tools import Tools, conversation, format_of, held
@@ -78,7 +79,8 @@ class Engine:
     (``rows``) and the autocast context decoding runs in (``--precision``'s; entered on the engine's thread)."""
 
     def __init__(self, model, tokenizer, *, name: str, stop_ids: set[int], chat_template: str | None,
-                 rows: int = ROWS, autocast: contextlib.AbstractContextManager | None = None) -> None:
+                 rows: int = ROWS, autocast: contextlib.AbstractContextManager | None = None,
+                 speculation: Speculation | None = None) -> None:
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
         self.model, self.tokenizer, self.name = model, tokenizer, name
@@ -87,7 +89,9 @@ class Engine:
         self.autocast = autocast or contextlib.nullcontext()  # --precision's, as qkv generate decodes under it
         # qkv's own tokenizers reserve ids for padding, sentence markers and <unk>: never text, never sampled
         self.suppress = frozenset(getattr(tokenizer, "special_ids", ())) - self.stop_ids
-        self.batch = Batch(model, suppress_ids=self.suppress)  # the rows decoding now (run by the engine's thread)
+        self.speculation = speculation  # drafts each step checks (--draft), or None
+        self.batch = Batch(model, suppress_ids=self.suppress, speculation=speculation)  # the rows decoding now (run
+        # by the engine's thread)
         self._waiting: deque[_Job] = deque()
         self._running: dict[Row, _Job] = {}
         self._wake = threading.Condition()
@@ -265,7 +269,7 @@ class Engine:
             except Exception as err:  # the batch is lost: every row in it ends with the error, the engine goes on
                 log.error("qkv serve: decoding failed: %s: %s", type(err).__name__, str(err)[:300])
                 ended = [*self._running]
-                batch = self.batch = Batch(self.model, suppress_ids=self.suppress)
+                batch = self.batch = Batch(self.model, suppress_ids=self.suppress, speculation=self.speculation)
                 for row in ended:
                     row.finish = "error"
                     self._running[row].on_end(err)

@@ -178,11 +178,12 @@ def complete(
     use_cache: bool = True,
     on_token=None,
     grammar: tuple[str, Any] | None = None,
+    speculation=None,
 ) -> list[str]:
     """Continue each prompt; returns only the continuations. Keyword arguments as for
     :func:`qkv.generation.generate` (``beam_size > 1`` runs beam search instead); ``grammar``: ``(kind, source)``
     of :func:`qkv.constrained.grammar`, each continuation kept within it (the first of ``stop_ids`` ends it once
-    complete)."""
+    complete); ``speculation``: a :class:`qkv.speculative.Speculation` (not with beam search)."""
     from ..generation import beam_search
     from ..sampling import GREEDY
 
@@ -200,6 +201,9 @@ def complete(
     if beam_size > 1:
         if constraints is not None:
             raise ValueError("a grammar constrains greedy decoding and sampling, not beam search: drop --beam")
+        if speculation is not None:
+            raise ValueError("speculative decoding drafts for greedy decoding and sampling, not beam search: drop "
+                             "--beam or --draft")
         if not stops:
             raise ValueError("beam search needs a stop token; this model has none (use sampling or greedy)")
         out = beam_search(decoder, start=decoder.start, max_new_tokens=max_new_tokens, beam_size=beam_size,
@@ -208,7 +212,7 @@ def complete(
         generator = torch.Generator(device_of(model)).manual_seed(seed) if seed is not None else None
         out = generate(decoder, start=decoder.start, max_new_tokens=max_new_tokens, sampling=sampling or GREEDY,
                        stop_ids=stops, context=ids, generator=generator, on_token=on_token, suppress_ids=suppress,
-                       constraints=constraints)
+                       constraints=constraints, speculation=speculation)
     return [tokenizer.decode(o) for o in out]
 
 
