@@ -92,6 +92,22 @@ def test_smollm2_continues_a_prompt_and_chats(tmp_path, here):
                    "the message is not valid UTF-8 (byte 0xff)")
 
 
+def test_drafts_give_the_plain_text_and_the_closing_line_counts_them(trained, tmp_path, here):
+    """--draft lookup and --draft SRC (SmolLM2 as its own draft: every draft accepted): the text of plain greedy
+    decoding, and the acceptance in the closing line; a draft of another vocabulary, a missing one, or drafts with
+    --beam, refused in one line."""
+    prompt = "Repeat: one two three four five six. Repeat: one two three four five six. Repeat:"
+    args = ("generate", "--pretrained", "smollm2", "--prompt", prompt, "--max-new-tokens", "24")
+    plain = ok(here(*args, cwd=tmp_path))
+    looked = ok(here(*args, "--draft", "lookup", cwd=tmp_path))
+    assert looked.stdout == plain.stdout and "drafted tokens accepted" in looked.stderr
+    itself = ok(here(*args, "--draft", "smollm2", "--draft-max", "4", cwd=tmp_path))
+    assert itself.stdout == plain.stdout and "accepted (100%)" in itself.stderr
+    last_line_error(here(*args, "--draft", str(trained), cwd=tmp_path), f"--draft {trained}", "tokenizer")
+    last_line_error(here(*args, "--draft", str(tmp_path / "missing.gguf"), cwd=tmp_path), "--draft")
+    last_line_error(here(*args, "--draft", "lookup", "--beam", "2", cwd=tmp_path), "beam search", "--draft")
+
+
 def test_generate_with_quantized_weights(trained, work, here):
     """--quantize int8 / int4 run the same command on 8- and 4-bit weights (cached = uncached there too); a
     group size that does not divide the model's width and an unknown mode are one-line errors."""

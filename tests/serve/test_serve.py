@@ -429,3 +429,34 @@ def test_a_failure_while_decoding_ends_its_requests_with_500_and_the_engine_goes
     assert "Traceback" not in answer.text and "kernel failed" not in answer.text
     answer = httpx.post(f"{url}/v1/completions", json={"model": NAME, "prompt": "Hi", "max_tokens": 2}, timeout=HANG)
     assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "draft"])
+def test_drafted_replies_are_the_plain_ones(engine, drafter):
+    """qkv serve --draft lookup|SRC: concurrent greedy requests (prompts that repeat themselves, for lookup to find
+    something) get qkv generate's plain text, drafts checked several tokens a row at once in the running batch; a
+    sampled request ends as it should."""
+    from qkv.speculative import DraftModel, Lookup, Speculation
+
+    speculation = Speculation(Lookup() if drafter == "lookup" else DraftModel(engine.model), most=8)
+    drafted = Engine(engine.model, engine.tokenizer, name=NAME, stop_ids=set(engine.stop_ids),
+                     chat_template=engine.chat_template, speculation=speculation)
+    prompts = [f"Copy this line: {line}\nCopy this line: {line}\nCopy this line:"
+               for line in ("the red fox runs home.", "one two three four five six", "a b c d e f g", "x = y + 1")]
+    answers = [None] * len(prompts)
+    with live(Server(drafted)) as base:
+        fresh = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=HANG)
+
+        def ask(i):
+            answers[i] = fresh.completions.create(model=NAME, prompt=prompts[i], max_tokens=12 + 4 * i,
+                                                  temperature=0.0).choices[0].text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(HANG)
+        sampled = fresh.completions.create(model=NAME, prompt=prompts[0], max_tokens=10, temperature=0.8, seed=1)
+    assert answers == [reference(engine, p, 12 + 4 * i) for i, p in enumerate(prompts)]
+    assert speculation.accepted > 0
+    assert sampled.choices[0].finish_reason in ("stop", "length") and sampled.usage.completion_tokens <= 10
