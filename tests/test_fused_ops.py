@@ -189,6 +189,34 @@ def test_several_new_tokens_at_once_are_each_what_it_is_alone(case, ragged, vari
     assert all(torch.equal(a, b) for a, b in zip(caches[0], caches[1], strict=True))
 
 
+@pytest.mark.parametrize("n", [7, 33, 577])
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_the_float_product_is_pytorchs(n, rows, threads, variant):
+    """``x W^T + b`` of a few rows (a decoding step's), the output rows over 1 to 4 threads: PyTorch's to float
+    rounding, with a bias and without."""
+    torch.manual_seed(n + rows)
+    x, w, b = torch.randn(rows, n), torch.randn(300, n), torch.randn(300)
+    torch.testing.assert_close(ops.linear(x, w, b, variant=variant), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(ops.linear(x[None], w, None, variant=variant), F.linear(x[None], w), rtol=1e-5,
+                               atol=1e-4)
+
+
+def test_a_float_layer_decodes_on_the_kernel_and_leaves_the_rest_to_pytorch(monkeypatch):
+    """FloatLinear: a few rows without a gradient go to the kernel; more rows, a gradient or bf16 to PyTorch."""
+    from qkv.nn.linear import FEW, FloatLinear
+
+    layer = FloatLinear.adopt(torch.nn.Linear(40, 24))
+    calls = []
+    monkeypatch.setattr(ops, "linear", lambda *a, **k: calls.append(a[0].shape) or F.linear(*a[:3]))
+    with torch.no_grad():
+        layer(torch.randn(2, 1, 40))
+        layer(torch.randn(FEW + 1, 40))
+        layer.to(torch.bfloat16)(torch.randn(1, 40, dtype=torch.bfloat16))
+    layer.float()(torch.randn(1, 40))  # a gradient to record
+    assert calls == [(2, 1, 40)]
+    assert type(torch.nn.Linear(2, 2)) is torch.nn.Linear  # adopting one layer changed no other
+
+
 def test_a_full_cache_is_refused_not_overrun():
     qkv = torch.randn(1, 1, 3 * 8)
     keys = values = torch.zeros(1, 1, 4, 8)
@@ -199,19 +227,19 @@ def test_a_full_cache_is_refused_not_overrun():
 @pytest.mark.parametrize("options", [{}, {"activation": "geglu_tanh", "attention_scale": 0.3, "residual_scale": 0.7}],
                          ids=["llama", "geglu-scaled"])
 def test_a_model_decodes_alike_through_them_and_through_the_python(options, monkeypatch):
-    """Greedy tokens and logits of a small model, cached, the fused operations against the Python (and against
-    no cache at all)."""
+    """Greedy tokens and logits of a small model held as the commands decode in float32 (qkv.quantize.float_layers),
+    cached, the fused operations and products against the Python (and against no cache at all)."""
     calls = []
-    for name in ("decode_attention", "gated", "rms_norm"):
+    for name in ("decode_attention", "gated", "rms_norm", "linear"):
         real = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, real=real, name=name, **k: calls.append(name) or real(*a, **k))
     torch.manual_seed(0)
     config = GPTConfig.from_preset("llama", vocab_size=97, d_model=64, n_heads=4, n_kv_heads=2, n_layers=2, d_ff=96,
                                    max_seq_len=64, **options)
-    from qkv.quantize import stack_projections
+    from qkv.quantize import float_layers
 
     model = GPT(config).eval()
-    stack_projections(model)  # the stacked projections a quantized model decodes with, in float32
+    float_layers(model)  # float32 as the commands decode with it: projections stacked, products on the kernel
     assert isinstance(model.decoder.layers[0].self_attn, StackedSelfAttention)
     prompt = torch.randint(0, 97, (2, 5))
 
@@ -226,7 +254,7 @@ def test_a_model_decodes_alike_through_them_and_through_the_python(options, monk
         return ids, torch.stack(logits)
 
     fused_ids, fused_logits = greedy()
-    assert {"decode_attention", "gated", "rms_norm"} <= set(calls)  # each took its part
+    assert {"decode_attention", "gated", "rms_norm", "linear"} <= set(calls)  # each took its part
     with ops.reference():
         python_ids, python_logits = greedy()
     assert torch.equal(fused_ids, python_ids)

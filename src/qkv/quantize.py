@@ -104,6 +104,7 @@ from . import kernels
 from .nn.attention import StackedSelfAttention
 from .nn.feedforward import FeedForward, StackedFeedForward
 from .nn.layers import DecoderLayer, EncoderLayer
+from .nn.linear import FloatLinear
 from .options import DEFAULT_GROUP_SIZE, GROUP_SIZES, MODES
 
 log = logging.getLogger(__name__)
@@ -764,6 +765,18 @@ def stack_projections(model: nn.Module) -> dict[str, str]:
                 _set_submodule(model, name, ffn)
                 replaced[f"{prefix}gate_up"] = f"{prefix}gate"
     return replaced
+
+
+def float_layers(model: nn.Module) -> nn.Module:
+    """``model`` (in place) held to decode in float32 on a CPU: its self-attentions' and gated feed-forwards'
+    projections stacked (:func:`stack_projections`), and every plain ``nn.Linear`` a
+    :class:`~qkv.nn.linear.FloatLinear`, whose products of a decoding step's few rows run on all threads. The same
+    weights; the same numbers to float rounding."""
+    stack_projections(model)
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            FloatLinear.adopt(module)
+    return model
 
 
 def _routes(name: str) -> bool:

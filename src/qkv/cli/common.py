@@ -117,7 +117,7 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
     on stderr), compiled when --compile asks: with dynamic shapes, so one graph serves every prompt length and
     every step of a growing KV cache. ``calibrate`` runs the model on :data:`qkv.quantize.CALIBRATION_TEXT`:
     given, int8 keeps each layer's outlier input columns in fp32 (see :mod:`qkv.quantize`)."""
-    from ..quantize import DEFAULT_GROUP_SIZE, input_magnitudes
+    from ..quantize import DEFAULT_GROUP_SIZE, float_layers, input_magnitudes
     from ..quantize import quantize as quantize_weights
 
     mode = getattr(args, "quantize", None)
@@ -127,6 +127,8 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
     magnitudes = input_magnitudes(model, calibrate) if mode == "int8" and calibrate is not None else None
     quantize_weights(model, mode or "none", group_size=getattr(args, "group_size", None) or DEFAULT_GROUP_SIZE,
                      magnitudes=magnitudes)
+    if device.type == "cpu":  # float32 layers decode on all threads (products of a few rows: qkv.nn.linear)
+        float_layers(model)
     model.to(device)
     if args.compile:
         import torch

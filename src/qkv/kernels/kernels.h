@@ -1,4 +1,5 @@
-/* What qkv's native files share (q4.c: the block products; ops.c: the fused operations of a decoding step).
+/* What qkv's native files share (q4.c: the block products; f32.c: the float32 product of a decoding step; ops.c:
+ * the fused operations of a decoding step).
  *
  * Each speed-critical loop is written for three instruction sets, the variants, and the caller names the one to
  * run (qkv.kernels passes the best this CPU runs, or the one QKV_KERNEL names; the tests run each): portable C

@@ -84,6 +84,19 @@ def gated(gate_up: Tensor, activation: str, *, variant: str | None = None) -> Te
     return out
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, variant: str | None = None) -> Tensor:
+    """``x W^T (+ b)`` for a few rows of ``x`` (a decoding step's), ``weight`` float32 ``(out, in)`` contiguous: the
+    output rows split over PyTorch's threads (its own product of a row runs on one)."""
+    x = x.contiguous()
+    rows, n, m = x.numel() // x.size(-1), x.size(-1), weight.size(0)
+    out = x.new_empty(*x.shape[:-1], m)
+    status = _library().qkv_linear_f32(_best() if variant is None else VARIANTS.index(variant), x.data_ptr(), rows, n,
+                                       weight.data_ptr(), None if bias is None else bias.data_ptr(), m, out.data_ptr())
+    if status:
+        raise ValueError("this CPU does not run that variant")
+    return out
+
+
 def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: tuple[Tensor, Tensor] | None,
                      rotary: int, interleaved: bool, keys: Tensor, values: Tensor, length: int,
                      starts: Tensor | None, window: int | None, scale: float, *, variant: str | None = None) -> Tensor:
@@ -118,4 +131,4 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: t
     return out
 
 
-__all__ = ["ACTIVATIONS", "add_rms_norm", "applies", "decode_attention", "gated", "reference", "rms_norm"]
+__all__ = ["ACTIVATIONS", "add_rms_norm", "applies", "decode_attention", "gated", "linear", "reference", "rms_norm"]
