@@ -67,11 +67,13 @@ def worker(setting: str, drafter: str) -> None:
 
     from qkv.generation import LMDecoder, generate
     from qkv.interop import load_pretrained, smollm2_path
+    from qkv.quantize import float_layers
     from qkv.speculative import DraftModel, Lookup, Speculation
 
     ids = prompt_ids()
     source = str(F32) if setting == "draft" else str(smollm2_path())
     target = load_pretrained(source, weights="none" if setting == "draft" else "auto")
+    float_layers(target.model)  # as qkv generate holds a float32 model on a CPU (the Q4_1 file's output layer too)
     speculation = None
     if drafter == "lookup":
         speculation = Speculation(Lookup())
