@@ -274,3 +274,34 @@ def test_the_python_runs_where_they_do_not_apply(monkeypatch):
         monkeypatch.setattr(ops, "_library", lambda: None)  # no library (no C compiler at install)
         assert not ops.applies(x)
     assert not ops.applies(x)  # gradients being recorded: training runs the Python
+
+
+def test_both_doors_into_the_library_call_the_same_functions(monkeypatch):
+    """The library's Python module (calls.c) and ctypes hand the same numbers to the same functions: every call a
+    decoding step makes gives identical outputs through either; a wrong call through the module is a TypeError."""
+    torch.manual_seed(0)
+    x, gains = torch.randn(3, 40), torch.rand(40) + 0.5
+    attention = _attention(*ATTENTION["window-gated"])
+    qkv = torch.randn(2, 3, (4 + 2 * 2) * 16)
+    tables = attention.rotary.cos_sin(torch.arange(9, 12))
+    weights = torch.randn(24, 40)
+
+    def everything():
+        cache = torch.zeros(2, 2, 16, 16), torch.zeros(2, 2, 16, 16)
+        return (ops.rms_norm(x, gains, 1e-5), *ops.add_rms_norm(x, x * 0.5, gains, 1e-6), ops.gated(x, "swiglu"),
+                ops.decode_attention(qkv, 4, 2, 16, tables, 16, False, *cache, 9, torch.tensor([3, 0]), 5, 0.25),
+                *cache, ops.linear(x, weights, gains[:24]))
+
+    module = everything()
+    assert type(kernels.calls()).__name__ == "module"
+    with pytest.raises(TypeError, match="takes 8 arguments"):
+        kernels.calls().rms_norm(1, 2)
+    monkeypatch.setenv("QKV_CALLS", "ctypes")
+    kernels.calls.cache_clear()
+    try:
+        assert type(kernels.calls()).__name__ == "_Ctypes"
+        through_ctypes = everything()
+    finally:
+        monkeypatch.undo()
+        kernels.calls.cache_clear()
+    assert all(torch.equal(a, b) for a, b in zip(module, through_ctypes, strict=True))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -106,6 +107,32 @@ def _library() -> ctypes.CDLL:
     if library is None:
         raise RuntimeError(why)
     return library
+
+
+_DOOR = ("linear", "rms_norm", "gated", "new_token_attention", "linear_f32")  # the calls of a decoding step
+
+
+class _Ctypes:
+    """The calls of :func:`calls` through ctypes, for a library built without its Python door."""
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        for name in _DOOR:
+            setattr(self, name, getattr(library, f"qkv_{name}"))
+
+
+@functools.cache
+def calls():
+    """The functions a decoding step calls many times a token, taking addresses and sizes as ints (None: a null
+    pointer): the library's own Python module (``calls.c``: a fraction of a microsecond a call), or the same
+    functions through ctypes (several microseconds) where the module door is not there. Raises as
+    :func:`_library` does without the library."""
+    library = _library()
+    if os.environ.get("QKV_CALLS") != "ctypes":
+        try:
+            return importlib.import_module(f"{__name__}._q4")
+        except ImportError:
+            pass
+    return _Ctypes(library)
 
 
 def best_variant() -> str:
@@ -291,7 +318,7 @@ def bound_linear(codes: Tensor, scales: Tensor, offsets: Tensor | None = None, *
     """:func:`linear` with these weights: what does not depend on the input (the library's function, the buffers'
     addresses) looked up once, so that a decoding step's call costs a few microseconds. The weights must stay
     where they are (a layer remakes its function when its buffers move)."""
-    call = _library().qkv_linear
+    call = calls().linear
     rows = _rows(codes, rows)
     fixed = (_format(codes), _best() if variant is None else variant, codes.data_ptr(), scales.data_ptr(),
              None if offsets is None else offsets.data_ptr(), rows)

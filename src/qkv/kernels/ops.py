@@ -25,7 +25,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from . import VARIANTS, _best, _loaded
+from . import VARIANTS, _best, _loaded, calls
 
 ACTIVATIONS = {"swiglu": 0, "geglu_tanh": 1}  # ops.c's codes of the gated activations it computes
 _off = os.environ.get("QKV_FUSED", "1") == "0"
@@ -57,7 +57,7 @@ def rms_norm(x: Tensor, gains: Tensor, eps: float) -> Tensor:
     """``RMSNorm(x)`` over the last dimension, ``gains`` float32."""
     x = x.contiguous()
     out = torch.empty_like(x)
-    _library().qkv_rms_norm(x.data_ptr(), None, gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1), None,
+    calls().rms_norm(x.data_ptr(), None, gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1), None,
                             out.data_ptr())
     return out
 
@@ -67,7 +67,7 @@ def add_rms_norm(x: Tensor, add: Tensor, gains: Tensor, eps: float) -> tuple[Ten
     pass; ``x`` and ``add`` of one shape."""
     x, add = x.contiguous(), add.contiguous()
     summed, out = torch.empty_like(x), torch.empty_like(x)
-    _library().qkv_rms_norm(x.data_ptr(), add.data_ptr(), gains.data_ptr(), eps, x.numel() // x.size(-1),
+    calls().rms_norm(x.data_ptr(), add.data_ptr(), gains.data_ptr(), eps, x.numel() // x.size(-1),
                             x.size(-1), summed.data_ptr(), out.data_ptr())
     return summed, out
 
@@ -78,7 +78,7 @@ def gated(gate_up: Tensor, activation: str, *, variant: str | None = None) -> Te
     gate_up = gate_up.contiguous()
     d = gate_up.size(-1) // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], d)
-    if _library().qkv_gated(_best() if variant is None else VARIANTS.index(variant), gate_up.data_ptr(),
+    if calls().gated(_best() if variant is None else VARIANTS.index(variant), gate_up.data_ptr(),
                             gate_up.numel() // (2 * d), d, ACTIVATIONS[activation], out.data_ptr()):
         raise ValueError(f"this CPU does not run the {variant} variant")
     return out
@@ -90,7 +90,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, variant: str | Non
     x = x.contiguous()
     rows, n, m = x.numel() // x.size(-1), x.size(-1), weight.size(0)
     out = x.new_empty(*x.shape[:-1], m)
-    status = _library().qkv_linear_f32(_best() if variant is None else VARIANTS.index(variant), x.data_ptr(), rows, n,
+    status = calls().linear_f32(_best() if variant is None else VARIANTS.index(variant), x.data_ptr(), rows, n,
                                        weight.data_ptr(), None if bias is None else bias.data_ptr(), m, out.data_ptr())
     if status:
         raise ValueError("this CPU does not run that variant")
@@ -119,11 +119,11 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: t
         table = 0 if cos.size(0) == 1 else cos[0].numel()
     out = qkv.new_empty(b, t, heads * dim)
     scratch = qkv.new_empty(b * t * heads, room)
-    status = _library().qkv_new_token_attention(
+    status = calls().new_token_attention(
         _best() if variant is None else VARIANTS.index(variant), qkv.data_ptr(), b, t, heads, kv_heads, dim,
         None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), table, token_table, rotary,
         int(interleaved), keys.data_ptr(), values.data_ptr(), room, keys.stride(0), keys.stride(1), length,
-        None if starts is None else starts.data_ptr(), window or 0, ctypes.c_float(scale), scratch.data_ptr(),
+        None if starts is None else starts.data_ptr(), window or 0, float(scale), scratch.data_ptr(),
         out.data_ptr())
     if status:
         raise ValueError("the KV cache has no room for the new positions, a row has no position to attend to, or "

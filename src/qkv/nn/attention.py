@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import ops
+from .linear import product
 from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
 from .position import RotaryEmbedding
 from .stacked import stack_linears
@@ -549,7 +550,7 @@ class StackedSelfAttention(MultiHeadAttention):
         and values written into the cache, each query's attention over its row's cached positions up to its own
         (``cache.starts`` on, the last ``window``); then W^O."""
         b, t = query.shape[:2]
-        qkv = self.qkv_proj(query).view(b, t, -1)
+        qkv = product(self.qkv_proj, query).view(b, t, -1)
         length = len(cache)
         if cache._k is None or length + t > cache._k.size(2):
             like = qkv.new_empty(b, self.n_kv_heads, 1, self.head_dim)
@@ -567,7 +568,7 @@ class StackedSelfAttention(MultiHeadAttention):
         out = heads.view(b, t, self.inner_dim)
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
-        return self.out_proj(out)
+        return product(self.out_proj, out)
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
                  cache: KVCache | None, unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor, Tensor]:

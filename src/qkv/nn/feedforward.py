@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels import ops
+from .linear import product
 from .stacked import stack_linears
 
 ACTIVATIONS = {
@@ -112,6 +113,11 @@ class StackedFeedForward(FeedForward):
 
     def _hidden(self, x: Tensor) -> Tensor:
         return self.activate(self.gate_up(x))  # (B, T, d_ff)
+
+    def decode(self, x: Tensor) -> Tensor:
+        """:meth:`forward` in a decoding step that runs on qkv's own operations (:func:`qkv.kernels.ops.applies`,
+        not training): the products straight through their kernel calls (:func:`qkv.nn.linear.product`)."""
+        return product(self.down, self.activate(product(self.gate_up, x)))
 
     def activate(self, gate_up: Tensor) -> Tensor:
         """``act(gate) * up`` of ``[gate | up]`` side by side ``(..., 2 d_ff)``: qkv's own call where it applies

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from ..kernels import ops
 from .attention import KVCache, MultiHeadAttention, StackedSelfAttention
+from .feedforward import StackedFeedForward
 from .norm import RMSNorm
 from .unpadded import Unpadded
 
@@ -240,7 +241,8 @@ class DecoderLayer(nn.Module):
         if self.self_attn_out_norm is not None:
             out = self.self_attn_out_norm(out)
         x, h = ops.add_rms_norm(x, out if scale == 1.0 else out * scale, ffn_norm.gains(), ffn_norm.eps)
-        out = self.feed_forward(h)
+        ffn = self.feed_forward
+        out = ffn.decode(h) if type(ffn) is StackedFeedForward else ffn(h)
         if self.ffn_out_norm is not None:
             out = self.ffn_out_norm(out)
         return x + (out if scale == 1.0 else out * scale)

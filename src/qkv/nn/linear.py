@@ -32,3 +32,12 @@ class FloatLinear(nn.Linear):
         """``linear`` itself, now of this class (its parameters and hooks kept, nothing copied)."""
         linear.__class__ = cls
         return linear
+
+
+def product(layer: nn.Module, x: Tensor) -> Tensor:
+    """``layer(x)`` in a decoding step already found to run on qkv's own operations
+    (:func:`qkv.kernels.ops.applies`; ``x`` contiguous): straight through the layer's bound kernel call where it has
+    one (a quantized layer that is its product alone: :meth:`qkv.quantize.QuantizedLinear._make_lean`), as a module
+    otherwise. A module call and its checks cost microseconds, and a small model's step makes a hundred of them."""
+    lean = layer.__dict__.get("_lean")
+    return layer(x) if lean is None else lean(x)
