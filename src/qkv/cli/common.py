@@ -117,6 +117,7 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
     on stderr), compiled when --compile asks: with dynamic shapes, so one graph serves every prompt length and
     every step of a growing KV cache. ``calibrate`` runs the model on :data:`qkv.quantize.CALIBRATION_TEXT`:
     given, int8 keeps each layer's outlier input columns in fp32 (see :mod:`qkv.quantize`)."""
+    from ..huge_pages import into_huge_pages
     from ..quantize import DEFAULT_GROUP_SIZE, float_layers, input_magnitudes
     from ..quantize import quantize as quantize_weights
 
@@ -129,6 +130,7 @@ def place(model, device, args: argparse.Namespace, *, quantize: str = "none", ca
                      magnitudes=magnitudes)
     if device.type == "cpu":  # float32 layers decode on all threads (products of a few rows: qkv.nn.linear)
         float_layers(model)
+        into_huge_pages(model)  # the weights in 2 MB pages, read faster (qkv.huge_pages)
     model.to(device)
     if args.compile:
         import torch

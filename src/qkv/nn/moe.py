@@ -146,6 +146,10 @@ class MoEFeedForward(nn.Module):
             start += count
         return out
 
+    def _forget_product(self) -> None:
+        """The kernel's decoding step is made again at the next use (the experts' weights moved)."""
+        self._decode = None
+
     def _kernel_step(self) -> Callable | None:
         """The decoding step of :mod:`qkv.kernels.experts` when every expert is a 4-bit layer of qkv's kernel (made
         once for these experts where they lie; None otherwise, or while training)."""
