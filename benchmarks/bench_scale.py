@@ -16,7 +16,8 @@ projections) and Granite 3.3 2B (scales); a table longer than SmolLM2's vocabula
 
 Every measurement is its own process, qkv and llama.cpp alternating, ``--repeats`` rounds (medians):
 
-* qkv: ``qkv.interop.load_pretrained(FILE)`` (weights quantized at rest), a 32-token prompt, 32 greedy tokens
+* qkv: ``qkv.interop.load_pretrained(FILE)`` (weights quantized at rest, moved into huge pages as ``qkv generate``
+  holds them), a 32-token prompt, 32 greedy tokens
   through the KV cache; peak resident memory (``VmHWM``) less that of the same process when it had only
   imported torch and qkv; load time, time to the first token (load + prompt), decoding tokens/s, and prompt
   tokens/s (the same prompt read again, warm, as llama-bench's runs after its warm-up).
@@ -309,12 +310,14 @@ def child_qkv(path: str) -> dict:
     """Runs in its own process: load, prompt, decode; times and peak memory."""
     import torch
 
+    from qkv.huge_pages import into_huge_pages
     from qkv.interop import load_pretrained
 
     torch.set_num_threads(int(os.environ.get("THREADS", "2")))
     imported = _high_water_mark()
     start = time.perf_counter()
     pre = load_pretrained(path)
+    into_huge_pages(pre.model)  # as qkv generate holds it
     loaded = time.perf_counter()
     model = pre.model
     ids = torch.tensor([pre.tokenizer.encode(TEXT * 4)[:PROMPT_TOKENS]])
