@@ -538,7 +538,7 @@ class StackedSelfAttention(MultiHeadAttention):
         ``DECODED`` new tokens a row (one when decoding, a few when checking drafts: then each gets the numbers it
         gets alone), a cache of float32 positions whose numbers lie side by side (as it makes them) or none yet, no
         score cap or query/key norm, and :func:`qkv.kernels.ops.applies`."""
-        if cache is None or query.size(1) > DECODED or self.softcap is not None or self.q_norm is not None:
+        if cache is None or query.size(1) > DECODED or self.softcap is not None:
             return False
         k = cache._k
         fits = k is None or (k.dtype == torch.float32 and k.stride(3) == 1 and k.stride(2) == k.size(3))
@@ -551,6 +551,8 @@ class StackedSelfAttention(MultiHeadAttention):
         (``cache.starts`` on, the last ``window``); then W^O."""
         b, t = query.shape[:2]
         qkv = product(self.qkv_proj, query).view(b, t, -1)
+        if self.q_norm is not None:
+            qkv = self._qk_normed(qkv)
         length = len(cache)
         if cache._k is None or length + t > cache._k.size(2):
             like = qkv.new_empty(b, self.n_kv_heads, 1, self.head_dim)
@@ -569,6 +571,15 @@ class StackedSelfAttention(MultiHeadAttention):
         if self.gate_proj is not None:
             out = out * torch.sigmoid(self.gate_proj(query))
         return product(self.out_proj, out)
+
+    def _qk_normed(self, qkv: Tensor) -> Tensor:
+        """``qkv`` ``(B, t, width)`` with its queries and keys normalised by ``q_norm`` and ``k_norm`` as
+        :meth:`_project` normalises them (each head's, or the whole projections'), the values as they are."""
+        d_q, d_kv = self.inner_dim, self.n_kv_heads * self.head_dim
+        q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)
+        if not self.qk_norm_whole:
+            q, k = q.unflatten(-1, (self.n_heads, self.head_dim)), k.unflatten(-1, (self.n_kv_heads, self.head_dim))
+        return torch.cat([self.q_norm(q).flatten(2), self.k_norm(k).flatten(2), v], dim=-1)
 
     def _project(self, query: Tensor, key_value: Tensor | None, positions: Tensor | None,
                  cache: KVCache | None, unpadded: Unpadded | None = None) -> tuple[Tensor, Tensor, Tensor]:
