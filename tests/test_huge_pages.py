@@ -57,3 +57,25 @@ def test_nothing_moves_where_huge_pages_are_not_offered(monkeypatch):
     pointers = [p.data_ptr() for p in m.parameters()]
     assert huge_pages.into_huge_pages(m) == 0
     assert [p.data_ptr() for p in m.parameters()] == pointers
+
+
+def test_the_largest_tensors_become_huge_pages_where_they_lie(monkeypatch):
+    """A tensor of LARGE bytes or more is not copied (its copy would double the peak for a moment): its own memory is
+    collapsed into huge pages (MADV_COLLAPSE), the numbers unchanged; where the system refuses, it stays as it was."""
+    if not huge_pages.offered():
+        pytest.skip("this system offers no transparent huge pages")
+    monkeypatch.setattr(huge_pages, "LARGE", 1 << 20)
+    torch.manual_seed(0)
+    cfg = GPTConfig.from_preset("llama", vocab_size=16384, d_model=64, n_heads=4, n_kv_heads=2, n_layers=1, d_ff=128,
+                                max_seq_len=32)
+    m = GPT(cfg).eval()  # a 4 MB token table (and output layer)
+    collapsed = []
+    real = huge_pages._collapse
+    monkeypatch.setattr(huge_pages, "_collapse", lambda a, n: collapsed.append(n) or real(a, n))
+    before, table = greedy(m), m.tok_emb.weight.data_ptr()
+    huge_pages.into_huge_pages(m)
+    assert collapsed and min(collapsed) >= 1 << 20
+    if real(table, 4 << 20):  # the system collapses memory in place (Linux 6.1 on)
+        assert m.tok_emb.weight.data_ptr() == table  # not copied
+    after = greedy(m)
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
