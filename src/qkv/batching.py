@@ -93,8 +93,9 @@ class Batch:
         self.lengths = torch.zeros(0, dtype=torch.long, device=self.device)  # (B,): each row's positions so far
         self.last = torch.zeros(0, 1, dtype=torch.long, device=self.device)  # (B, 1): each row's newest token
         self.suppress = _suppressor(suppress_ids, self.device)
-        self.speculation = speculation  # drafts checked each step (qkv.speculative); rows then keep their
-        self.unread: list[list[int]] = []  # chosen tokens not yet read (the newest, and any the others refused)
+        self.speculation = speculation  # drafts checked each step (qkv.speculative), or None
+        # with drafts: each row's chosen tokens the cache has not read yet (its newest, and any the others refused)
+        self.unread: list[list[int]] = []
         if speculation is not None:
             speculation.start([])
 
@@ -151,8 +152,8 @@ class Batch:
         for i, (row, u, d) in enumerate(zip(rows, unread, drafts, strict=True)):
             at = masked(logits[i, len(u) - 1 : len(u) + len(d)], [row.constraint])
             tokens = accept(at, d, row.sampling, row.generator)
-            logprobs = _logprobs(logits[i, len(u) - 1 : len(u) + len(tokens) - 1], torch.tensor(tokens),
-                                 [row] * len(tokens))
+            logprobs = _logprobs(logits[i, len(u) - 1 : len(u) + len(tokens) - 1],
+                                 torch.tensor(tokens, device=logits.device), [row] * len(tokens))
             chosen.append(tokens)
             for token, logprob in zip(tokens, logprobs, strict=True):
                 if _take(row, token, logprob):

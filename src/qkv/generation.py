@@ -7,9 +7,10 @@ else about the model, so the translator and the language model share them. An en
 its own adapter (``model.start_decoding(src)``); :class:`LMDecoder` is the decoder-only one.
 
 * greedy: take the most probable token every step.
-* sampling (:class:`Sampling`): divide the logits by a temperature, keep the k most probable tokens (top-k)
-  and/or the smallest set whose probability reaches p (top-p, "nucleus"), renormalise and draw. A repetition
-  penalty first makes tokens already in the context less likely. Temperature 0 is greedy.
+* sampling: draw from the filtered distribution (:class:`qkv.sampling.Sampling`: temperature, top-k, top-p, a
+  repetition penalty; temperature 0 is greedy).
+* speculative decoding (:mod:`qkv.speculative`): greedy decoding or sampling with several drafted tokens checked in
+  one step, the same text (greedy) or the same distribution (sampling), sooner.
 * beam search: keep the ``k`` best partial sequences by total log-probability; finished hypotheses are
   compared by score / lp(length) with lp(n) = ((5 + n) / 6)^α (Wu et al. 2016), so α > 0 counters the bias
   towards short outputs. With ``k = 1`` it is exactly greedy.
