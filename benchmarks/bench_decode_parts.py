@@ -12,8 +12,9 @@ kernel calls. Everything that is not the kernel is the layers' other work (norms
 attention, the residual sums) and the Python that calls it.
 
 Last, what each way of calling native code costs a call, on SmolLM2's sizes (medians of 2,000 calls): the
-library's function through ctypes with its arguments made once, qkv's Python wrapper around it
-(``qkv.kernels.ops``, the bound kernel product), and the registered operator ``qkv::block_linear`` that
+library's function through ctypes with its arguments made once, through the library's own Python module
+(``calls.c``, what qkv calls), qkv's Python wrapper around it (``qkv.kernels.ops``, the bound kernel product),
+and the registered operator ``qkv::block_linear`` that
 ``torch.compile`` calls (``torch.library.custom_op``), against the PyTorch operations they stand in for.
 """
 
@@ -130,7 +131,7 @@ def calls(model) -> None:
 
     from qkv.kernels.layer import block_linear
 
-    library = kernels._library()
+    library, door = kernels._library(), kernels.calls()
     x, gains = torch.randn(1, 576), torch.ones(576)
     out = torch.empty_like(x)
     eps = ctypes.c_float(1e-5)
@@ -143,13 +144,18 @@ def calls(model) -> None:
     rows = {
         "RMSNorm 576: ctypes, arguments made once": lambda: library.qkv_rms_norm(
             x.data_ptr(), None, gains.data_ptr(), eps, 1, 576, None, out.data_ptr()),
+        "RMSNorm 576: the library's module (calls.c)": lambda: door.rms_norm(
+            x.data_ptr(), None, gains.data_ptr(), 1e-5, 1, 576, None, out.data_ptr()),
         "RMSNorm 576: qkv.kernels.ops.rms_norm": lambda: ops.rms_norm(x, gains, 1e-5),
         "RMSNorm 576: F.rms_norm (PyTorch)": lambda: F.rms_norm(x, (576,), gains, 1e-5),
         "SwiGLU 1536: ctypes": lambda: library.qkv_gated(
             kernels._best(), gate_up.data_ptr(), 1, 1536, 0, hidden.data_ptr()),
+        "SwiGLU 1536: the library's module": lambda: door.gated(
+            kernels._best(), gate_up.data_ptr(), 1, 1536, 0, hidden.data_ptr()),
         "SwiGLU 1536: qkv.kernels.ops.gated": lambda: ops.gated(gate_up, "swiglu"),
         "SwiGLU 1536: chunk, silu, mul (PyTorch)": lambda: (lambda g, u: F.silu(g) * u)(*gate_up.chunk(2, -1)),
         "int4 576x576: ctypes": lambda: library.qkv_linear(*fixed, 576, x.data_ptr(), 1, y.data_ptr()),
+        "int4 576x576: the library's module": lambda: door.linear(*fixed, 576, x.data_ptr(), 1, y.data_ptr()),
         "int4 576x576: the bound product": lambda: bound(x),
         "int4 576x576: the layer (module call)": lambda: layer(x),
         "int4 576x576: qkv::block_linear (custom_op)": lambda: block_linear(x, codes, scales, offsets, 576),
