@@ -2,8 +2,14 @@
 the translation Transformer in fp32, bf16 autocast and without dropout.
 
     python benchmarks/bench_train_step.py [--part nanogpt|translation|all] [--repeats 40] [--eager] [--json F]
+    python benchmarks/bench_train_step.py --processes [--rounds 6] [--repeats 60]
 
 One process, contenders alternated step by step, medians reported as ms/step, tokens/s and a ratio.
+
+``--processes``: the eager reference and qkv's GPT (with biases), each in its own process as each runs for real,
+alternating, ``--rounds`` of each; every process's median step over ``--repeats`` steps after a warm-up, and the
+median of those. qkv's process sets up its C allocator as ``qkv train`` does (:func:`qkv.footprint.reuse_freed_memory`:
+the memory a step frees is kept for the next), which one process shared with the reference cannot show.
 
 * nanogpt: the configuration of nanoGPT's CPU recipe (4 layers, 128 wide, 4 heads, context 64, batch 12, a
   65-character vocabulary, no dropout, gradient clipping at 1). The reference is nanoGPT's model as its
@@ -173,13 +179,51 @@ def report(title: str, medians: dict[str, float], tokens: int, base: str, result
         print(f"  {name:36s} {s * 1e3:7.1f} ms/step  {tokens / s:8,.0f} tokens/s  {medians[base] / s:5.2f}x")
 
 
+def one_process(who: str, repeats: int) -> None:
+    """A contender alone in this process (``--processes``'s child): prints its median ms/step."""
+    from qkv.footprint import reuse_freed_memory
+
+    stream = torch.randint(4, 4 + VOCAB, (200_000,))
+    if who == "qkv":
+        reuse_freed_memory()  # as qkv.training.Trainer sets it up
+        step = qkv_step(stream, False)
+    else:
+        step = reference_step(stream - 4, False)
+    print(race({who: step}, repeats, warmup=10)[who] * 1e3)
+
+
+def processes(rounds: int, repeats: int) -> None:
+    import subprocess
+    import sys
+
+    times: dict[str, list[float]] = {"reference": [], "qkv": []}
+    for r in range(rounds):
+        for who in ("reference", "qkv") if r % 2 == 0 else ("qkv", "reference"):
+            done = subprocess.run([sys.executable, __file__, "--child", who, "--repeats", str(repeats)],
+                                  capture_output=True, text=True, check=True)
+            times[who].append(float(done.stdout.split()[-1]))
+            print(f"  round {r + 1}: {who:9s} {times[who][-1]:6.2f} ms/step", flush=True)
+    ref, ours = statistics.median(times["reference"]), statistics.median(times["qkv"])
+    print(f"nanoGPT's CPU recipe, each in its own process, medians of {rounds}: reference {ref:.2f} ms/step, qkv GPT "
+          f"(biases) {ours:.2f} ms/step: {ref / ours:.2f}x the reference's speed")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", action="store_true", help="reference and qkv each in its own process")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--child", choices=["reference", "qkv"], help=argparse.SUPPRESS)
     parser.add_argument("--part", choices=["nanogpt", "translation", "all"], default="all")
     parser.add_argument("--repeats", type=int, default=40)
     parser.add_argument("--eager", action="store_true", help="the eager steps only (nothing compiled)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if args.child:
+        one_process(args.child, args.repeats)
+        return
+    if args.processes:
+        processes(args.rounds, args.repeats)
+        return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     results: dict[str, dict] = {}
     if args.part in ("nanogpt", "all"):

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .budget import Budget
 from .checkpoint import CheckpointError, load_checkpoint, resume_adapters, save_checkpoint
 from .distributed import SINGLE, Group
+from .footprint import reuse_freed_memory
 from .lora import lora_layers
 from .optimizers import OPTIMIZERS, build_optimizer
 from .progress import Progress, RunLog
@@ -510,6 +511,7 @@ class Trainer:
         return self.state.elapsed_s + time.monotonic() - self.started
 
     def _start(self) -> None:
+        reuse_freed_memory()  # every step frees what the next allocates again: keep it (qkv.footprint)
         if self.opts.resume:
             self._restore()
             self.budget.check_left(self.out, step=self.state.step, run_s=self.state.elapsed_s,
