@@ -55,20 +55,30 @@ static PyObject *call_linear(PyObject *self, PyObject *const *args, Py_ssize_t g
                                       a[8], PTR(a[9])));
 }
 
+/* args as int64 but args[real], a float, in *value; -1 with Python's error set as numbers() sets it. */
+static int numbers_and_real(PyObject *const *args, Py_ssize_t given, Py_ssize_t count, const char *name,
+                            Py_ssize_t real, int64_t *out, double *value)
+{
+    PyObject *ints[32];
+    if (given != count || count > 32) {
+        PyErr_Format(PyExc_TypeError, "%s takes %zd arguments, %zd given", name, count, given);
+        return -1;
+    }
+    *value = PyFloat_AsDouble(args[real]);
+    if (*value == -1.0 && PyErr_Occurred())
+        return -1;
+    for (Py_ssize_t i = 0; i < count; i++)
+        ints[i] = i == real ? Py_None : args[i];
+    return numbers(ints, count, count, name, out);
+}
+
 /* rms_norm(x, add, gains, eps, rows, n, sum, out) -> None; eps a float */
 static PyObject *call_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t given)
 {
     int64_t a[8];
+    double eps;
     (void)self;
-    if (given != 8) {
-        PyErr_Format(PyExc_TypeError, "rms_norm takes 8 arguments, %zd given", given);
-        return NULL;
-    }
-    double eps = PyFloat_AsDouble(args[3]);
-    if (eps == -1.0 && PyErr_Occurred())
-        return NULL;
-    PyObject *ints[8] = {args[0], args[1], args[2], Py_None, args[4], args[5], args[6], args[7]};
-    if (numbers(ints, 8, 8, "rms_norm", a))
+    if (numbers_and_real(args, given, 8, "rms_norm", 3, a, &eps))
         return NULL;
     qkv_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (float)eps, a[4], a[5], PTR(a[6]), PTR(a[7]));
     Py_RETURN_NONE;
@@ -88,18 +98,9 @@ static PyObject *call_gated(PyObject *self, PyObject *const *args, Py_ssize_t gi
 static PyObject *call_attention(PyObject *self, PyObject *const *args, Py_ssize_t given)
 {
     int64_t a[24];
+    double scale;
     (void)self;
-    if (given != 24) {
-        PyErr_Format(PyExc_TypeError, "new_token_attention takes 24 arguments, %zd given", given);
-        return NULL;
-    }
-    double scale = PyFloat_AsDouble(args[21]);
-    if (scale == -1.0 && PyErr_Occurred())
-        return NULL;
-    PyObject *ints[24];
-    for (int i = 0; i < 24; i++)
-        ints[i] = i == 21 ? Py_None : args[i];
-    if (numbers(ints, 24, 24, "new_token_attention", a))
+    if (numbers_and_real(args, given, 24, "new_token_attention", 21, a, &scale))
         return NULL;
     return PyLong_FromLong(qkv_new_token_attention(
         (int)a[0], PTR(a[1]), a[2], a[3], a[4], a[5], a[6], PTR(a[7]), PTR(a[8]), a[9], a[10], a[11], (int)a[12],
