@@ -318,3 +318,25 @@ def test_both_doors_into_the_library_call_the_same_functions(monkeypatch):
         monkeypatch.undo()
         kernels.calls.cache_clear()
     assert all(torch.equal(a, b) for a, b in zip(module, through_ctypes, strict=True))
+
+
+@pytest.mark.parametrize("n", [1, 17, 100_003])
+def test_trainings_gelu_and_its_gradient_are_pytorchs(n, threads, variant, monkeypatch):
+    """GELU's tanh form (GPT-2's) and its gradient on qkv's own, over odd sizes (a rest after the vector loops; more
+    than one chunk per thread): PyTorch's to float rounding; elsewhere (bf16, the reference) PyTorch's itself."""
+    torch.manual_seed(n)
+    x = (torch.randn(n) * 4).requires_grad_()
+    grad = torch.randn(n)
+    ours = ops.gelu_tanh(x)
+    ours.backward(grad)
+    ours_grad, x.grad = x.grad, None
+    theirs = F.gelu(x, approximate="tanh")
+    theirs.backward(grad)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours_grad, x.grad, rtol=1e-5, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(ops, "_gelu_tanh", lambda *a: calls.append(a) or F.gelu(a[0], approximate="tanh"))
+    ops.gelu_tanh(x.detach().bfloat16())
+    with ops.reference():
+        ops.gelu_tanh(x)
+    assert not calls

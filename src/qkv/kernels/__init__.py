@@ -88,6 +88,8 @@ def _declare(library: ctypes.CDLL) -> None:
     library.qkv_new_token_attention.argtypes = [_INT, _P, _I64, _I64, _I64, _I64, _I64, _P, _P, _I64, _I64, _I64,
                                                 _INT, _P, _P, _I64, _I64, _I64, _I64, _P, _I64, _F, _P, _P]
     library.qkv_new_token_attention.restype = _INT
+    library.qkv_gelu_tanh.argtypes = [_INT, _P, _P, _I64, _P]
+    library.qkv_gelu_tanh.restype = _INT
     library.qkv_linear_f32.argtypes = [_INT, _P, _I64, _I64, _P, _P, _I64, _P]
     library.qkv_linear_f32.restype = _INT
 

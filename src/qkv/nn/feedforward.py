@@ -20,7 +20,7 @@ from .stacked import stack_linears
 ACTIVATIONS = {
     "relu": F.relu,
     "gelu": F.gelu,  # exact, erf-based (BERT)
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's approximation
+    "gelu_tanh": ops.gelu_tanh,  # GPT-2's approximation (on qkv's own where it applies: PyTorch's is slow on a CPU)
     "silu": F.silu,
     "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),  # CLIP's sigmoid approximation of GELU
     "relu2": lambda x: F.relu(x).square(),  # ReLU squared (So et al. 2021, "Primer"; the GPT-2 speedruns)
