@@ -16,8 +16,8 @@ the memory a step frees is kept for the next), which one process shared with the
   README and paper-style description lay it out, written here: one fused Q/K/V projection, PyTorch's
   ``scaled_dot_product_attention`` with ``is_causal``, exact GELU, no biases, tied embeddings, AdamW with the
   for-each implementation that nanoGPT uses off CUDA. qkv runs what ``qkv train lm --preset tiny`` runs:
-  its ``GPT`` (GPT-2 style, biases, tanh GELU, the table padded to 128 rows), its language-model loss and its
-  optimizer (fused AdamW); and the same without biases, nanoGPT's own configuration. Both eager, then both
+  its ``GPT`` (GPT-2 style, biases, the tiny preset's exact GELU, the table padded to 128 rows), its language-model
+  loss and its optimizer (fused AdamW); and the same without biases, nanoGPT's own configuration. Both eager, then both
   compiled (``torch.compile``; compiling is not timed), then qkv compiled in bf16 autocast (``--precision bf16``:
   faster only on a CPU with AVX512-BF16 or AMX).
 * translation: the Multi30k configuration of the README (3+3 layers, d=256, 8 heads, FFN 1024, shared 8k
