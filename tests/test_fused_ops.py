@@ -340,3 +340,39 @@ def test_trainings_gelu_and_its_gradient_are_pytorchs(n, threads, variant, monke
     with ops.reference():
         ops.gelu_tanh(x)
     assert not calls
+
+
+def test_a_call_through_the_module_lets_other_threads_run():
+    """As ctypes does, a call through the library's module releases Python's lock while it computes: a server's
+    other threads (reading requests, serving a page) go on meanwhile. One long product on one thread; a thread that
+    stamps the time must stamp well inside it (holding the lock, only at its edges)."""
+    import threading
+    import time
+
+    door = kernels.calls()
+    if type(door).__name__ != "module":
+        pytest.skip("the library's module door is not built")
+    w, x, y = torch.randn(4096, 4096), torch.randn(8, 4096), torch.empty(8, 4096)
+    stamps, stop, started = [], threading.Event(), threading.Event()
+
+    def stamp():
+        started.set()
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    stamper = threading.Thread(target=stamp)
+    stamper.start()
+    started.wait()
+    try:
+        start = time.perf_counter()
+        door.linear_f32(0, x.data_ptr(), 8, 4096, w.data_ptr(), None, 4096, y.data_ptr())  # portable: ~30 ms or more
+        end = time.perf_counter()
+    finally:
+        stop.set()
+        stamper.join()
+        torch.set_num_threads(before_threads)
+    margin = (end - start) / 4
+    assert end - start > 0.01, "the call was too short to tell"
+    assert any(start + margin < t < end - margin for t in stamps)

@@ -4,7 +4,9 @@
  * about 5 microseconds before any work, and a step of a small model makes a few hundred such calls. The same library
  * is therefore also a Python module, whose functions take the numbers as they are (addresses and sizes as ints,
  * None for a null pointer, floats) and call the C functions directly: the same functions, a fraction of a
- * microsecond a call. Nothing here computes; the library keeps working through ctypes where this door is not built.
+ * microsecond a call. As ctypes does, each call lets other Python threads run while it computes (a server's
+ * requests are read while the model decodes). Nothing here computes; the library keeps working through ctypes where
+ * this door is not built.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -51,8 +53,11 @@ static PyObject *call_linear(PyObject *self, PyObject *const *args, Py_ssize_t g
     (void)self;
     if (numbers(args, given, 10, "linear", a))
         return NULL;
-    return PyLong_FromLong(qkv_linear((int)a[0], (int)a[1], PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], PTR(a[7]),
-                                      a[8], PTR(a[9])));
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = qkv_linear((int)a[0], (int)a[1], PTR(a[2]), PTR(a[3]), PTR(a[4]), a[5], a[6], PTR(a[7]), a[8], PTR(a[9]));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
 }
 
 /* args as int64 but args[real], a float, in *value; -1 with Python's error set as numbers() sets it. */
@@ -80,7 +85,9 @@ static PyObject *call_rms_norm(PyObject *self, PyObject *const *args, Py_ssize_t
     (void)self;
     if (numbers_and_real(args, given, 8, "rms_norm", 3, a, &eps))
         return NULL;
+    Py_BEGIN_ALLOW_THREADS
     qkv_rms_norm(PTR(a[0]), PTR(a[1]), PTR(a[2]), (float)eps, a[4], a[5], PTR(a[6]), PTR(a[7]));
+    Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
 
@@ -91,7 +98,11 @@ static PyObject *call_gated(PyObject *self, PyObject *const *args, Py_ssize_t gi
     (void)self;
     if (numbers(args, given, 6, "gated", a))
         return NULL;
-    return PyLong_FromLong(qkv_gated((int)a[0], PTR(a[1]), a[2], a[3], (int)a[4], PTR(a[5])));
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = qkv_gated((int)a[0], PTR(a[1]), a[2], a[3], (int)a[4], PTR(a[5]));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
 }
 
 /* new_token_attention(the 24 arguments of qkv_new_token_attention, scale a float) -> status */
@@ -102,10 +113,13 @@ static PyObject *call_attention(PyObject *self, PyObject *const *args, Py_ssize_
     (void)self;
     if (numbers_and_real(args, given, 24, "new_token_attention", 21, a, &scale))
         return NULL;
-    return PyLong_FromLong(qkv_new_token_attention(
-        (int)a[0], PTR(a[1]), a[2], a[3], a[4], a[5], a[6], PTR(a[7]), PTR(a[8]), a[9], a[10], a[11], (int)a[12],
-        PTR(a[13]), PTR(a[14]), a[15], a[16], a[17], a[18], PTR(a[19]), a[20], (float)scale, PTR(a[22]),
-        PTR(a[23])));
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = qkv_new_token_attention((int)a[0], PTR(a[1]), a[2], a[3], a[4], a[5], a[6], PTR(a[7]), PTR(a[8]), a[9],
+                                     a[10], a[11], (int)a[12], PTR(a[13]), PTR(a[14]), a[15], a[16], a[17], a[18],
+                                     PTR(a[19]), a[20], (float)scale, PTR(a[22]), PTR(a[23]));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
 }
 
 /* linear_f32(variant, x, rows, n, w, bias, m, y) -> status */
@@ -115,7 +129,11 @@ static PyObject *call_linear_f32(PyObject *self, PyObject *const *args, Py_ssize
     (void)self;
     if (numbers(args, given, 8, "linear_f32", a))
         return NULL;
-    return PyLong_FromLong(qkv_linear_f32((int)a[0], PTR(a[1]), a[2], a[3], PTR(a[4]), PTR(a[5]), a[6], PTR(a[7])));
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = qkv_linear_f32((int)a[0], PTR(a[1]), a[2], a[3], PTR(a[4]), PTR(a[5]), a[6], PTR(a[7]));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(status);
 }
 
 static PyMethodDef methods[] = {
