@@ -432,7 +432,7 @@ def test_a_failure_while_decoding_ends_its_requests_with_500_and_the_engine_goes
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "draft"])
-def test_drafted_replies_are_the_plain_ones(engine, drafter):
+def test_drafted_replies_are_the_plain_ones(engine, drafter, caplog):
     """qkv serve --draft lookup|SRC: concurrent greedy requests (prompts that repeat themselves, for lookup to find
     something) get qkv generate's plain text, drafts checked several tokens a row at once in the running batch; a
     sampled request ends as it should."""
@@ -459,4 +459,7 @@ def test_drafted_replies_are_the_plain_ones(engine, drafter):
         sampled = fresh.completions.create(model=NAME, prompt=prompts[0], max_tokens=10, temperature=0.8, seed=1)
     assert answers == [reference(engine, p, 12 + 4 * i) for i, p in enumerate(prompts)]
     assert speculation.accepted > 0
+    with caplog.at_level("INFO", logger="qkv"):
+        drafted.close()  # as the command stops: what the drafts did, in one line
+    assert "drafted tokens accepted" in caplog.text
     assert sampled.choices[0].finish_reason in ("stop", "length") and sampled.usage.completion_tokens <= 10

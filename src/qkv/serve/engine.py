@@ -241,6 +241,8 @@ class Engine:
             self._wake.notify()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+        if self.speculation is not None:  # what --draft did over the server's life, as qkv generate's closing line
+            log.info("qkv serve: %s", self.speculation.summary())
 
     def _entry(self, token: int, logprob: Logprob | None) -> Entry | None:
         if logprob is None:
