@@ -183,7 +183,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not hasattr(footprint._libc(), "mallopt"), reason="the C library has no mallopt (not glibc)")
+@pytest.mark.skipif(not hasattr(footprint.libc(), "mallopt"), reason="the C library has no mallopt (not glibc)")
 def test_a_step_reuses_the_memory_the_last_one_freed():
     """With reuse_freed_memory (what training sets up), blocks freed and allocated again each step come back without
     page faults; by default, glibc hands many of them back to the system and each step faults its pages in again.

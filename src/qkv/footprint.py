@@ -126,7 +126,7 @@ def reuse_freed_memory() -> None:
     blocks under :data:`KEPT_BELOW` from the heap and its top kept, a step reuses the last one's pages; the memory
     held is the peak a step needs, which it holds anyway. :func:`return_freed_memory` still hands pages back when
     asked (the loader does, between layers)."""
-    library = _libc()
+    library = libc()
     if library is not None and hasattr(library, "mallopt"):
         library.mallopt(_M_MMAP_THRESHOLD, KEPT_BELOW)
         library.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
@@ -136,7 +136,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 
 
 @functools.cache
-def _libc():
+def libc():
+    """The C library (None where it cannot be loaded): its allocator's and the system's calls."""
     import ctypes
     import ctypes.util
 
@@ -147,7 +148,7 @@ def _libc():
 
 
 def _malloc_trim():
-    library = _libc()
+    library = libc()
     return getattr(library, "malloc_trim", None) if library is not None else None
 
 

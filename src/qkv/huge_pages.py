@@ -16,7 +16,6 @@ cores of an AMD EPYC, the products of SmolLM2-135M's 30 layers (4-bit, qkv's ker
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import mmap
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .footprint import return_freed_memory
+from .footprint import libc, return_freed_memory
 
 log = logging.getLogger("qkv")
 
@@ -112,19 +111,17 @@ def _rounded(n: int) -> int:
     return (n + 63) // 64 * 64
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-
-
 def _collapse(address: int, nbytes: int) -> bool:
     """Whether the whole huge pages within ``nbytes`` at ``address`` were made huge pages where they lie
     (``MADV_COLLAPSE``, Linux 6.1 on: the memory is copied into a huge page 2 MB at a time by the system)."""
     start, end = -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
     if end <= start:
         return False
-    libc, size = _libc(), ctypes.c_size_t(end - start)
-    libc.madvise(ctypes.c_void_p(start), size, _MADV_HUGEPAGE)
-    return libc.madvise(ctypes.c_void_p(start), size, _MADV_COLLAPSE) == 0
+    c, size = libc(), ctypes.c_size_t(end - start)
+    if c is None:
+        return False
+    c.madvise(ctypes.c_void_p(start), size, _MADV_HUGEPAGE)
+    return c.madvise(ctypes.c_void_p(start), size, _MADV_COLLAPSE) == 0
 
 
 def _region(nbytes: int) -> torch.Tensor | None:
@@ -132,8 +129,8 @@ def _region(nbytes: int) -> torch.Tensor | None:
     huge pages before any of it is touched; None if the advice is refused."""
     mapped = mmap.mmap(-1, nbytes + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it lives
-    skip = -whole.data_ptr() % PAGE
-    if _libc().madvise(ctypes.c_void_p(whole.data_ptr() + skip), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE) != 0:
+    skip, c = -whole.data_ptr() % PAGE, libc()
+    if c is None or c.madvise(ctypes.c_void_p(whole.data_ptr() + skip), ctypes.c_size_t(nbytes), _MADV_HUGEPAGE):
         return None
     return whole[skip : skip + nbytes]
 

@@ -51,6 +51,9 @@ class Lookup:
     def start(self, prompts: Sequence[Sequence[int]]) -> None:
         """Nothing to read ahead: the drafts come from the text."""
 
+    def join(self, prompt: Sequence[int]) -> None:
+        """Nothing to read ahead for a new row either."""
+
     def keep(self, index: Sequence[int]) -> None:
         """Nothing kept per row."""
 
@@ -191,8 +194,7 @@ class Speculation:
         self.sizes = [self.first] * len(prompts)
 
     def join(self, prompt: Sequence[int]) -> None:
-        if isinstance(self.drafter, DraftModel):
-            self.drafter.join(prompt)
+        self.drafter.join(prompt)
         self.sizes.append(self.first)
 
     def keep(self, index: Sequence[int]) -> None:

@@ -44,14 +44,17 @@ def reference() -> Iterator[None]:
 
 
 def applies(x: Tensor) -> bool:
-    """Whether a fused operation may stand in for the Python on ``x``: the library is there and not turned off, and
-    ``x`` is float32 on the CPU with no gradient to record and no graph being compiled."""
-    return (not torch.compiler.is_compiling() and not _off and x.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and _library() is not None)
+    """Whether a fused operation may stand in for the Python on ``x``: :func:`trains`, with no gradient to record."""
+    return not torch.is_grad_enabled() and trains(x)
 
 
 def _library() -> ctypes.CDLL | None:
     return _loaded()[0]
+
+
+def _code(variant: str | None) -> int:
+    """A variant's number in the library: the named one, or the best this CPU runs."""
+    return _best() if variant is None else VARIANTS.index(variant)
 
 
 def rms_norm(x: Tensor, gains: Tensor, eps: float) -> Tensor:
@@ -59,7 +62,7 @@ def rms_norm(x: Tensor, gains: Tensor, eps: float) -> Tensor:
     x = x.contiguous()
     out = torch.empty_like(x)
     calls().rms_norm(x.data_ptr(), None, gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1), None,
-                            out.data_ptr())
+                     out.data_ptr())
     return out
 
 
@@ -68,8 +71,8 @@ def add_rms_norm(x: Tensor, add: Tensor, gains: Tensor, eps: float) -> tuple[Ten
     pass; ``x`` and ``add`` of one shape."""
     x, add = x.contiguous(), add.contiguous()
     summed, out = torch.empty_like(x), torch.empty_like(x)
-    calls().rms_norm(x.data_ptr(), add.data_ptr(), gains.data_ptr(), eps, x.numel() // x.size(-1),
-                            x.size(-1), summed.data_ptr(), out.data_ptr())
+    calls().rms_norm(x.data_ptr(), add.data_ptr(), gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1),
+                     summed.data_ptr(), out.data_ptr())
     return summed, out
 
 
@@ -79,8 +82,8 @@ def gated(gate_up: Tensor, activation: str, *, variant: str | None = None) -> Te
     gate_up = gate_up.contiguous()
     d = gate_up.size(-1) // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], d)
-    if calls().gated(_best() if variant is None else VARIANTS.index(variant), gate_up.data_ptr(),
-                            gate_up.numel() // (2 * d), d, ACTIVATIONS[activation], out.data_ptr()):
+    if calls().gated(_code(variant), gate_up.data_ptr(), gate_up.numel() // (2 * d), d, ACTIVATIONS[activation],
+                     out.data_ptr()):
         raise ValueError(f"this CPU does not run the {variant} variant")
     return out
 
@@ -109,8 +112,8 @@ def _gelu_tanh(x: Tensor, grad: Tensor | None, variant: str | None = None) -> Te
     x = x.contiguous()
     grad = None if grad is None else grad.contiguous()
     out = torch.empty_like(x)
-    if _library().qkv_gelu_tanh(_best() if variant is None else VARIANTS.index(variant), x.data_ptr(),
-                                None if grad is None else grad.data_ptr(), x.numel(), out.data_ptr()):
+    if _library().qkv_gelu_tanh(_code(variant), x.data_ptr(), None if grad is None else grad.data_ptr(), x.numel(),
+                                out.data_ptr()):
         raise ValueError(f"this CPU does not run the {variant} variant")
     return out
 
@@ -128,8 +131,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, *, variant: str | Non
     x = x.contiguous()
     rows, n, m = x.numel() // x.size(-1), x.size(-1), weight.size(0)
     out = x.new_empty(*x.shape[:-1], m)
-    status = calls().linear_f32(_best() if variant is None else VARIANTS.index(variant), x.data_ptr(), rows, n,
-                                       weight.data_ptr(), None if bias is None else bias.data_ptr(), m, out.data_ptr())
+    status = calls().linear_f32(_code(variant), x.data_ptr(), rows, n, weight.data_ptr(),
+                                None if bias is None else bias.data_ptr(), m, out.data_ptr())
     if status:
         raise ValueError("this CPU does not run that variant")
     return out
@@ -158,7 +161,7 @@ def decode_attention(qkv: Tensor, heads: int, kv_heads: int, dim: int, tables: t
     out = qkv.new_empty(b, t, heads * dim)
     scratch = qkv.new_empty(b * t * heads, room)
     status = calls().new_token_attention(
-        _best() if variant is None else VARIANTS.index(variant), qkv.data_ptr(), b, t, heads, kv_heads, dim,
+        _code(variant), qkv.data_ptr(), b, t, heads, kv_heads, dim,
         None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(), table, token_table, rotary,
         int(interleaved), keys.data_ptr(), values.data_ptr(), room, keys.stride(0), keys.stride(1), length,
         None if starts is None else starts.data_ptr(), window or 0, float(scale), scratch.data_ptr(),

@@ -537,7 +537,7 @@ class StackedSelfAttention(MultiHeadAttention):
         """Whether :meth:`_decode` computes this step (with no mask, bias or weights asked for): at most
         ``DECODED`` new tokens a row (one when decoding, a few when checking drafts: then each gets the numbers it
         gets alone), a cache of float32 positions whose numbers lie side by side (as it makes them) or none yet, no
-        score cap or query/key norm, and :func:`qkv.kernels.ops.applies`."""
+        score cap, and :func:`qkv.kernels.ops.applies` (query/key norms are applied first, by their own modules)."""
         if cache is None or query.size(1) > DECODED or self.softcap is not None:
             return False
         k = cache._k

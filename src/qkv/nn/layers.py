@@ -220,7 +220,6 @@ class DecoderLayer(nn.Module):
                          self.ffn_out_norm, scale)
         return x, self_weights, cross_weights
 
-
     def _decodes(self, x: Tensor, cache: LayerCache | None) -> bool:
         """Whether :meth:`_decode` computes this step: a decoder-only Pre-Norm layer with RMSNorms and stacked
         self-attention, not training, whose attention decodes this step in one call (with no mask or weights)."""
