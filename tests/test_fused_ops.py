@@ -48,6 +48,20 @@ def test_rms_norm_is_the_formula_and_sums_the_residual_first(n, unit_offset):
             assert torch.equal(norm(x), F.rms_norm(x, (n,), norm.gains(), 1e-5))
 
 
+def test_offset_gains_kept_while_decoding_follow_the_weight():
+    norm = RMSNorm(8, unit_offset=True)
+    with torch.inference_mode():
+        first = norm.gains()
+        assert norm.gains() is first and torch.equal(first, torch.ones(8))  # made once while the weight stands
+        with torch.no_grad():
+            norm.weight.add_(0.5)  # written in place: made again
+        assert torch.equal(norm.gains(), torch.full((8,), 1.5))
+        norm.weight = torch.nn.Parameter(torch.full((8,), 2.0))  # another tensor: made again
+        assert torch.equal(norm.gains(), torch.full((8,), 3.0))
+    gains = norm.gains()  # outside inference mode: a new tensor a gradient flows through
+    assert gains.requires_grad and not gains.is_inference()
+
+
 @pytest.mark.parametrize("activation", ["swiglu", "geglu_tanh"])
 @pytest.mark.parametrize("d", [1, 5, 64, 1537])
 def test_the_gated_activations_are_pytorchs(activation, d, variant):
@@ -114,10 +128,11 @@ def variant(request, monkeypatch):
     return request.param
 
 
+@pytest.mark.parametrize("rows", [1, 2])  # one row's queries and keys are normed in place
 @pytest.mark.parametrize("case", ATTENTION)
-def test_decoding_attention_is_the_modules_own(case, threads, variant):
+def test_decoding_attention_is_the_modules_own(case, rows, threads, variant):
     attention = _attention(*ATTENTION[case])
-    prompt = torch.randn(2, 40, attention.d_model)  # 40 positions: the vector loops' whole registers and a rest
+    prompt = torch.randn(rows, 40, attention.d_model)  # 40 positions: the vector loops' whole registers and a rest
     fused_cache, python_cache = KVCache(), KVCache()
     fused = _decode(attention, prompt, 6, fused_cache)
     with ops.reference():

@@ -57,10 +57,11 @@ def _code(variant: str | None) -> int:
     return _best() if variant is None else VARIANTS.index(variant)
 
 
-def rms_norm(x: Tensor, gains: Tensor, eps: float) -> Tensor:
-    """``RMSNorm(x)`` over the last dimension, ``gains`` float32."""
-    x = x.contiguous()
-    out = torch.empty_like(x)
+def rms_norm(x: Tensor, gains: Tensor, eps: float, *, in_place: bool = False) -> Tensor:
+    """``RMSNorm(x)`` over the last dimension, ``gains`` float32; ``in_place``: written over ``x`` (contiguous)."""
+    if not in_place:
+        x = x.contiguous()
+    out = x if in_place else torch.empty_like(x)
     calls().rms_norm(x.data_ptr(), None, gains.data_ptr(), eps, x.numel() // x.size(-1), x.size(-1), None,
                      out.data_ptr())
     return out

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from ..kernels import ops
 from .linear import product
 from .masks import causal_mask, key_padding_to_attention, sliding_window_mask
+from .norm import RMSNorm
 from .position import RotaryEmbedding
 from .stacked import stack_linears
 from .unpadded import Unpadded, spread, take
@@ -576,6 +577,12 @@ class StackedSelfAttention(MultiHeadAttention):
         """``qkv`` ``(B, t, width)`` with its queries and keys normalised by ``q_norm`` and ``k_norm`` as
         :meth:`_project` normalises them (each head's, or the whole projections'), the values as they are."""
         d_q, d_kv = self.inner_dim, self.n_kv_heads * self.head_dim
+        if qkv.size(0) * qkv.size(1) == 1 and all(type(n) is RMSNorm and n.fused for n in (self.q_norm, self.k_norm)):
+            row = qkv.view(-1)  # one token: its queries and keys normed where they lie, one call each
+            for part, norm in ((row[:d_q], self.q_norm), (row[d_q : d_q + d_kv], self.k_norm)):
+                ops.rms_norm(part if self.qk_norm_whole else part.view(-1, self.head_dim), norm.gains(), norm.eps,
+                             in_place=True)
+            return qkv
         q, k, v = qkv.split([d_q, d_kv, d_kv], dim=-1)
         if not self.qk_norm_whole:
             q, k = q.unflatten(-1, (self.n_heads, self.head_dim)), k.unflatten(-1, (self.n_kv_heads, self.head_dim))

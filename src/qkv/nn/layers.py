@@ -237,14 +237,20 @@ class DecoderLayer(nn.Module):
         (:func:`qkv.kernels.ops.add_rms_norm`) one call of qkv's own each."""
         attn_norm, ffn_norm, scale = self.self_attn_norm, self.ffn_norm, self.residual_scale
         out = self.self_attn._decode(ops.rms_norm(x, attn_norm.gains(), attn_norm.eps), positions, cache.self_attn)
-        if self.self_attn_out_norm is not None:
-            out = self.self_attn_out_norm(out)
+        out = _branch_normed(self.self_attn_out_norm, out)
         x, h = ops.add_rms_norm(x, out if scale == 1.0 else out * scale, ffn_norm.gains(), ffn_norm.eps)
         ffn = self.feed_forward
         out = ffn.decode(h) if type(ffn) is StackedFeedForward else ffn(h)
-        if self.ffn_out_norm is not None:
-            out = self.ffn_out_norm(out)
+        out = _branch_normed(self.ffn_out_norm, out)
         return x + (out if scale == 1.0 else out * scale)
+
+
+def _branch_normed(norm: nn.Module | None, out: Tensor) -> Tensor:
+    """A decoding step's sub-layer output through the norm on its branch (Gemma's), if any: an RMSNorm's one call of
+    qkv's own straight away (a module call costs more than the norm of a row)."""
+    if norm is None:
+        return out
+    return ops.rms_norm(out, norm.gains(), norm.eps) if type(norm) is RMSNorm and norm.fused else norm(out)
 
 
 class Encoder(nn.Module):

@@ -69,10 +69,20 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.fused, self.unit_offset = eps, fused, unit_offset
         self.weight = nn.Parameter(torch.zeros(d_model) if unit_offset else torch.ones(d_model))  # γ, or γ - 1
+        self._offset_gains: tuple[tuple[int, int], Tensor] | None = None  # decoding's 1 + weight, and for which weight
 
     def gains(self) -> Tensor:
-        """γ, in float32 (bf16 weights would take the fused kernel's slow path)."""
-        return self.weight.float() + 1.0 if self.unit_offset else self.weight.float()
+        """γ, in float32 (bf16 weights would take the fused kernel's slow path). Gains of ``1 + weight`` are kept
+        while decoding (inference mode) until the weight changes: a step of Gemma's reads each layer's six norms."""
+        w = self.weight
+        if not self.unit_offset:
+            return w if w.dtype == torch.float32 else w.float()
+        if not torch.is_inference_mode_enabled() or w.is_inference():  # (an inference tensor counts no versions)
+            return w.float() + 1.0
+        key = (w.data_ptr(), w._version)  # a new tensor, or one written in place, makes them again
+        if self._offset_gains is None or self._offset_gains[0] != key:
+            self._offset_gains = key, w.float() + 1.0
+        return self._offset_gains[1]
 
     def forward(self, x: Tensor) -> Tensor:
         if self.fused and ops.applies(x):  # decoding on a CPU: qkv's own, one call (qkv.kernels.ops)
