@@ -51,6 +51,23 @@ def chat_data(path: Path, n: int = len(PAIRS)) -> Path:
     return path
 
 
+def preference_data(path: Path, n: int = len(PAIRS), *, chat: bool = True) -> Path:
+    """JSONL preference pairs: "Translate to French: X", the translation chosen, another word's rejected; as chat
+    messages, or as text (``chat=False``)."""
+    lines = []
+    for i in range(n):
+        (en, fr), (_, wrong) = PAIRS[i % len(PAIRS)], PAIRS[(i + 1 + i // len(PAIRS)) % len(PAIRS)]
+        prompt = f"Translate to French: {en}"
+        if chat:
+            lines.append(json.dumps({"prompt": [{"role": "user", "content": prompt}],
+                                     "chosen": [{"role": "assistant", "content": fr}],
+                                     "rejected": [{"role": "assistant", "content": wrong}]}))
+        else:
+            lines.append(json.dumps({"prompt": prompt + ".", "chosen": " " + fr, "rejected": " " + wrong}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
 def workspace(root: Path, examples: int) -> Path:
     """``root`` with the chat model in ``base/`` and ``examples`` chats in ``train.jsonl``."""
     chat_folder(root / "base")

@@ -1,5 +1,6 @@
 """``qkv finetune`` end to end on a tiny LLaMA chat model: LoRA, QLoRA and full runs, the adapter a run writes
-running on its base (`--adapter`), an exact `--resume`, and bad input as one line with nothing saved lost."""
+running on its base (`--adapter`), an exact `--resume`, preference objectives (`--objective dpo`, ...), and bad input
+as one line with nothing saved lost."""
 
 import csv
 import json
@@ -7,7 +8,7 @@ import re
 
 import pytest
 from clitools import last_line_error, ok, qkv
-from finetune_model import chat_folder, workspace
+from finetune_model import chat_folder, preference_data, workspace
 
 pytest.importorskip("transformers")
 
@@ -177,3 +178,81 @@ def test_a_batch_too_large_for_the_memory_is_refused_before_training(work):
                     "for gradients, AdamW's moments and one batch of 100,000,000 × 64 tokens", "choose smaller sizes")
     assert not (work / "huge" / "last").exists()
 
+
+
+def _rows(run):
+    with open(run / "log.csv", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def pairs(work):
+    preference_data(work / "pairs.jsonl", 24)
+    return "pairs.jsonl"
+
+
+def test_a_dpo_run_logs_trls_numbers_and_its_adapter_runs_on_the_base(work, pairs):
+    ok(qkv("finetune", "--objective", "dpo", "--pretrained", "base", "--data", pairs, "--out", "dpo", "--max-steps",
+           "4", "--eval-every", "2", "--rank", "4", *SMALL, cwd=work))
+    rows = _rows(work / "dpo")
+    train, valid = [r for r in rows if r["train_loss"]], [r for r in rows if r["val_loss"]]
+    assert float(train[0]["train_loss"]) == pytest.approx(0.693147, abs=1e-5)  # log 2: the base is the reference
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins"):
+        assert all(r[name] for r in train) and all(r[f"val_{name}"] for r in valid)
+    assert all(r["val_chosen_loss"] for r in valid) and (work / "dpo" / "loss.png").is_file()
+    assert (work / "dpo" / "best" / "adapter" / "adapter_model.safetensors").is_file()
+    ok(qkv("generate", "--pretrained", "base", "--adapter", "dpo/best/adapter", "--prompt", "the sun",
+           "--max-new-tokens", "3", cwd=work))
+
+
+def test_a_preference_run_with_a_precomputed_reference_resumes_exactly(work, pairs):
+    common = ["--objective", "ipo", "--precompute-ref", "--pretrained", "base", "--data", pairs, "--schedule",
+              "constant", "--warmup", "0", "--eval-every", "2", "--rank", "4", *SMALL]
+    ok(qkv("finetune", *common, "--out", "ipo-whole", "--max-steps", "4", cwd=work))
+    ok(qkv("finetune", *common, "--out", "ipo-halves", "--max-steps", "2", cwd=work))
+    stored = (work / "ipo-halves" / "reference_logps.safetensors").read_bytes()
+    ok(qkv("finetune", "--out", "ipo-halves", "--resume", "--max-steps", "4", "--no-progress", "--device", "cpu",
+           "--precision", "fp32", cwd=work))
+    assert (work / "ipo-halves" / "reference_logps.safetensors").read_bytes() == stored  # read back, not made again
+    whole, halves = (_train_losses(work / run) for run in ("ipo-whole", "ipo-halves"))
+    assert len(whole) == 4 and halves == whole
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_full_fine_tuning_learns_preferences_against_a_frozen_copy_or_none(work, pairs, objective):
+    ok(qkv("finetune", "--objective", objective, "--method", "full", "--pretrained", "base", "--data", pairs, "--out",
+           f"full-{objective}", "--max-steps", "2", "--eval-every", "2", *SMALL, cwd=work))
+    assert (work / f"full-{objective}" / "best" / "model.safetensors").is_file()
+    first = float(_rows(work / f"full-{objective}")[0]["train_loss"])
+    assert first == pytest.approx(0.693147, abs=1e-5) if objective == "dpo" else first > 0
+
+
+@pytest.mark.parametrize(("line", "phrases"), [
+    ('{"prompt": "a", "chosen": "", "rejected": "b"}', ["line 25", "the chosen answer is empty"]),
+    ('{"prompt": "a", "chosen": "b", "rejected": "b"}', ["line 25", "the same"]),
+    ('{"prompt": "a", "chosen": "b"}', ["line 25", "missing 'rejected'"]),
+    ('{"prompt": "' + "a " * 200 + '", "chosen": "b", "rejected": "c"}', ["line 25", "the prompt is"]),
+])
+def test_a_bad_pair_is_one_line_and_nothing_saved_is_touched(work, pairs, tmp_path, here, line, phrases):
+    run = tmp_path / "run"
+    ok(here("finetune", "--objective", "simpo", "--pretrained", work / "base", "--data", work / pairs, "--out", run,
+            "--max-steps", "1", "--rank", "4", *SMALL, cwd=tmp_path))
+    saved = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    data = tmp_path / "more.jsonl"
+    data.write_text((work / pairs).read_text() + line + "\n", encoding="utf-8")
+    for out in (tmp_path / "new", run):  # a new run, and one over the saved run (refused before the data is read)
+        proc = here("finetune", "--objective", "simpo", "--pretrained", work / "base", "--data", data, "--out", out,
+                    "--max-steps", "2", *SMALL, cwd=tmp_path)
+        last_line_error(proc, *(phrases if out != run else ["already holds a trained model", "--resume"]))
+    assert not (tmp_path / "new" / "best").exists()
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == saved
+
+
+def test_a_needless_reference_and_an_adapter_on_a_quantized_base_are_one_line(work, pairs, tmp_path, here):
+    proc = here("finetune", "--objective", "orpo", "--precompute-ref", "--pretrained", work / "base", "--data",
+                work / pairs, "--out", tmp_path / "a", "--max-steps", "1", *SMALL, cwd=tmp_path)
+    last_line_error(proc, "--precompute-ref: --objective orpo has no reference model")
+    proc = here("finetune", "--objective", "dpo", "--method", "qlora", "--adapter", work / "dpo" / "best" / "adapter",
+                "--pretrained", work / "base", "--data", work / pairs, "--out", tmp_path / "b", "--max-steps", "1",
+                *SMALL, cwd=tmp_path)
+    last_line_error(proc, "--method qlora keeps the base quantized")

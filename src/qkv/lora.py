@@ -36,6 +36,7 @@ the optimizer sees only the adapters.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -290,6 +291,21 @@ def lora_config_of(model: nn.Module) -> LoRAConfig:
                       targets=tuple(t for t in layout.targets if t in found))
 
 
+@contextlib.contextmanager
+def adapters_off(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with every adapter switched off while inside: each adapted layer computes its base alone, so the
+    model is the one the adapters were added to, with no copy of it (the reference of :mod:`qkv.preference`'s
+    objectives)."""
+    layers = list(lora_layers(model).values())
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield model
+    finally:
+        for layer in layers:
+            layer.enabled = True
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """Replace each adapted layer by one float32 ``nn.Linear`` holding ``W + s · B A`` (in place); returns the
     model. A quantized base is dequantized first: quantize the merged model again if it should be small."""
@@ -311,6 +327,7 @@ __all__ = [
     "TARGETS",
     "Layout",
     "LoRAConfig",
+    "adapters_off",
     "add_lora",
     "hf_modules",
     "layout_of",

@@ -101,16 +101,21 @@ class Progress:
 
     def _reset_window(self) -> None:
         self.window_loss, self.window_items, self.window_steps, self.window_s = 0.0, 0, 0, 0.0
+        self.window_extra: dict[str, float] = {}
 
     def rate(self) -> float:
         """Items per second of training in this invocation."""
         return self.items / max(self.seconds, 1e-9)
 
-    def step(self, *, step: int, epoch: int, loss: float, items: int, seconds: float, lr: float, run_s: float) -> None:
+    def step(self, *, step: int, epoch: int, loss: float, items: int, seconds: float, lr: float, run_s: float,
+             extra: dict[str, float] | None = None) -> None:
         """One optimizer step done: advance the bar, and at the first step and every ``log_every`` steps write a
-        row."""
+        row (``extra``: the task's other numbers of the step, e.g. a preference objective's rewards, averaged over
+        the row's steps as the loss is)."""
         self.items, self.seconds = self.items + items, self.seconds + seconds
         self.window_loss, self.window_items = self.window_loss + loss, self.window_items + items
+        for key, value in (extra or {}).items():
+            self.window_extra[key] = self.window_extra.get(key, 0.0) + value
         self.window_steps, self.window_s = self.window_steps + 1, self.window_s + seconds
         rate = self.window_items / max(self.window_s, 1e-9)
         self.bar.update(1)
@@ -119,8 +124,9 @@ class Progress:
             postfix["left"] = f"{max(0.0, self.max_minutes - run_s / 60):.1f}m"
         self.bar.set_postfix(postfix, refresh=False)
         if step % self.log_every == 0 or step == 1:
+            extra = {key: value / self.window_steps for key, value in self.window_extra.items()}
             self.row({"step": step, "epoch": epoch, "lr": lr, "train_loss": self.window_loss / self.window_steps,
-                      f"{self.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1)})
+                      f"{self.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1), **extra})
             self._reset_window()
 
     def row(self, row: dict[str, Any]) -> None:

@@ -83,7 +83,9 @@ class Task(Protocol):
         ...
 
     def loss(self, model: nn.Module, batch: Any) -> tuple[Tensor, int]:
-        """(summed loss over the batch's items, number of those items), computed by ``model``."""
+        """(summed loss over the batch's items, number of those items), computed by ``model``. A task may also have
+        a ``step_metrics()`` method: what its losses since the last call add up to besides (``{name: tensor}``,
+        summed over the items); the trainer divides them by the step's items and logs them with the loss."""
         ...
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
@@ -314,6 +316,7 @@ class Trainer:
         self.state = TrainState()
         self.started = time.monotonic()  # when this invocation's clock starts (see _run)
         self.step_s = 0.0  # how long the last step took: the next one must fit in a time budget too
+        self.step_metrics: dict[str, float] = {}  # the task's other numbers of the last step (step_metrics())
         self.log = RunLog(self.out / "log.csv")
 
     def run(self) -> TrainResult:
@@ -353,7 +356,7 @@ class Trainer:
                 if self.state.step > first:  # the first step warms up (allocations, --compile): no measure of the next
                     self.step_s = seconds
                 progress.step(step=self.state.step, epoch=self.state.epoch, loss=loss, items=items, lr=lr,
-                              seconds=seconds, run_s=self._run_s())
+                              seconds=seconds, run_s=self._run_s(), extra=self.step_metrics)
                 reason = self._after_step(total, previous_s, stop.signal, progress)
                 if reason:
                     break
@@ -399,7 +402,11 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.opts.clip if self.opts.clip > 0 else math.inf)
         norm = gathered(norm) if self.sharded else norm
-        loss = self.group.sum({"loss": total_loss.item()})["loss"] / max(n_items, 1)  # the step's one wait
+        extra = self.task.step_metrics() if hasattr(self.task, "step_metrics") else {}
+        values = torch.stack([total_loss.double(), *(v.double().to(total_loss.device) for v in extra.values())])
+        sums = self.group.sum(dict(zip(["loss", *extra], values.tolist(), strict=True)))  # the step's one wait
+        loss = sums.pop("loss") / max(n_items, 1)
+        self.step_metrics = {key: value / max(n_items, 1) for key, value in sums.items()}
         # With fp16 an infinite gradient is routine: the scaler skips that step and lowers its scale.
         if not math.isfinite(loss) or not (self.scaler.is_enabled() or bool(torch.isfinite(norm))):
             self.optimizer.zero_grad(set_to_none=True)

@@ -239,7 +239,8 @@ def loss_figure(rows: Sequence[Mapping[str, str]], *, title: str = "", unit: str
     ax.set_xlabel("step")
     ax.set_ylabel(f"cross-entropy (nats per {unit.replace('_', ' ').removesuffix('s')})")
     ax.grid(alpha=0.3)
-    metric = next((k for k in ("val_bleu", "val_accuracy", "val_exact") if any(r.get(k) for r in rows)), None)
+    metric = next((k for k in ("val_bleu", "val_accuracy", "val_exact", "val_rewards/accuracies")
+                   if any(r.get(k) for r in rows)), None)
     handles, labels = ax.get_legend_handles_labels()
     if metric:
         twin = ax.twinx()

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 
 from .common import add_training_arguments, command, show_defaults
-from .numbers import COUNT, FRACTION, POSITIVE, PROBABILITY
+from .numbers import COUNT, FRACTION, POSITIVE, PROBABILITY, real
 
 
 def add_commands(sub) -> None:
+    from ..preference import OBJECTIVES
     from ..recipes.finetune import METHODS, FineTuneRecipe, FineTuneSettings
 
     p = command(sub, "finetune", FineTuneRecipe.summary)
@@ -18,7 +19,8 @@ def add_commands(sub) -> None:
                           "model run")
     src.add_argument("--data", nargs="+", metavar="FILE",
                      help="examples: .jsonl lines {\"messages\": [...]} (the loss on the assistant turns) or "
-                          "{\"prompt\", \"completion\"}; any other file is plain text (continued pretraining)")
+                          "{\"prompt\", \"completion\"}; any other file is plain text (continued pretraining); "
+                          "preference pairs with --objective")
     src.add_argument("--valid-data", nargs="+", metavar="FILE", help="held-out examples (else --valid-fraction of "
                                                                       "--data)")
     src.add_argument("--valid-fraction", type=FRACTION, help="share of the examples held out for validation")
@@ -26,6 +28,20 @@ def add_commands(sub) -> None:
                                                    "dropped, and counted in the log)")
     src.add_argument("--packing", action=argparse.BooleanOptionalAction,
                      help="lay short examples end to end in full rows, each attending to itself only")
+    src.add_argument("--adapter", metavar="DIR",
+                     help="a LoRA adapter in PEFT's format (a supervised run's best/) merged into the base first: "
+                          "preference tuning after supervised fine-tuning")
+    objective = p.add_argument_group("objective")
+    objective.add_argument("--objective", choices=("sft", *OBJECTIVES),
+                           help="sft: imitate the answers; dpo, ipo, hinge (against a reference: the model before "
+                                "this training), simpo, orpo (none): prefer the chosen of two answers, from .jsonl "
+                                "lines {\"prompt\", \"chosen\", \"rejected\"} (texts or chat messages)")
+    objective.add_argument("--beta", type=POSITIVE, help="the preference objective's beta (trl's; ORPO's lambda)")
+    objective.add_argument("--gamma", type=real(), help="SimPO's target margin gamma (trl's simpo_gamma)")
+    objective.add_argument("--precompute-ref", action=argparse.BooleanOptionalAction,
+                           help="compute the reference's log-probabilities of every pair once before training and "
+                                "keep them in the run (no reference forward pass a step; no frozen copy with --method "
+                                "full)")
     method = p.add_argument_group("method")
     method.add_argument("--method", choices=METHODS,
                         help="lora: adapters on the float32 base; qlora: adapters on the base kept in 4 or 8 bits "

@@ -168,7 +168,8 @@ def template_tokens(tokenizer) -> dict[str, str]:
             for name, i in (("bos_token", tokenizer.bos_id), ("eos_token", tokenizer.eos_id))}
 
 
-def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], tokenizer) -> tuple[list[int], list[bool]]:
+def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], tokenizer, *, learnt_from: int = 0
+                      ) -> tuple[list[int], list[bool]]:
     """A conversation as supervised fine-tuning data: its token ids, and which of them the loss is taken on.
 
     The conversation is laid out by the model's own template (``add_generation_prompt=False``) and encoded whole,
@@ -197,6 +198,8 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
             least one assistant message.
         tokenizer: the model's :class:`~qkv.tokenizers.PretrainedTokenizer` (a fast tokenizer, for the offsets);
             its bos and eos texts are given to the template.
+        learnt_from: the assistant turns learnt are those from message ``learnt_from`` on (a preference pair's
+            answer, after a prompt that may hold earlier assistant turns); at least one.
 
     Returns:
         ``(ids, mask)``: the token ids and, for each, whether the model is trained to produce it.
@@ -206,7 +209,9 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
             assistant turn; a template that cannot render it, that lays out earlier turns differently once later
             ones follow, or that writes an assistant turn with no end-of-turn token after it (each in one line).
     """
-    turns = _assistant_turns(messages)
+    turns = [i for i in _assistant_turns(messages) if i >= learnt_from]
+    if not turns:
+        raise ValueError(f"no assistant message from message {learnt_from} on: nothing to learn")
     specials = template_tokens(tokenizer)
     text = render_chat(template, messages, add_generation_prompt=False, **specials)
     encoding = tokenizer.hf.encode(text, add_special_tokens=False)

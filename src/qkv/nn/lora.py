@@ -77,6 +77,7 @@ class LoRALinear(nn.Module):
         widths = sum(w for n, w in self.parts if n in self.targets)
         self.lora_A = nn.Parameter(torch.empty(len(self.targets) * rank, self.in_features, device=device))
         self.lora_B = nn.Parameter(torch.zeros(widths, rank, device=device))  # zero: the layer starts as its base
+        self.enabled = True  # False: the layer is its base alone (a preference objective's reference model)
         for a in self.lora_A.data.split(rank):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))  # as nn.Linear's weights, one part at a time
 
@@ -99,6 +100,8 @@ class LoRALinear(nn.Module):
         return torch.cat(rows)
 
     def forward(self, x: Tensor) -> Tensor:
+        if not self.enabled:
+            return self.base(x)
         if self._fusable(x):
             return _Adapted.apply(x, self.base.weight, self.base.bias, self.lora_A, self._up(self.lora_B), self.scale)
         y = self.base(x)

@@ -12,6 +12,13 @@ Three methods (``--method``):
 
 The data (:mod:`qkv.tasks.finetune`): chat JSONL, prompt/completion JSONL, or plain text; packed into rows of
 ``--context`` tokens. Without ``--valid-data`` a ``--valid-fraction`` of the examples is held out.
+
+What is learnt (``--objective``): ``sft`` (the default) imitates the answers; ``dpo``, ``ipo``, ``hinge``, ``simpo``
+and ``orpo`` learn from preference pairs (:mod:`qkv.preference`, :mod:`qkv.tasks.preference`) which of two answers
+to prefer. The first three compare with a reference model, the model before this training: with adapters, the same
+model with its adapters off (no copy); with ``--method full``, a frozen copy, or with ``--precompute-ref`` (any
+method) the reference's log-probabilities of every pair computed once before the first step and kept in the run
+(``reference_logps.safetensors``), so a resumed run reads them back.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from .settings import TrainingSettings
 log = logging.getLogger("qkv")
 
 METHODS = ("lora", "qlora", "full")
+REFERENCE_FILE = "reference_logps.safetensors"  # a run's precomputed reference log-probabilities
 
 
 @dataclass
@@ -34,6 +42,11 @@ class FineTuneSettings(TrainingSettings):
     valid_data: list[str] | None = None
     valid_fraction: float = 0.05
     method: str = "lora"
+    objective: str = "sft"
+    beta: float = 0.1  # the preference objectives' β (trl's default)
+    gamma: float = 0.5  # SimPO's target margin γ (trl's simpo_gamma)
+    precompute_ref: bool = False
+    adapter: str | None = None  # a LoRA adapter merged into the base first (a supervised run's, before DPO)
     rank: int = 8
     alpha: float = 16.0
     lora_dropout: float = 0.0
@@ -72,14 +85,15 @@ class FineTuneRecipe(Recipe):
         pretrained = self.args.pretrained
         if pretrained and pretrained != "smollm2" and Path(pretrained).exists():
             self.args.pretrained = str(Path(pretrained).resolve())  # stored absolute: --resume from anywhere
+        if getattr(self.args, "adapter", None) and Path(self.args.adapter).exists():
+            self.args.adapter = str(Path(self.args.adapter).resolve())
 
     def setup(self) -> None:
         from ..device import map_large_blocks
         from ..footprint import check_training
-        from ..interop.pretrained import fingerprint, load_base
+        from ..interop.pretrained import fingerprint
         from ..lora import LoRAConfig, add_lora, layout_of
         from ..models.common import compile_blocks
-        from ..tasks.finetune import fitting, held_out, read_examples, split_text
 
         s = self.s
         if not s.pretrained or not s.data:
@@ -93,23 +107,26 @@ class FineTuneRecipe(Recipe):
         if s.method == "qlora" and self.runtime.device.type == "cpu":
             map_large_blocks()  # QLoRA is chosen for its memory: peaks near what a step uses (qkv.device)
         self.base_record = {"source": s.pretrained, "weights": weights, "fingerprint": fingerprint(s.pretrained)}
+        if s.adapter:
+            self.base_record["adapter"] = str(s.adapter)
+        self.reference = self._reference_kind()
         if self.args.resume and lora is None:  # full fine-tuning resumes its own weights, template included
             previous = self.resumed()
             self.model, self.tokenizer = previous.model, previous.tokenizers["text"]
             template = previous.meta.get("chat_template")
+            if self.reference == "copy":  # the model before its first step, not the resumed one
+                self.reference = self._base(weights).model.requires_grad_(False).eval()
         else:
-            pre = load_base(s.pretrained, weights=weights)
+            pre = self._base(weights)
             self.model, self.tokenizer, template = pre.model, pre.tokenizer, pre.chat_template
+            if self.reference == "copy":
+                import copy
+
+                self.reference = copy.deepcopy(self.model).requires_grad_(False).eval()
         self.template = template
         context = min(s.context, self.model.config.max_seq_len)
-        train = [e for path in s.data for e in read_examples(path, self.tokenizer, template)]
-        train = fitting(split_text(train, context), context, ", ".join(s.data))
-        if s.valid_data:
-            valid = [e for path in s.valid_data for e in read_examples(path, self.tokenizer, template)]
-            valid = fitting(split_text(valid, context), context, ", ".join(s.valid_data))
-        else:
-            train, valid = held_out(train, s.valid_fraction, s.seed)
-        self.train, self.valid, self.context = train, valid, context
+        self.train, self.valid = self._data(context) if s.objective == "sft" else self._pairs(context)
+        self.context = context
         if lora is not None:
             try:
                 layout_of(self.model)  # adapters are placed (and saved) by Hugging Face's names
@@ -119,9 +136,67 @@ class FineTuneRecipe(Recipe):
         self.model.checkpointing = s.checkpointing
         if self.args.compile:
             compile_blocks(self.model, dynamic=True)  # one graph for every block and every length
-        check_training(self.model, batch=s.batch_size, length=context, checkpointing=s.checkpointing,
+        rows = context if s.objective == "sft" else 2 * context  # a row of pairs holds up to two answers each
+        check_training(self.model, batch=s.batch_size, length=rows, checkpointing=s.checkpointing,
                        shards=self.runtime.group.world if self.options().fsdp else 1,
                        what=f"fine-tuning {s.pretrained} with --method {s.method}")
+
+    def _base(self, weights: str):
+        """The base model as fine-tuning starts from it: ``--pretrained``, with ``--adapter`` merged into it."""
+        from ..interop.pretrained import load_base
+
+        pre = load_base(self.s.pretrained, weights=weights)
+        if self.s.adapter:
+            from ..interop.peft import load_peft_adapter
+            from ..lora import merge_lora
+
+            if self.s.method == "qlora":
+                raise ValueError("--adapter merges an adapter into the float32 base; --method qlora keeps the base "
+                                 "quantized: merge it first (qkv export --merge) or use --method lora")
+            load_peft_adapter(pre.model, self.s.adapter)
+            merge_lora(pre.model)
+        return pre
+
+    def _reference_kind(self) -> str | None:
+        """Where a preference objective's reference comes from: None (sft, or reference-free), "precomputed",
+        "adapters" (the model with its adapters off) or "copy" (a frozen copy, full fine-tuning)."""
+        from ..preference import OBJECTIVES, REFERENCE_FREE
+
+        s = self.s
+        if s.objective != "sft" and s.objective not in OBJECTIVES:
+            raise ValueError(f"--objective must be sft or one of {', '.join(OBJECTIVES)}, got {s.objective!r}")
+        if s.objective == "sft" or s.objective in REFERENCE_FREE:
+            if s.precompute_ref:
+                raise ValueError(f"--precompute-ref: --objective {s.objective} has no reference model; drop it")
+            return None
+        if s.precompute_ref or (s.method == "full" and self.options().fsdp):
+            return "precomputed"  # a sharded model's frozen copy would be sharded too: computed once instead
+        return "copy" if s.method == "full" else "adapters"
+
+    def _data(self, context: int):
+        """Supervised examples: (training, validation)."""
+        from ..tasks.finetune import fitting, held_out, read_examples, split_text
+
+        s = self.s
+        train = [e for path in s.data for e in read_examples(path, self.tokenizer, self.template)]
+        train = fitting(split_text(train, context), context, ", ".join(s.data))
+        if not s.valid_data:
+            return held_out(train, s.valid_fraction, s.seed)
+        valid = [e for path in s.valid_data for e in read_examples(path, self.tokenizer, self.template)]
+        return train, fitting(split_text(valid, context), context, ", ".join(s.valid_data))
+
+    def _pairs(self, context: int):
+        """Preference pairs: (training, validation)."""
+        from ..tasks.finetune import held_out
+        from ..tasks.preference import fitting_pairs, read_pairs
+
+        s = self.s
+        train = [p for path in s.data for p in read_pairs(path, self.tokenizer, self.template, context=context)]
+        train = fitting_pairs(train, context, ", ".join(s.data))
+        if not s.valid_data:
+            return held_out(train, s.valid_fraction, s.seed)
+        valid = [p for path in s.valid_data for p in read_pairs(path, self.tokenizer, self.template, context=context)]
+        return train, fitting_pairs(valid, context, ", ".join(s.valid_data))
 
     def options(self):
         """The Trainer's options: full fine-tuning shards the model across processes (FSDP) unless told not to;
@@ -142,13 +217,25 @@ class FineTuneRecipe(Recipe):
         s, model = self.s, self.model
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         total = sum(p.numel() for p in model.parameters())
-        tokens = sum(len(e.ids) for e in self.train)
-        log.info("fine-tuning %s (%s): %s of %s parameters learn; %d examples (%s tokens) for training, %d for "
+        tokens = sum(len(e.ids) if s.objective == "sft" else e.tokens for e in self.train)
+        what = "examples" if s.objective == "sft" else "pairs"
+        log.info("fine-tuning %s (%s): %s of %s parameters learn; %d %s (%s tokens) for training, %d for "
                  "validation, context %d", s.pretrained, s.method, f"{trainable:,}", f"{total:,}", len(self.train),
-                 f"{tokens:,}", len(self.valid), self.context)
+                 what, f"{tokens:,}", len(self.valid), self.context)
+        meta = self.meta(base=self.base_record, chat_template=self.template)
+        if s.objective != "sft":
+            from ..tasks.preference import PreferenceTask
+
+            log.info("preference objective %s (beta %g%s), reference: %s", s.objective, s.beta,
+                     f", gamma {s.gamma:g}" if s.objective == "simpo" else "",
+                     {None: "none", "precomputed": f"computed once ({REFERENCE_FILE})", "adapters":
+                      "the model with its adapters off"}.get(self.reference, "a frozen copy of the model"))
+            return PreferenceTask(model, self.tokenizer, self.train, self.valid, objective=s.objective, beta=s.beta,
+                                  gamma=s.gamma, reference=self.reference, store=self.out / REFERENCE_FILE,
+                                  context=self.context, batch_size=s.batch_size, seed=s.seed, packed=s.packing,
+                                  meta=meta)
         task = FineTuneTask(model, self.tokenizer, self.train, self.valid, context=self.context,
-                            batch_size=s.batch_size, seed=s.seed, packed=s.packing,
-                            meta=self.meta(base=self.base_record, chat_template=self.template))
+                            batch_size=s.batch_size, seed=s.seed, packed=s.packing, meta=meta)
         batches = task.batches(0)
         real, computed = sum(int((b.copies >= 0).sum()) for b in batches), sum(b.real.numel() for b in batches)
         if computed < real:

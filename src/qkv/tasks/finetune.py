@@ -27,10 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,7 @@ from ..tokenizers import encode_prompt
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 IGNORE = -100  # the target of a position that carries no loss (F.cross_entropy's ignore_index)
 
 
@@ -160,17 +161,18 @@ def split_text(examples: list[Example], context: int) -> list[Example]:
     return [e for e in out if len(e.ids) > 1]
 
 
-def pack(examples: Sequence[Example], context: int, *, packed: bool = True) -> list[list[Example]]:
-    """Rows of at most ``context`` tokens: examples in order, each row filled until the next does not fit
-    (``packed=False``: one example a row)."""
-    rows: list[list[Example]] = []
+def pack(examples: Sequence[T], context: int, *, packed: bool = True,
+         size: Callable[[T], int] = lambda e: len(e.ids)) -> list[list[T]]:
+    """Rows of at most ``context`` tokens: examples in order (or other items of ``size`` tokens: a preference
+    pair's two answers), each row filled until the next does not fit (``packed=False``: one a row)."""
+    rows: list[list[T]] = []
     used = context
     for e in examples:
-        if not packed or used + len(e.ids) > context:
+        if not packed or used + size(e) > context:
             rows.append([])
             used = 0
         rows[-1].append(e)
-        used += len(e.ids)
+        used += size(e)
     return rows
 
 
