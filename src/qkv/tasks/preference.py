@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 
 FIELDS = ("prompt", "chosen", "rejected")
 ANSWER_FIELDS = ("chosen", "rejected", "chosen_tokens", "rejected_tokens")
+METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+           "logps/rejected")  # what trl logs of a batch of pairs, and the log carries (val_... on held-out pairs)
 
 
 @dataclass
@@ -254,19 +256,22 @@ class PreferenceTask:
                 for i in range(0, len(self.valid_rows), self.batch_size)]
 
     def losses(self, model: nn.Module, batch: PairBatch, split: str = "train"):
-        """The objective's :class:`~qkv.preference.PairLosses` of ``batch`` under ``model``, and the chosen answers'
-        summed cross-entropy."""
+        """The objective's :class:`~qkv.preference.PairLosses` of ``batch`` under ``model``; the numbers trl logs,
+        summed over the pairs (the rewards, and the policy's log-probabilities of the answers); the chosen answers'
+        summed cross-entropy and their tokens."""
         policy, chosen_nll = answer_logps(model, batch)
         reference = None if self.objective in REFERENCE_FREE else self._reference(batch, split, policy)
         mean_nll = chosen_nll / policy.chosen_tokens.sum().clamp(min=1)
         out = pair_losses(self.objective, policy, reference, beta=self.beta, gamma=self.gamma,
                           chosen_nll=mean_nll if self.objective == "orpo" else None)
-        return out, chosen_nll, policy.chosen_tokens.sum()
+        metrics = {**out.metrics(), "logps/chosen": policy.chosen.detach().sum(),
+                   "logps/rejected": policy.rejected.detach().sum()}
+        return out, metrics, chosen_nll, policy.chosen_tokens.sum()
 
     def loss(self, model: nn.Module, batch: PairBatch) -> tuple[Tensor, int]:
-        out, _, _ = self.losses(model, batch)
+        out, metrics, _, _ = self.losses(model, batch)
         total = out.losses.sum() + (0 if out.nll is None else len(batch.pairs) * out.nll)
-        for key, value in out.metrics().items():
+        for key, value in metrics.items():
             self._sums[key] = self._sums.get(key, 0) + value
         return total.float(), batch.n_tokens
 
@@ -277,13 +282,13 @@ class PreferenceTask:
         return sums
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
-        totals: dict[str, float] = {}
+        totals = dict.fromkeys(["loss", "pairs", "chosen_nll", "chosen_tokens", *METRICS], 0.0)  # a rank may get none
         for batch in group.shard(self.valid_batches()):
-            out, nll, tokens = self.losses(model, batch, "valid")
+            out, metrics, nll, tokens = self.losses(model, batch, "valid")
             loss = out.losses.sum() + (0 if out.nll is None else len(batch.pairs) * out.nll)
             for key, value in {"loss": loss, "pairs": len(batch.pairs), "chosen_nll": nll, "chosen_tokens": tokens,
-                               **out.metrics()}.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+                               **metrics}.items():
+                totals[key] += float(value)
         sums = group.sum(totals)
         pairs = max(sums.pop("pairs", 0.0), 1.0)
         chosen = sums.pop("chosen_nll", 0.0) / max(sums.pop("chosen_tokens", 0.0), 1.0)
