@@ -68,11 +68,12 @@ def _trainer(spec: dict, model, steps: int):
             return torch.utils.data.SequentialSampler(self.train_dataset)
 
     rows = [json.loads(line) for line in (Path(spec["work"]) / "pairs.jsonl").read_text().splitlines()]
+    # fp32 as qkv here (trl's DPOConfig asks for bf16 autocast by default)
     config = DPOConfig(output_dir=str(Path(spec["work"]) / "trl"), per_device_train_batch_size=spec["batch"],
                        max_steps=steps, logging_steps=1, learning_rate=spec["lr"], lr_scheduler_type="constant",
                        warmup_steps=0, beta=spec["beta"], loss_type=[TRL_LOSS[spec["objective"]]], max_length=None,
                        report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True,
-                       dataloader_num_workers=0, weight_decay=0.0, max_grad_norm=1.0)
+                       dataloader_num_workers=0, weight_decay=0.0, max_grad_norm=1.0, bf16=False)
     tokenizer = AutoTokenizer.from_pretrained(smollm2_path().parent, gguf_file=smollm2_path().name)
     return InOrder(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer)
 
@@ -84,7 +85,9 @@ def _hf_model():
     from qkv.interop import smollm2_path
 
     path = smollm2_path()
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model.hf_quantizer, model.is_quantized = None, False  # read from GGUF blocks, held in float32: trainable
+    return model
 
 
 def child_prepare(spec: dict) -> dict:

@@ -142,7 +142,7 @@ def test_the_first_steps_are_trls_dpo_trainers(base, tmp_path, objective):
     config = DPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=4, max_steps=3, logging_steps=1,
                        learning_rate=5e-3, beta=0.1, loss_type=[TRL_NAMES.get(objective, objective)], report_to=[],
                        save_strategy="no", use_cpu=True, lr_scheduler_type="constant", max_length=None, seed=0,
-                       warmup_steps=0, disable_tqdm=True)
+                       warmup_steps=0, disable_tqdm=True, bf16=False)  # fp32, as qkv here (trl: bf16 by default)
     trainer = DPOTrainer(model=AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), args=config,
                          train_dataset=Dataset.from_list(rows), processing_class=AutoTokenizer.from_pretrained(base),
                          peft_config=LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,

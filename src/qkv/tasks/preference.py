@@ -259,8 +259,9 @@ class PreferenceTask:
         """The objective's :class:`~qkv.preference.PairLosses` of ``batch`` under ``model``; the numbers trl logs,
         summed over the pairs (the rewards, and the policy's log-probabilities of the answers); the chosen answers'
         summed cross-entropy and their tokens."""
+        # the reference first: its forward pass's memory is given back before the policy's activations are held
+        reference = None if self.objective in REFERENCE_FREE else self._reference(batch, split)
         policy, chosen_nll = answer_logps(model, batch)
-        reference = None if self.objective in REFERENCE_FREE else self._reference(batch, split, policy)
         mean_nll = chosen_nll / policy.chosen_tokens.sum().clamp(min=1)
         out = pair_losses(self.objective, policy, reference, beta=self.beta, gamma=self.gamma,
                           chosen_nll=mean_nll if self.objective == "orpo" else None)
@@ -295,11 +296,10 @@ class PreferenceTask:
         return {f"val_{key}": value / pairs for key, value in sums.items()} | {"val_chosen_loss": chosen}
 
     # --- the reference ---------------------------------------------------------------------------------------
-    def _reference(self, batch: PairBatch, split: str, policy: Answers) -> Answers:
+    def _reference(self, batch: PairBatch, split: str) -> Answers:
         if self.reference == "precomputed":
             table = self._table()[split]
-            index = batch.pairs.to(table.chosen.device)
-            return Answers(*(to_device(getattr(table, f)[index], policy.chosen.device) for f in ANSWER_FIELDS))
+            return Answers(*(to_device(getattr(table, f)[batch.pairs], device_of(self.model)) for f in ANSWER_FIELDS))
         with torch.no_grad():
             return self._reference_logps(batch)
 
