@@ -4,18 +4,25 @@
     qkv finetune --pretrained smollm2 --data runs/ft/zh.train.jsonl --valid-data runs/ft/zh.valid.jsonl ...
     python benchmarks/finetune_quality.py chrf --model smollm2 --model runs/ft-zh --data runs/ft [--limit N]
     python benchmarks/finetune_quality.py perplexity --model smollm2 --model runs/ft-shakespeare --data runs/ft
+    qkv finetune --objective dpo --pretrained smollm2 --data runs/ft/zh.pairs.train.jsonl ...
+    python benchmarks/finetune_quality.py prefers --model smollm2 --model runs/ft-dpo --data runs/ft
 
 ``prepare`` cuts ``tatoeba-en-zh/cmn.txt`` exactly as ``qkv train --tsv cmn.txt --test-size 1000 --valid-size
 500`` does (qkv's from-scratch en→zh Transformer, ``docs/translation-results.md``), so the 1,000 test pairs are
 the ones that model was scored on: ``zh.test.{src,ref}.txt``; the training and validation pairs become chat
 examples, "Translate to Chinese: …" answered by the Chinese (``zh.train.jsonl``, ``zh.valid.jsonl``). Tiny
-Shakespeare is cut at 90%: ``shakespeare.train.txt`` and ``shakespeare.valid.txt``.
+Shakespeare is cut at 90%: ``shakespeare.train.txt`` and ``shakespeare.valid.txt``. The same training and
+validation pairs also become preference pairs, the prompt "Translate to Chinese: …", the chosen answer its own
+translation and the rejected one the next pair's (``zh.pairs.train.jsonl``, ``zh.pairs.valid.jsonl``).
+``--tatoeba`` and ``--shakespeare`` name other copies of the two files.
 
 ``chrf`` asks each model (``--model``: ``smollm2`` and other sources ``--pretrained`` reads, in float32 or with
 ``--weights auto`` as stored, or a ``qkv finetune`` run, its adapters on its base) for the test sentences
 through its chat template, greedy, and scores the answers (sacreBLEU's chrF, and BLEU with ``tok:zh``).
 ``perplexity`` is the validation loss a ``qkv finetune`` run reports, of each model, on ``shakespeare.valid.txt``
-in rows of ``--context`` tokens.
+in rows of ``--context`` tokens. ``prefers`` is how often each model finds the right translation of a held-out
+pair (``zh.pairs.valid.jsonl``) more likely than the wrong one, the answers' log-probabilities summed over their
+tokens, and its cross-entropy per token of the right ones.
 """
 
 from __future__ import annotations
@@ -29,12 +36,15 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 PROMPT = "Translate to Chinese: {}"
 
 
-def prepare(out: Path) -> None:
+def prepare(out: Path, tatoeba: Path, shakespeare: Path) -> None:
     from qkv.data import read_parallel
     from qkv.tasks.translation import split_off
 
+    for path, what in ((tatoeba, "--tatoeba"), (shakespeare, "--shakespeare")):
+        if not path.is_file():
+            raise SystemExit(f"{path} is not a file: give {what} FILE (docs/training.md says where to get it)")
     out.mkdir(parents=True, exist_ok=True)
-    pairs = read_parallel(SHARED / "tatoeba-en-zh" / "cmn.txt")
+    pairs = read_parallel(tatoeba)
     train, test = split_off(pairs, 1000, 1)  # qkv train's --test-size 1000 (seed 0 + 1)
     train, valid = split_off(train, 500, 0)  # --valid-size 500
     for name, part in (("train", train), ("valid", valid)):
@@ -42,9 +52,15 @@ def prepare(out: Path) -> None:
                                           {"role": "assistant", "content": zh}]}, ensure_ascii=False)
                  for en, zh in part]
         (out / f"zh.{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        wrong = [zh for _, zh in part[1:] + part[:1]]  # the next pair's translation
+        lines = [json.dumps({"prompt": [{"role": "user", "content": PROMPT.format(en)}],
+                             "chosen": [{"role": "assistant", "content": zh}],
+                             "rejected": [{"role": "assistant", "content": other}]}, ensure_ascii=False)
+                 for (en, zh), other in zip(part, wrong, strict=True) if zh != other]
+        (out / f"zh.pairs.{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     (out / "zh.test.src.txt").write_text("\n".join(en for en, _ in test) + "\n", encoding="utf-8")
     (out / "zh.test.ref.txt").write_text("\n".join(zh for _, zh in test) + "\n", encoding="utf-8")
-    text = (SHARED / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
+    text = shakespeare.read_text(encoding="utf-8")
     cut = text.rindex("\n\n", 0, int(len(text) * 0.9)) + 2
     (out / "shakespeare.train.txt").write_text(text[:cut], encoding="utf-8")
     (out / "shakespeare.valid.txt").write_text(text[cut:], encoding="utf-8")
@@ -119,11 +135,37 @@ def perplexity(args: argparse.Namespace) -> dict:
     return results
 
 
+def prefers(args: argparse.Namespace) -> dict:
+    import torch
+
+    from qkv.tasks.preference import answer_logps, collate_pairs, read_pairs
+
+    results = {}
+    for source in args.model:
+        model, tokenizer, template = load(source, args.weights)
+        pairs = read_pairs(Path(args.data) / "zh.pairs.valid.jsonl", tokenizer, template, context=args.context)
+        right, nll, tokens = 0, 0.0, 0
+        with torch.inference_mode():
+            for i in range(0, len(pairs), args.batch):
+                part = list(enumerate(pairs[i : i + args.batch]))
+                answers, chosen_nll = answer_logps(model, collate_pairs([[item] for item in part], 0))
+                right += int((answers.chosen > answers.rejected).sum())
+                nll, tokens = nll + float(chosen_nll), tokens + int(answers.chosen_tokens.sum())
+        results[source] = {"prefers_right": round(right / len(pairs), 4), "chosen_loss": round(nll / tokens, 4)}
+        print(f"{source}: prefers the right translation in {100 * right / len(pairs):.1f}% of {len(pairs):,} held-out "
+              f"pairs; cross-entropy of the right ones {nll / tokens:.4f} a token")
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="what", required=True)
-    sub.add_parser("prepare").add_argument("--out", required=True)
-    for name in ("chrf", "perplexity"):
+    p = sub.add_parser("prepare")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tatoeba", type=Path, default=SHARED / "tatoeba-en-zh" / "cmn.txt", help="Tatoeba's cmn.txt")
+    p.add_argument("--shakespeare", type=Path, default=SHARED / "tinyshakespeare" / "input.txt",
+                   help="Tiny Shakespeare's input.txt")
+    for name in ("chrf", "perplexity", "prefers"):
         p = sub.add_parser(name)
         p.add_argument("--model", action="append", required=True, help="smollm2, a pretrained source or a run")
         p.add_argument("--data", required=True, help="the folder prepare wrote")
@@ -136,9 +178,9 @@ def main() -> None:
                        "(a GGUF file's own formats, as qkv generate holds them)")
     args = parser.parse_args()
     if args.what == "prepare":
-        prepare(Path(args.out))
+        prepare(Path(args.out), args.tatoeba, args.shakespeare)
         return
-    results = chrf(args) if args.what == "chrf" else perplexity(args)
+    results = {"chrf": chrf, "perplexity": perplexity, "prefers": prefers}[args.what](args)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 

@@ -197,6 +197,17 @@ def collate(rows: Sequence[Sequence[Example]], pad_id: int, *, share: bool = Tru
     return PackedBatch(ids, segments, targets, real, copies)
 
 
+def shuffled(rows: Sequence[T], seed: int, epoch: int) -> list[T]:
+    """``rows`` in the order of epoch ``epoch`` of a run seeded ``seed`` (the same order on every resume)."""
+    order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+    return [rows[i] for i in order.tolist()]
+
+
+def in_batches(rows: Sequence[T], batch_size: int, make: Callable[[Sequence[T]], Any]) -> list:
+    """``rows`` ``batch_size`` at a time, each made a batch by ``make``."""
+    return [make(rows[i : i + batch_size]) for i in range(0, len(rows), batch_size)]
+
+
 class FineTuneTask:
     """Next-token loss on the learnt tokens of packed examples; validated by the mean loss per learnt token.
 
@@ -230,12 +241,12 @@ class FineTuneTask:
         self.meta = {"task": "finetune", **(meta or {})}
         self._epoch: tuple[int, list[PackedBatch]] | None = None
 
+    def _collate(self, rows: Sequence[Sequence[Example]]) -> PackedBatch:
+        return collate(rows, self.pad_id, share=self.share)
+
     def batches(self, epoch: int) -> list[PackedBatch]:
         if self._epoch is None or self._epoch[0] != epoch:
-            order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-            rows = [self.rows[i] for i in order.tolist()]
-            self._epoch = (epoch, [collate(rows[i : i + self.batch_size], self.pad_id, share=self.share)
-                                   for i in range(0, len(rows), self.batch_size)])
+            self._epoch = (epoch, in_batches(shuffled(self.rows, self.seed, epoch), self.batch_size, self._collate))
         return self._epoch[1]
 
     def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
@@ -250,8 +261,7 @@ class FineTuneTask:
 
     def valid_batches(self) -> list[PackedBatch]:
         """The held-out examples' batches, in order."""
-        return [collate(self.valid_rows[i : i + self.batch_size], self.pad_id, share=self.share)
-                for i in range(0, len(self.valid_rows), self.batch_size)]
+        return in_batches(self.valid_rows, self.batch_size, self._collate)
 
     def evaluate(self, model: nn.Module, group: Group = SINGLE) -> dict[str, float]:
         total, tokens = 0.0, 0

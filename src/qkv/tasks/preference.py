@@ -33,7 +33,7 @@ from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..preference import REFERENCE_FREE, Answers, pair_losses
 from ..tokenizers import encode_prompt
-from .finetune import IGNORE, Example, PackedBatch, collate, pack
+from .finetune import IGNORE, Example, PackedBatch, collate, in_batches, pack, shuffled
 
 log = logging.getLogger(__name__)
 
@@ -243,17 +243,16 @@ class PreferenceTask:
     def _rows(pairs: Sequence[Pair], width: int, packed: bool) -> list[list[tuple[int, Pair]]]:
         return pack(list(enumerate(pairs)), width, packed=packed, size=lambda item: item[1].tokens)
 
+    def _collate(self, rows: Sequence[Sequence[tuple[int, Pair]]]) -> PairBatch:
+        return collate_pairs(rows, self.pad_id, share=self.share)
+
     def batches(self, epoch: int) -> list[PairBatch]:
         if self._epoch is None or self._epoch[0] != epoch:
-            order = torch.randperm(len(self.rows), generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
-            rows = [self.rows[i] for i in order.tolist()]
-            self._epoch = (epoch, [collate_pairs(rows[i : i + self.batch_size], self.pad_id, share=self.share)
-                                   for i in range(0, len(rows), self.batch_size)])
+            self._epoch = (epoch, in_batches(shuffled(self.rows, self.seed, epoch), self.batch_size, self._collate))
         return self._epoch[1]
 
     def valid_batches(self) -> list[PairBatch]:
-        return [collate_pairs(self.valid_rows[i : i + self.batch_size], self.pad_id, share=self.share)
-                for i in range(0, len(self.valid_rows), self.batch_size)]
+        return in_batches(self.valid_rows, self.batch_size, self._collate)
 
     def losses(self, model: nn.Module, batch: PairBatch, split: str = "train"):
         """The objective's :class:`~qkv.preference.PairLosses` of ``batch`` under ``model``; the numbers trl logs,
