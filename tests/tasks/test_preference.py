@@ -99,6 +99,21 @@ def test_a_shared_prompt_gives_the_gradients_of_computing_it_twice(base, tmp_pat
         torch.testing.assert_close(grad, grads[False][key], rtol=1e-4, atol=1e-6)
 
 
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(base, tmp_path):
+    grads = {}
+    for checkpointing in (False, True):
+        pre = _load(base)
+        _adapted(pre)
+        pre.model.train().checkpointing = checkpointing
+        task = _task(pre, _pairs(pre, preference_data(tmp_path / "p.jsonl", 6)))
+        loss, _ = task.loss(pre.model, task.batches(0)[0])
+        loss.backward()
+        grads[checkpointing] = [p.grad for p in pre.model.parameters() if p.grad is not None]
+    assert grads[True] and len(grads[True]) == len(grads[False])
+    for a, b in zip(grads[True], grads[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
 def test_precomputed_reference_is_the_adapters_off_one_and_is_read_back(base, tmp_path):
     pre = _load(base)
     _adapted(pre)
