@@ -32,10 +32,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
-from torch import Tensor
+if TYPE_CHECKING:  # torch is imported where a loss is computed: the command line's --help reads OBJECTIVES alone
+    from torch import Tensor
 
 OBJECTIVES = ("dpo", "ipo", "hinge", "simpo", "orpo")
 REFERENCE_FREE = ("simpo", "orpo")  # no reference model: nothing to switch off, copy or precompute
@@ -85,6 +85,8 @@ def pair_losses(objective: str, policy: Answers, reference: Answers | None, *, b
         ValueError: an unknown objective, a reference missing (or given to a reference-free objective), or ORPO
             without ``chosen_nll``.
     """
+    import torch.nn.functional as F
+
     if objective not in OBJECTIVES:
         raise ValueError(f"the objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if (reference is None) != (objective in REFERENCE_FREE):
@@ -104,7 +106,7 @@ def pair_losses(objective: str, policy: Answers, reference: Answers | None, *, b
     if objective == "dpo":
         return PairLosses(-F.logsigmoid(beta * (chosen_ratio - rejected_ratio)), *rewards)
     if objective == "hinge":
-        return PairLosses(torch.relu(1 - beta * (chosen_ratio - rejected_ratio)), *rewards)
+        return PairLosses((1 - beta * (chosen_ratio - rejected_ratio)).clamp(min=0), *rewards)
     averaged = (chosen_ratio / policy.chosen_tokens.clamp(min=1)
                 - rejected_ratio / policy.rejected_tokens.clamp(min=1))
     return PairLosses((averaged - 1 / (2 * beta)) ** 2, *rewards)  # ipo
@@ -113,7 +115,7 @@ def pair_losses(objective: str, policy: Answers, reference: Answers | None, *, b
 def _log1mexp(x: Tensor) -> Tensor:
     """log(1 − eˣ) for x < 0, accurate on both sides of −log 2 (Mächler 2012)."""
     x = x.clamp(max=-1e-7)
-    return torch.where(x > -math.log(2), torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+    return x.expm1().neg().log().where(x > -math.log(2), x.exp().neg().log1p())
 
 
 __all__ = ["AVERAGED", "OBJECTIVES", "REFERENCE_FREE", "Answers", "PairLosses", "pair_losses"]
