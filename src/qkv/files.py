@@ -94,6 +94,13 @@ def read_text(path: str | os.PathLike, *, max_bytes: int | None = None) -> str:
         raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
 
 
+def quoted(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` as a one-line error quotes a user's input: its first ``limit`` characters, and its length
+    where it is longer (a 2 MB string must not make a 2 MB error line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
+
+
 def scratch_beside(path: Path, *, folder: bool = False) -> Path:
     """A new, empty file (or folder) beside ``path`` for this process to write, ``.NAME.PID.RANDOM.tmp``, made
     exclusively (never through a link). Those of the same name left by processes no longer running are removed
@@ -160,4 +167,4 @@ def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -
     return path
 
 
-__all__ = ["as_umask_gives", "read_json", "read_text", "scratch_beside", "write_atomically"]
+__all__ = ["as_umask_gives", "quoted", "read_json", "read_text", "scratch_beside", "write_atomically"]

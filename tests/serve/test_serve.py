@@ -139,8 +139,9 @@ def test_chat_messages_are_checked_and_sizes_hosts_and_paths_refused(url):
     big = b'{"model": "smollm2", "prompt": "' + b"x" * (10 << 20) + b'"}'
     answer = httpx.post(f"{url}/v1/completions", content=big, timeout=HANG)
     assert answer.status_code == 413 and "at most" in answer.json()["error"]["message"]
-    answer = httpx.get(f"{url}/v1/models", headers={"host": "attacker.example:80"})
-    assert answer.status_code == 403 and answer.json()["error"]["type"] == "permission_error"
+    for host in ("attacker.example:80", "127.0.0.1:notaport", "localhost:99999"):
+        answer = httpx.get(f"{url}/v1/models", headers={"host": host})
+        assert answer.status_code == 403 and answer.json()["error"]["type"] == "permission_error", host
     answer = httpx.post(chat, json={"model": NAME, "messages": QUESTION}, headers={"origin": "http://evil.example"})
     assert answer.status_code == 403
     answer = httpx.get(f"{url}/v1/nothing")
@@ -291,6 +292,8 @@ def test_the_command_serves_until_interrupted_and_refuses_an_open_address_withou
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--host", "0.0.0.0", "--api-key", "short", cwd=tmp_path),
                    "at least 16 characters")
     one_line_error(qkv("serve", "--pretrained", "smollm2", "--compile", cwd=tmp_path), "leave --compile out")
+    for name in ("", "  ", "a\x07b"):  # a name no request could give
+        one_line_error(qkv("serve", "--pretrained", "smollm2", "--name", name, cwd=tmp_path), "--name must be")
     for name, path in (("smollm2", "completions"), ("minilm", "embeddings")):  # a language model, an encoder
         # Ctrl-C as a terminal delivers it, whatever this process inherited (a background job ignores SIGINT, and
         # so would its children; see tests/test_cli_defects.py)

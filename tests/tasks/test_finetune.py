@@ -126,6 +126,19 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, line, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_an_error_quotes_at_most_80_characters_of_the_input_and_its_length(tmp_path):
+    from qkv.interop.chat import chat_training_ids
+
+    path = tmp_path / "data.jsonl"
+    path.write_text(json.dumps({"text": "x" * 2_000_000}) + "\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_examples(path, _Tokenizer(), None)
+    assert len(str(err.value)) < 400 and "characters)" in str(err.value)  # the path, the words, 80 quoted
+    with pytest.raises(ValueError) as err:  # a role of 2 MB
+        chat_training_ids("{{ x }}", [{"role": "r" * 2_000_000, "content": "hi"}], _Tokenizer())
+    assert len(str(err.value)) < 300 and "2,000,002 characters" in str(err.value)
+
+
 def test_examples_longer_than_the_context_are_dropped_and_counted(caplog):
     examples = [Example([3] * 10, [True] * 10), Example([3] * 40, [True] * 40)]
     with caplog.at_level("WARNING"):

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ..files import quoted
 from .template_bounds import (
     MAX_CALL_DEPTH,
     MAX_RENDERED_CHARS,
@@ -47,7 +48,7 @@ def check_messages(messages: Sequence[Mapping[str, str]]) -> None:
     """Each message a dict with a string ``role`` and ``content``; a ValueError naming the first that is not."""
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
-            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {message!r}")
+            raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {quoted(message)}")
 
 
 def chat_prompt(
@@ -232,7 +233,8 @@ def _assistant_turns(messages: Sequence[Mapping[str, str]]) -> list[int]:
     check_messages(messages)
     for i, message in enumerate(messages):
         if message["role"] not in TRAINING_ROLES:
-            raise ValueError(f"message {i} has role {message['role']!r}; expected one of {', '.join(TRAINING_ROLES)}")
+            raise ValueError(f"message {i} has role {quoted(message['role'])}; expected one of "
+                             f"{', '.join(TRAINING_ROLES)}")
     turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
     if not turns:
         roles = ", ".join(m["role"] for m in messages) or "no messages"

@@ -505,8 +505,14 @@ async def _read(request: Request) -> bytes:
 
 
 def _hostname(host: str) -> str:
-    """``name`` of a Host header ``name:port`` (``[::1]:8000`` gives ``::1``)."""
-    return urlsplit(f"//{host}").hostname or ""
+    """``name`` of a Host header ``name:port`` (``[::1]:8000`` gives ``::1``); "" where the port is not a number
+    (``127.0.0.1:notaport`` names no server, as the explorer has it)."""
+    parts = urlsplit(f"//{host}")
+    try:
+        parts.port  # noqa: B018 (read for its check: a port that is not a number in 0-65535 raises)
+    except ValueError:
+        return ""
+    return parts.hostname or ""
 
 
 def _logged(err: Exception) -> APIError:

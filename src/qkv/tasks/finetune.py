@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..data import DataError, read_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
+from ..files import quoted
 from ..nn.unpadded import shared_tokens
 from ..tokenizers import encode_prompt
 
@@ -102,7 +103,7 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
         eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
         return Example(prompt + completion + eos, [False] * len(prompt) + [True] * (len(completion) + len(eos)))
     raise ValueError("expected an object with \"messages\" (a list of {\"role\", \"content\"}) or with string "
-                     f"\"prompt\" and \"completion\", got {str(record)[:80]}")
+                     f"\"prompt\" and \"completion\", got {quoted(record)}")
 
 
 @dataclass
