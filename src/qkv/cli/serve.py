@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from ..files import quoted
 from ..serve.protocol import ROWS
 from .common import add_device_arguments, command, place, runtime
 from .explore import LOCAL_HOSTS
@@ -28,8 +29,7 @@ def serve_cmd(args: argparse.Namespace) -> None:
         raise ValueError("--compile does not suit qkv serve: its batch changes size and shape at every request, "
                          "which would compile again each time; leave --compile out")
     if args.name is not None and not (args.name.strip() and args.name.isprintable() and len(args.name) <= 256):
-        raise ValueError(f"--name must be a printable name of 1 to 256 characters, got {args.name[:80]!r}"
-                         f"{f' ({len(args.name):,} characters)' if len(args.name) > 80 else ''}")
+        raise ValueError(f"--name must be a printable name of 1 to 256 characters, got {quoted(args.name)}")
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|minilm|FILE|DIR")
     try:

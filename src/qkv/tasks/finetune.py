@@ -198,6 +198,19 @@ def collate(rows: Sequence[Sequence[Example]], pad_id: int, *, share: bool = Tru
     return PackedBatch(ids, segments, targets, real, copies)
 
 
+def learnt_logits(model: nn.Module, batch: PackedBatch) -> tuple[Tensor, Tensor, Tensor]:
+    """``model``'s logits ``(N, vocab)`` at the batch's learnt tokens alone, their targets ``(N,)`` (both where the
+    model is), and where they lie: flat indices into the ``(B, T)`` positions, on the host."""
+    device = device_of(model)
+    flat = batch.targets.flatten()
+    learnt = (flat != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
+    packed = batch.packed_segments  # read on the host once
+    segments = None if packed is None else to_device(packed, device)
+    logits = model(to_device(batch.ids, device), segments=segments, logits_at=to_device(learnt, device),
+                   real=to_device(batch.real, device), copies=to_device(batch.copies, device))
+    return logits, to_device(flat[learnt], device), learnt
+
+
 def shuffled(rows: Sequence[T], seed: int, epoch: int) -> list[T]:
     """``rows`` in the order of epoch ``epoch`` of a run seeded ``seed`` (the same order on every resume)."""
     order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
@@ -251,14 +264,8 @@ class FineTuneTask:
         return self._epoch[1]
 
     def loss(self, model: nn.Module, batch: PackedBatch) -> tuple[Tensor, int]:
-        device = device_of(model)
-        learnt = (batch.targets.flatten() != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
-        packed = batch.packed_segments  # read on the host once
-        segments = None if packed is None else to_device(packed, device)
-        logits = model(to_device(batch.ids, device), segments=segments, logits_at=to_device(learnt, device),
-                       real=to_device(batch.real, device), copies=to_device(batch.copies, device))  # (N, vocab)
-        loss = F.cross_entropy(logits.float(), to_device(batch.targets.flatten()[learnt], device), reduction="sum")
-        return loss, batch.n_tokens
+        logits, targets, _ = learnt_logits(model, batch)
+        return F.cross_entropy(logits.float(), targets, reduction="sum"), batch.n_tokens
 
     def valid_batches(self) -> list[PackedBatch]:
         """The held-out examples' batches, in order."""

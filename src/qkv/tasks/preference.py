@@ -33,7 +33,7 @@ from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..preference import REFERENCE_FREE, Answers, pair_losses
 from ..tokenizers import encode_prompt
-from .finetune import IGNORE, Example, PackedBatch, collate, in_batches, pack, shuffled
+from .finetune import Example, PackedBatch, collate, in_batches, learnt_logits, pack, shuffled
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,11 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 @dataclass
 class Pair:
     """A preference pair: the prompt followed by the chosen answer, and by the rejected one (each learnt on its
-    answer's tokens); ``prompt`` counts the prompt's tokens, ``line`` is where the pair was read."""
+    answer's tokens); ``prompt`` counts the prompt's tokens."""
 
     chosen: Example
     rejected: Example
     prompt: int
-    line: int = 0
 
     @property
     def tokens(self) -> int:
@@ -83,7 +82,6 @@ def read_pairs(path: str | Path, tokenizer, template: str | None, *, context: in
         if pair.prompt >= context:
             raise DataError(f"{path}: line {number}: the prompt is {pair.prompt} tokens, as long as the context of "
                             f"{context} or longer; raise --context or shorten the prompt")
-        pair.line = number
         pairs.append(pair)
     if not pairs:
         raise DataError(f"{path}: no preference pairs (expected JSONL lines {{\"prompt\", \"chosen\", \"rejected\"}})")
@@ -174,15 +172,9 @@ def collate_pairs(rows: Sequence[Sequence[tuple[int, Pair]]], pad_id: int, *, sh
 def answer_logps(model: nn.Module, batch: PairBatch) -> tuple[Answers, Tensor]:
     """The log-probabilities of each pair's answers under ``model`` (summed over their tokens, with their counts),
     and the chosen answers' tokens' summed cross-entropy."""
-    packed, device = batch.packed, device_of(model)
-    flat = packed.targets.flatten()
-    learnt = (flat != IGNORE).nonzero().squeeze(1)  # found on the host, before the forward
-    segments = packed.packed_segments
-    logits = model(to_device(packed.ids, device), segments=None if segments is None else to_device(segments, device),
-                   logits_at=to_device(learnt, device), real=to_device(packed.real, device),
-                   copies=to_device(packed.copies, device))  # (N, vocab)
-    token = -F.cross_entropy(logits.float(), to_device(flat[learnt], device), reduction="none")
-    owner = to_device(batch.examples.flatten()[learnt], device)
+    logits, targets, learnt = learnt_logits(model, batch.packed)
+    token = -F.cross_entropy(logits.float(), targets, reduction="none")
+    owner = to_device(batch.examples.flatten()[learnt], token.device)
     n = 2 * len(batch.pairs)
     sums = token.new_zeros(n, dtype=torch.float64).index_add(0, owner, token.double())
     counts = torch.bincount(owner, minlength=n).to(sums.dtype)
