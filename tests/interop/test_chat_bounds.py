@@ -171,3 +171,15 @@ def test_qkv_chat_with_a_template_past_a_bound_exits_2_in_one_line(tmp_path):
     assert proc.returncode == 2
     one_line_error(proc, "qkv chat: error: the model's chat template cannot be rendered (line 1): '*' would make "
                    "10,000,000,000 characters")
+
+
+def test_the_compiled_template_calls_each_bound():
+    """The buffers, loops and ``~`` are bounded inside jinja2's compiler, which jinja2 does not publish: a version
+    whose compiler no longer calls the overridden methods shows here by name (and in the output, macro-output,
+    loops and doubling cases above by behaviour)."""
+    from qkv.interop.chat import _environment
+
+    source = _environment().compile("{% macro m() %}{% for i in [1] %}{{ i ~ 'a' }}{% endfor %}{% endmacro %}{{ m() }}",
+                                    raw=True)
+    for bound in ("environment.bounded_buffer()", "environment.bounded_loop,", "environment.bounded_concat("):
+        assert bound in source, f"jinja2 no longer compiles {bound}: qkv.interop.template_bounds needs updating"

@@ -4,7 +4,8 @@ would take the memory or the stack of the process. Here each rendering gets a :c
 operation that can make more than it is given (an operator, ``~``, a filter, a method of str, a call, a slice, a
 write) is measured against it before it runs. :mod:`qkv.interop.chat` renders chat templates this way.
 
-The bounds live partly inside jinja2's compiler (the buffers, ``~`` and loops it writes): tested with jinja2 3.1.
+The bounds live partly inside jinja2's compiler (the buffers, ``~`` and loops it writes), whose classes jinja2 does
+not publish: pyproject.toml pins jinja2 3.1.
 """
 
 from __future__ import annotations
@@ -122,35 +123,12 @@ class _Buffer(list):
 def bounded_sandbox() -> type:
     """jinja2's immutable sandbox with its operators, calls, slices, buffers and ``~`` bounded (a class made on
     first use, when jinja2 is imported)."""
-    from jinja2 import nodes
-    from jinja2.compiler import CodeGenerator
     from jinja2.runtime import markup_join, str_join
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    class BoundedCodeGenerator(CodeGenerator):
-        """jinja2's compiler, writing each buffer as a :class:`_Buffer`, each ``~`` as a bounded join, and each
-        loop over what counts its steps."""
-
-        def buffer(self, frame) -> None:
-            frame.buffer = self.temporary_identifier()
-            self.writeline(f"{frame.buffer} = environment.bounded_buffer()")
-
-        def visit_For(self, node, frame) -> None:
-            counted = nodes.Call(nodes.EnvironmentAttribute("bounded_loop"), [node.iter], [], None, None,
-                                 lineno=node.lineno)
-            super().visit_For(nodes.For(node.target, counted, node.body, node.else_, node.test, node.recursive,
-                                        lineno=node.lineno), frame)
-
-        def visit_Concat(self, node, frame) -> None:
-            self.write("environment.bounded_concat(context.eval_ctx, (")
-            for value in node.nodes:
-                self.visit(value, frame)
-                self.write(", ")
-            self.write("))")
-
     class BoundedSandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset({"+", "*", "**", "%"})
-        code_generator_class = BoundedCodeGenerator
+        code_generator_class = _bounded_code_generator()
 
         def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
             budget = _budget()
@@ -162,14 +140,7 @@ def bounded_sandbox() -> type:
 
         def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:  # jinja2's names: no keyword clashes
             budget = _budget()
-            if budget.depth >= MAX_CALL_DEPTH:
-                raise _TooLarge(f"its calls nest more than {MAX_CALL_DEPTH} deep (a macro that calls itself "
-                                "without end?)")
-            method = getattr(__obj, "__wrapped__", __obj)  # str.format comes wrapped by the sandbox
-            name = getattr(method, "__name__", "a function")
-            if isinstance(getattr(method, "__self__", None), str):
-                args = _listed(args) if name in _READS_ITERATOR else args
-                budget.charge(_str_method_size(method.__self__, name, args, kwargs, budget.limit), f"str.{name}")
+            name = _charge_call(budget, __obj, args, kwargs)
             budget.depth += 1
             try:
                 result = super().call(__context, __obj, *args, **kwargs)
@@ -199,6 +170,49 @@ def bounded_sandbox() -> type:
             return (markup_join if eval_ctx.autoescape else str_join)(values)
 
     return BoundedSandbox
+
+
+def _bounded_code_generator() -> type:
+    """jinja2's compiler, writing each buffer as a :class:`_Buffer`, each ``~`` as a bounded join, and each loop
+    over what counts its steps. It overrides methods of jinja2's ``CodeGenerator``, which jinja2 does not publish:
+    pyproject.toml pins jinja2 to the minor version these were written for, and
+    ``tests/interop/test_chat_bounds.py::test_the_compiled_template_calls_each_bound`` fails if a new one stops
+    calling them."""
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator
+
+    class BoundedCodeGenerator(CodeGenerator):
+        def buffer(self, frame) -> None:
+            frame.buffer = self.temporary_identifier()
+            self.writeline(f"{frame.buffer} = environment.bounded_buffer()")
+
+        def visit_For(self, node, frame) -> None:
+            counted = nodes.Call(nodes.EnvironmentAttribute("bounded_loop"), [node.iter], [], None, None,
+                                 lineno=node.lineno)
+            super().visit_For(nodes.For(node.target, counted, node.body, node.else_, node.test, node.recursive,
+                                        lineno=node.lineno), frame)
+
+        def visit_Concat(self, node, frame) -> None:
+            self.write("environment.bounded_concat(context.eval_ctx, (")
+            for value in node.nodes:
+                self.visit(value, frame)
+                self.write(", ")
+            self.write("))")
+
+    return BoundedCodeGenerator
+
+
+def _charge_call(budget: Budget, obj: Any, args: tuple, kwargs: Mapping) -> str:
+    """Count a call of ``obj`` a template is about to make (its depth; what a method of str would make); the
+    name of what is called."""
+    if budget.depth >= MAX_CALL_DEPTH:
+        raise _TooLarge(f"its calls nest more than {MAX_CALL_DEPTH} deep (a macro that calls itself without end?)")
+    method = getattr(obj, "__wrapped__", obj)  # str.format comes wrapped by the sandbox
+    name = getattr(method, "__name__", "a function")
+    if isinstance(getattr(method, "__self__", None), str):
+        args = _listed(args) if name in _READS_ITERATOR else args
+        budget.charge(_str_method_size(method.__self__, name, args, kwargs, budget.limit), f"str.{name}")
+    return name
 
 
 def written_value(value: Any) -> Any:
