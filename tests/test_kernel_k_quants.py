@@ -16,6 +16,11 @@ pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.why_not(
 BLOCK, SUPER = kernels.BLOCK, kernels.SUPER
 VARIANTS = [pytest.param(v, marks=pytest.mark.skipif(kernels.available() and not kernels.runs(v),
                                                       reason=f"this CPU does not run {v}")) for v in kernels.VARIANTS]
+# A K-quant block's sum alone (kernels.block_sums) has one SIMD product, avx2's, for both SIMD variants; the
+# AVX-512 variant's K-quant code takes a pair of blocks across a whole row, reached by kernels.matmul only: the
+# product tests below and the bit-for-bit comparison of the SIMD variants hold it (a wrong scale for one of its
+# half-blocks fails 14 of them).
+BLOCK_SUM_VARIANTS = VARIANTS[: kernels.VARIANTS.index("avx2") + 1]
 KINDS = ["Q6_K", "Q5_K"]
 BYTES = {"Q6_K": 210, "Q5_K": 176}  # a super-block's
 SCALES_AT = {"Q6_K": 208, "Q5_K": 0}  # where its fp16 scale (Q5_K: d and dmin) lies
@@ -74,7 +79,7 @@ def test_rows_that_are_not_whole_k_quant_blocks_are_refused():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", BLOCK_SUM_VARIANTS)
 @pytest.mark.parametrize(("rows", "n"), [(1, 256), (7, 512), (13, 1536)])
 def test_each_k_quant_block_sum_is_the_exact_integer_sum(kind, variant, rows, n):
     raw = file_rows(kind, rows, n, seed=rows)
