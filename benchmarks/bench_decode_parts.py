@@ -129,7 +129,7 @@ def calls(model) -> None:
 
     import torch.nn.functional as F
 
-    from qkv.kernels.layer import block_linear
+    from qkv.kernel_layers import block_linear
 
     library, door = kernels._library(), kernels.calls()
     x, gains = torch.randn(1, 576), torch.ones(576)

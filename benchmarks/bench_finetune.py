@@ -206,7 +206,7 @@ def child_batches(spec: dict) -> dict:
     """Builds qkv's batches once and saves them for both contenders."""
     import torch
 
-    from qkv.interop.pretrained import load_base
+    from qkv.trained import load_base
 
     work = Path(spec["work"])
     task = read_task(load_base("smollm2", weights="none"), work, spec["batch"], spec["context"])
@@ -234,7 +234,7 @@ def _timed(step: Callable, batches: list, warmup: int) -> dict:
 def child_qkv(spec: dict) -> dict:
     import torch
 
-    from qkv.interop.pretrained import load_base
+    from qkv.trained import load_base
 
     torch.set_num_threads(spec["threads"])
     imported = high_water_mark()
@@ -288,7 +288,7 @@ def child_qlora(spec: dict) -> dict:
 
     from qkv.device import map_large_blocks
     from qkv.footprint import activation_bytes
-    from qkv.interop.pretrained import load_base
+    from qkv.trained import load_base
 
     torch.set_num_threads(spec["threads"])
     imported = high_water_mark()

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from qkv import kernels
-from qkv.kernels.layer import KernelInt4Linear
+from qkv.kernel_layers import KernelInt4Linear
 from qkv.perplexity import perplexity as measured
 from qkv.quantize import Int4Linear
 
@@ -91,7 +91,7 @@ SHAPES_K = [(2048, 2048), (2048, 8192), (8192, 2048), (2048, 49152)]  # inputs a
 def k_quant_weights(inputs: int, outputs: int, g: torch.Generator) -> dict[int, tuple]:
     """Random Q6_K and Q5_K rows as the kernel holds them, and the Q6_K weights as int8 blocks: buffers by bits."""
     from qkv.interop.ggml_blocks import q5_k_blocks, q6_k_blocks
-    from qkv.kernels.layer import KernelInt8Linear, q6_weights
+    from qkv.kernel_layers import KernelInt8Linear, q6_weights
 
     def raw(size: int, at: int, halves: int) -> torch.Tensor:
         blocks = torch.randint(0, 256, (outputs, inputs // 256, size), dtype=torch.uint8, generator=g)

@@ -150,9 +150,9 @@ def child_qkv(spec: dict) -> dict:
     import torch
 
     from qkv.interop.peft import load_peft_adapter
-    from qkv.interop.pretrained import load_base
     from qkv.tasks.finetune import Example
     from qkv.tasks.preference import Pair, PreferenceTask, collate_pairs
+    from qkv.trained import load_base
 
     torch.set_num_threads(spec["threads"])
     imported = high_water_mark()

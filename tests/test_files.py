@@ -97,11 +97,11 @@ def test_what_is_written_gets_the_modes_the_umask_gives(tmp_path, umask_022):
     user must be readable as any other file there (0644, 0755 under umask 022)."""
     from safetensors.torch import save_file
 
-    from qkv.interop.export import written
 
     write_atomically(tmp_path / "model.gguf", lambda tmp: tmp.write_bytes(b"GGUF"))
     assert stat.S_IMODE((tmp_path / "model.gguf").stat().st_mode) == 0o644
-    written(tmp_path / "folder", lambda folder: save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors")))
+    write_atomically(tmp_path / "folder", lambda folder: save_file({"w": torch.zeros(2)},
+                                                                   str(folder / "model.safetensors")), folder=True)
     assert stat.S_IMODE((tmp_path / "folder").stat().st_mode) == 0o755
     assert stat.S_IMODE((tmp_path / "folder" / "model.safetensors").stat().st_mode) == 0o644
 
@@ -109,7 +109,6 @@ def test_what_is_written_gets_the_modes_the_umask_gives(tmp_path, umask_022):
 def test_temporaries_left_by_killed_processes_go_at_the_next_write(tmp_path):
     """``kill -9`` during an export leaves ``.NAME.PID.RANDOM.tmp``: the next write of NAME removes those of
     processes no longer running, and leaves a running one's (it may still be writing)."""
-    from qkv.interop.export import written
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -120,6 +119,6 @@ def test_temporaries_left_by_killed_processes_go_at_the_next_write(tmp_path):
     running = tmp_path / f".model.gguf.{os.getppid()}.def456.tmp"
     running.write_bytes(b"being written")
     write_atomically(tmp_path / "model.gguf", lambda tmp: tmp.write_bytes(b"GGUF"))
-    written(tmp_path / "out", lambda folder: (folder / "config.json").write_text("{}"))
+    write_atomically(tmp_path / "out", lambda folder: (folder / "config.json").write_text("{}"), folder=True)
     assert not left["file"].exists() and not left["folder"].exists() and running.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model.gguf", "out", running.name])

@@ -1,4 +1,4 @@
-"""A mixture of experts' decoding step in two calls of qkv's kernel (``qkv.kernels.experts``): the same numbers as
+"""A mixture of experts' decoding step in two calls of qkv's kernel (``qkv.nn.moe.picked_step``): the same numbers as
 its k experts run one by one, in a layer and through a whole greedy decode; float or adapted experts keep the
 layer's own path."""
 

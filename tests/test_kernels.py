@@ -160,7 +160,7 @@ def test_interleaved_rows_give_the_portable_row_products_bit_for_bit(variant, ba
 def test_a_state_saved_with_rows_one_after_the_other_is_interleaved_on_loading():
     """A layer saved by a qkv that held the rows in the file's order loads into the interleaved layout: the same
     weights, the same products."""
-    from qkv.kernels.layer import KernelInt4Linear
+    from qkv.kernel_layers import KernelInt4Linear
 
     torch.manual_seed(0)
     layer = KernelInt4Linear.from_linear(torch.nn.Linear(64, 12, bias=False))
@@ -193,7 +193,7 @@ def test_the_kernels_layer_holds_a_files_blocks_exactly():
     float32) are held exactly: the bytes, and d and m bit for bit, also extremes of fp16 (a subnormal scale, an
     offset of -65504, Q4_0's m = -8 d); the weights are q d + m; rows written from floats decode within half a
     step, and a product is the dequantized one within the int8 bound."""
-    from qkv.kernels.layer import KernelInt4Linear
+    from qkv.kernel_layers import KernelInt4Linear
 
     torch.manual_seed(0)
     codes, d, m = weights(8, 96, seed=1)
@@ -228,7 +228,7 @@ def test_the_kernels_layer_holds_a_files_blocks_exactly():
 def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypatch, caplog):
     """By default qkv's kernel layers wherever the library is built (int4 in groups of 32, int8 on whole blocks of
     32 inputs); QKV_KERNEL=torch, or a library that was not built: PyTorch's, the reason said once in one line."""
-    from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
+    from qkv.kernel_layers import KernelInt4Linear, KernelInt8Linear
     from qkv.quantize import Int4Linear, Int8Linear, _say_once, int4_class, int8_class
 
     monkeypatch.delenv("QKV_KERNEL", raising=False)
@@ -260,7 +260,7 @@ def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypa
 def test_a_variant_can_be_named_where_the_cpu_runs_it(monkeypatch):
     """QKV_KERNEL=<variant>: the layers multiply with that variant (its numbers, its widening threshold); one this
     CPU does not run is refused in one line."""
-    from qkv.kernels.layer import KernelInt4Linear, widen_rows
+    from qkv.kernel_layers import KernelInt4Linear, widen_rows
 
     layer = KernelInt4Linear(96, 8)
     layer.codes.copy_(torch.randint(0, 256, layer.codes.shape, generator=torch.Generator().manual_seed(0)))
@@ -288,7 +288,7 @@ def test_many_rows_take_the_widened_weights_with_the_same_numbers():
     """From widen_rows(4) rows on, the layer multiplies the int8-rounded inputs by its weights widened to float32 (a
     tile at a time): the widened weights are the reference's bit for bit, the rounded inputs the reference's
     codes times scales, and each output the one the kernel gives that row alone, up to float rounding."""
-    from qkv.kernels.layer import KernelInt4Linear, widen_rows
+    from qkv.kernel_layers import KernelInt4Linear, widen_rows
 
     torch.manual_seed(0)
     layer = KernelInt4Linear.from_linear(torch.nn.Linear(96, 4100))  # more rows than one tile of widened weights
@@ -341,7 +341,7 @@ def test_a_quantized_model_on_the_kernel_compiles_whole_and_decodes_as_eager(mon
     from decoding_reference import continue_prompts
 
     from qkv import GPT, GPTConfig
-    from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
+    from qkv.kernel_layers import KernelInt4Linear, KernelInt8Linear
     from qkv.quantize import quantize
 
     monkeypatch.setenv("QKV_KERNEL", "qkv")

@@ -10,11 +10,10 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qkv import GPT, GPTConfig
-from qkv.kernels.layer import KernelInt4Linear, KernelInt8Linear
+from qkv.kernel_layers import KernelInt4Linear, KernelInt8Linear
 from qkv.nn import StackedFeedForward, StackedSelfAttention
 from qkv.quantize import (
     FORMATS,
-    WIDEN_ROWS,
     Int4Linear,
     Int8Linear,
     QuantizedLinear,
@@ -27,6 +26,7 @@ from qkv.quantize import (
     quantize_linear,
     unpaired,
 )
+from qkv.quantized import WIDEN_ROWS
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
 
@@ -186,13 +186,13 @@ def test_int4_codes_lie_where_pytorchs_own_converter_puts_them(rows, inputs):
 def either_int4_layout(request, monkeypatch):
     """Each of the layouts PyTorch's int4 kernel reads on some CPU (rows in blocks of 32 or 64), whatever this
     CPU's is: how the codes are written must agree with where int4_slots says they lie in both."""
-    monkeypatch.setattr("qkv.quantize._BLOCK", request.param)
+    monkeypatch.setattr("qkv.quantized._BLOCK", request.param)
     return request.param
 
 
 def test_the_int4_layout_is_found_once_and_an_unknown_one_is_one_clear_error(monkeypatch):
     assert int4_block() in (32, 64) and int4_block() == int4_block()
-    monkeypatch.setattr("qkv.quantize._BLOCK", None)
+    monkeypatch.setattr("qkv.quantized._BLOCK", None)
     monkeypatch.setattr(torch.ops.aten, "_convert_weight_to_int4pack_for_cpu",
                         lambda codes, inner: torch.zeros(len(codes), codes.size(1) // 2, dtype=torch.uint8))
     with pytest.raises(RuntimeError, match=r"int4 kernel reads another layout .* use --quantize int8 or none"):

@@ -19,19 +19,17 @@ fit the model.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
+from .adapters import load_peft_adapter, peft_base_name, save_peft_adapter
 from .config import (
     BERTClassifierConfig,
     BERTConfig,
@@ -42,7 +40,7 @@ from .config import (
     TransformerConfig,
     ViTConfig,
 )
-from .files import read_json
+from .files import check_finite, file_sha256, read_json, write_atomically
 from .footprint import build_model
 from .lora import lora_config_of, lora_layers
 from .models import (
@@ -140,20 +138,12 @@ def save_checkpoint(
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.parent / f".{directory.name}.tmp-{os.getpid()}"
-    old = directory.parent / f".{directory.name}.old"
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write(tmp, model, tokenizers, meta, trainer_state, weights)
-    except Exception as err:  # safetensors and torch.save report a full disk as their own error types
-        shutil.rmtree(tmp, ignore_errors=True)
+        write_atomically(directory, lambda tmp: _write(tmp, model, tokenizers, meta, trainer_state, weights),
+                         folder=True)
+    except OSError as err:
         kept = "; the previous checkpoint is kept" if directory.exists() else ""
-        raise OSError(f"cannot write the checkpoint {directory}: {_first_line(err)}{kept}") from None
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
+        raise OSError(f"{str(err).replace('cannot write', 'cannot write the checkpoint', 1)}{kept}") from None
     return directory
 
 
@@ -161,11 +151,9 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
            trainer_state: dict[str, Any] | None, whole: dict[str, torch.Tensor] | None) -> None:
     from safetensors.torch import save_file, save_model
 
-    tmp.mkdir()
     if lora_layers(model):  # a LoRA run: the adapters alone, in PEFT's format; the base is named in the meta
-        from .interop.peft import save_peft_adapter
-
-        save_peft_adapter(model, lora_config_of(model), tmp / ADAPTER, base_name=str((meta or {})["base"]["source"]))
+        save_peft_adapter(model, lora_config_of(model), tmp / ADAPTER,
+                          base_name=peft_base_name(str((meta or {})["base"]["source"])))
         weights = tmp / ADAPTER / ADAPTER_WEIGHTS
     else:
         weights = tmp / WEIGHTS
@@ -183,30 +171,11 @@ def _write(tmp: Path, model: nn.Module, tokenizers: dict[str, Tokenizer], meta: 
         save_tokenizer(tokenizer, tmp / f"tokenizer.{side}.json")
     if trainer_state is not None:
         torch.save(trainer_state, tmp / TRAINER_STATE)
-    _fsync_dir(tmp)
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, hex: about 0.1 s for 100 MB, little beside reading the weights."""
-    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _first_line(err: BaseException) -> str:
     text = str(err).strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def _fsync_dir(path: Path) -> None:
-    for f in path.iterdir():
-        if f.is_dir():
-            _fsync_dir(f)
-            continue
-        with open(f, "rb") as handle:
-            os.fsync(handle.fileno())
 
 
 def resolve(path: str | Path) -> Path:
@@ -236,46 +205,36 @@ def load_checkpoint(path: str | Path, *, with_trainer_state: bool = False) -> Ch
         CheckpointError: for a missing, unreadable, foreign or invalid config, a config whose model does not
             fit in memory, missing, unreadable, corrupted or changed weights, tensors of another dtype or shape
             than the model's, weights that are not finite, tokenizers that do not fit the model, or (with
-            ``with_trainer_state``) a missing or unsafe trainer state.
+            ``with_trainer_state``) a missing or unsafe trainer state; a LoRA run's checkpoint, whose model is its
+            base with its adapters: :func:`qkv.trained.load_trained` loads it (and every checkpoint).
     """
     directory = resolve(path)
-    arch, model_cls, config, meta, recorded = _read_config(directory / CONFIG)
-    if (directory / ADAPTER).is_dir() and isinstance(meta.get("base"), dict):
-        model, tokenizer = _adapted_base(directory, meta)
-        load_adapter_weights(model, directory, recorded.get(CHECKSUM))
-        trainer_state = load_trainer_state(directory) if with_trainer_state else None
-        return Checkpoint(model.eval(), arch, meta, {"text": tokenizer}, directory, trainer_state)
+    arch, model_cls, config, meta, recorded = read_config(directory / CONFIG)
+    if is_lora_run(directory, meta):
+        raise CheckpointError(f"{directory} holds a LoRA run's adapters, not a whole model: load it with its base "
+                              "model (qkv.trained.load_trained)")
     try:
         with skip_init():  # every weight is overwritten by the strict load below
             model = build_model(model_cls, config, what=f"the model of {directory / CONFIG}")
     except ValueError as err:
         raise CheckpointError(str(err)) from None
     _load_weights(model, directory / WEIGHTS)  # first: a wrong dtype or a NaN is a more precise message
-    _check_digest(directory / WEIGHTS, recorded.get(CHECKSUM))
+    check_digest(directory / WEIGHTS, recorded.get(CHECKSUM))
     model.eval()
     tokenizers = _load_tokenizers(directory, arch, config, recorded.get(TOKENIZERS))
     trainer_state = load_trainer_state(directory) if with_trainer_state else None
     return Checkpoint(model, arch, meta, tokenizers, directory, trainer_state)
 
 
-def _adapted_base(directory: Path, meta: dict[str, Any]) -> tuple[nn.Module, Tokenizer]:
-    """The base model a LoRA run adapted, loaded as the run loaded it, checked to be the same files."""
-    from .interop.pretrained import load_base
-
-    try:
-        base = load_base(meta["base"]["source"], weights=meta["base"]["weights"],
-                         expected=meta["base"].get("fingerprint"))
-    except KeyError as err:
-        raise CheckpointError(f"{directory / CONFIG}: the base model's record lacks {err}") from None
-    return base.model, base.tokenizer
+def is_lora_run(directory: Path, meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint ``directory`` holds a LoRA run's adapters (and names their base in ``meta``)."""
+    return (directory / ADAPTER).is_dir() and isinstance(meta.get("base"), dict)
 
 
 def load_adapter_weights(model: nn.Module, directory: Path, recorded: Any) -> None:
     """Copy a LoRA run's adapters (``directory/adapter``) into ``model`` (adapted there if not yet), after checking
     the file's bytes against the checksum recorded when it was saved."""
-    from .interop.peft import load_peft_adapter
-
-    _check_digest(directory / ADAPTER / ADAPTER_WEIGHTS, recorded)
+    check_digest(directory / ADAPTER / ADAPTER_WEIGHTS, recorded)
     load_peft_adapter(model, directory / ADAPTER)
 
 
@@ -283,7 +242,7 @@ def resume_adapters(model: nn.Module, path: str | Path) -> dict[str, Any]:
     """A LoRA run's checkpoint read back into ``model`` (its base already loaded and adapted): the adapters copied
     in place, and the trainer state returned."""
     directory = resolve(path)
-    recorded = _read_config(directory / CONFIG)[4]
+    recorded = read_config(directory / CONFIG)[4]
     load_adapter_weights(model, directory, recorded.get(CHECKSUM))
     return load_trainer_state(directory)
 
@@ -295,10 +254,10 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     Raises:
         CheckpointError: as :func:`load_checkpoint` does for its config.
     """
-    return _read_config(resolve(path) / CONFIG)[3]
+    return read_config(resolve(path) / CONFIG)[3]
 
 
-def _read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any], dict[str, Any]]:
+def read_config(path: Path) -> tuple[str, type[nn.Module], Any, dict[str, Any], dict[str, Any]]:
     """(architecture, model class, model config, the task's meta, what was recorded of the other files) of a
     checkpoint."""
     try:
@@ -386,7 +345,7 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _check_digest(path: Path, recorded: Any) -> None:
+def check_digest(path: Path, recorded: Any) -> None:
     """The weights' bytes are those saved: a flipped bit or an edited file would otherwise load silently."""
     if recorded is None:  # saved before checksums were recorded
         log.debug("%s: no checksum recorded (an older checkpoint); its bytes are not checked", path)
@@ -413,8 +372,11 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         load_model(model, str(path), strict=True)
     except (SafetensorError, RuntimeError, OSError) as err:
         raise CheckpointError(f"{path} is corrupted or does not fit the config: {_first_line(err)}") from None
-    check_finite(model.state_dict().items(), f"{path} holds",
-                 "the model is unusable; resume from or use an earlier checkpoint")
+    try:
+        check_finite(model.state_dict().items(), f"{path} holds",
+                     "the model is unusable; resume from or use an earlier checkpoint")
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
 
 
 def _check_header(model: nn.Module, path: Path) -> None:
@@ -448,29 +410,6 @@ def _same_kind(stored: str, wanted: torch.dtype) -> bool:
 _FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 _SAFETENSORS_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
                        "I32": torch.int32, "I64": torch.int64}
-
-
-def check_finite(tensors: Iterable[tuple[str, Tensor]], holder: str, advice: str) -> None:
-    """Refuse weights that are NaN or infinite: a model holding one outputs garbage, or NaN everywhere.
-
-    Args:
-        tensors: (name, tensor) pairs; only floating-point tensors are checked, one at a time.
-        holder: what holds them, for the message (``"model.safetensors holds"``).
-        advice: what to do instead.
-
-    Raises:
-        ValueError: naming the first tensor that is not finite.
-    """
-    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not _all_finite(tensor)]
-    if bad:
-        raise CheckpointError(f"{holder} weights that are not finite (NaN or Inf) in {len(bad)} tensor(s), e.g. "
-                              f"{bad[0]}: {advice}")
-
-
-def _all_finite(tensor: Tensor) -> bool:
-    """Whether every element is finite. A NaN or an infinity makes the sum NaN or infinite, so a finite sum
-    settles it in one cheap pass; only a sum that overflowed (or a real NaN) needs the element-wise look."""
-    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def _load_tokenizers(directory: Path, arch: str, config: Any, recorded: Any) -> dict[str, Tokenizer]:

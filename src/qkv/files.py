@@ -2,7 +2,8 @@
 
 Configs, tokenizers and the side files of other projects' model folders are small JSON files. Each reader
 wants the same thing of them: the value, or one ``ValueError`` that names the file and says what is wrong
-with it, so that the CLI can print it as one line instead of a traceback.
+with it, so that the CLI can print it as one line instead of a traceback. A user's larger data file is read by
+:func:`read_bounded`: a regular file only, gzip or not, within a size and a line length checked as it streams.
 
 Files a run writes beside its checkpoints (the log, the loss curve, pictures, the held-out test set) are
 written by :func:`write_atomically`: into a new file of a random name in the same folder, then renamed over
@@ -18,11 +19,16 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import gzip
+import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
+from errno import ENOSPC
 from pathlib import Path
 from typing import Any
 
@@ -148,23 +154,180 @@ def as_umask_gives(path: Path) -> None:
             os.chmod(item, (0o777 if item.is_dir() else 0o666) & ~mask)
 
 
-def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
-    """``write(tmp)`` into a new file beside ``path``, then rename it to ``path`` (see the module's text).
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object], *, folder: bool = False) -> Path:
+    """``write(tmp)`` into a new file (``folder``: a new folder) beside ``path``, then rename it to ``path`` (see
+    the module's text). The one writer of whole files and folders: a run's log and pictures, checkpoints, exports.
+
+    A folder's files are flushed to the disk before the rename, so a crash leaves the old folder or the new one,
+    never a new name over half-written files. A folder already at ``path`` is first renamed ``.NAME.old`` and
+    removed once the new one is in place; a crash between the two renames leaves ``.NAME.old`` for the reader
+    (:func:`qkv.checkpoint.resolve`) and the next run (:func:`qkv.rundir.claim`) to take back.
 
     Example:
         >>> write_atomically("run/loss.png", lambda tmp: fig.savefig(tmp, format="png"))  # doctest: +SKIP
+
+    Raises:
+        OSError: ``"cannot write {path}: {reason}"``, one line naming ``path`` (a full disk: "No space left on
+            device"), whatever error type ``write`` met (safetensors reports a full disk as its own); nothing is
+            left beside ``path`` and what was at ``path`` is as it was.
     """
     path = Path(path)
-    tmp = scratch_beside(path)
+    tmp = scratch_beside(path, folder=folder)
     try:
         write(tmp)
         as_umask_gives(tmp)
-        os.replace(tmp, path)
+        if folder:
+            _flush(tmp)
+            _replace_folder(tmp, path)
+        else:
+            os.replace(tmp, path)
+    except (ValueError, TypeError):  # what ``write`` refuses, said by it
+        _remove(tmp)
+        raise
+    except Exception as err:
+        _remove(tmp)
+        raise OSError(f"cannot write {path}: {_reason(err)}") from None
     except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _remove(tmp)
         raise
     return path
 
 
-__all__ = ["as_umask_gives", "quoted", "read_json", "read_text", "scratch_beside", "write_atomically"]
+def _replace_folder(tmp: Path, path: Path) -> None:
+    old = path.parent / f".{path.name}.old"
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def _flush(folder: Path) -> None:
+    for item in folder.rglob("*"):
+        if item.is_file() and not item.is_symlink():
+            with open(item, "rb") as handle:
+                os.fsync(handle.fileno())
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, in words and one line: a full disk said so whichever library met it (safetensors says
+    "3145728 requested and 687728 written"; torch.save, "unexpected pos"), else the error's first line."""
+    errno_ = getattr(err, "errno", None)
+    text = (getattr(err, "strerror", None) or str(err)).strip()
+    if errno_ == ENOSPC or "No space left" in text or " requested and " in text:
+        return "No space left on device; free some space and run it again"
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes, hex: about 0.1 s for 100 MB, little beside reading the weights."""
+    digest = hashlib.sha256()  # hashlib.file_digest needs Python 3.11
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_finite(tensors: Iterable[tuple[str, Any]], holder: str, advice: str) -> None:
+    """Refuse weights that are NaN or infinite: a model holding one outputs garbage, or NaN everywhere.
+
+    Args:
+        tensors: (name, tensor) pairs; only floating-point tensors are checked, one at a time.
+        holder: what holds them, for the message (``"model.safetensors holds"``).
+        advice: what to do instead.
+
+    Raises:
+        ValueError: naming the first tensor that is not finite.
+    """
+    bad = [name for name, tensor in tensors if tensor.is_floating_point() and not all_finite(tensor)]
+    if bad:
+        raise ValueError(f"{holder} weights that are not finite (NaN or Inf) in {len(bad)} tensor(s), e.g. "
+                         f"{bad[0]}: {advice}")
+
+
+def all_finite(tensor: Any) -> bool:
+    """Whether every element of a floating-point tensor is finite. A NaN or an infinity makes the sum NaN or
+    infinite, so a finite sum settles it in one cheap pass; only a sum that overflowed (or a real NaN) needs the
+    element-wise look."""
+    return bool(tensor.sum().isfinite()) or bool(tensor.isfinite().all())
+
+
+def check_out(out: Path, what: str) -> None:
+    """``out`` must not exist, or (a folder) be empty: an export never overwrites anything."""
+    if out.is_symlink() or (out.exists() and not (out.is_dir() and what == "folder" and not any(out.iterdir()))):
+        raise ValueError(f"{out} exists; give --out a new {what} (an export never overwrites)")
+    if not out.parent.is_dir():
+        raise ValueError(f"{out.parent} is not a folder; create it first")
+
+
+GZIP_MAGIC = b"\x1f\x8b"  # how every gzip stream begins: no UTF-8 text begins so (0x8b continues a character)
+_PIECE = 1 << 20  # bytes read at a time
+
+
+def read_bounded(path: str | os.PathLike, *, max_bytes: int, max_line: int) -> bytes:
+    """The bytes of the regular file ``path``, decompressed where they are gzip (told by their first bytes, not by
+    the name), read a piece at a time and refused as soon as they pass ``max_bytes`` (after decompression) or hold a
+    line longer than ``max_line`` bytes: an endless file or a gzip bomb stops at the bound, never held whole.
+
+    A FIFO, a device or a socket is refused from its ``os.stat``, before it is opened: opening a FIFO that nothing
+    writes to waits forever, and a device (``/dev/zero``) never ends.
+
+    Raises:
+        ValueError: ``"cannot read {path}: {reason}"``, one line: no such file, not a regular file, unreadable, a
+            broken gzip stream, more than ``max_bytes`` bytes, or a line (numbered) longer than ``max_line``.
+    """
+    path = Path(path)
+    _check_regular(path)
+    try:
+        # O_NONBLOCK: a FIFO put in the file's place since the check must not block the open either
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            _check_regular(path, os.fstat(f.fileno()))
+            stream = gzip.GzipFile(fileobj=f) if f.peek(2)[:2] == GZIP_MAGIC else f
+            return _read_within(stream, path, max_bytes, max_line)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as err:  # a truncated or corrupt gzip stream
+        raise ValueError(f"cannot read {path}: a broken gzip stream ({err})") from None
+    except OSError as err:  # no permission, ...: strerror says which without repeating the path
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+
+
+def _check_regular(path: Path, status: os.stat_result | None = None) -> None:
+    """Refuse what is not a regular file (``status``: the open file's, else the path's)."""
+    try:
+        mode = (status or os.stat(path)).st_mode
+    except FileNotFoundError:
+        raise ValueError(f"cannot read {path}: no such file") from None
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror or err}") from None
+    if not stat.S_ISREG(mode):
+        kind = ("a folder" if stat.S_ISDIR(mode) else "a FIFO (a named pipe)" if stat.S_ISFIFO(mode)
+                else "a socket" if stat.S_ISSOCK(mode) else "a device")
+        raise ValueError(f"cannot read {path}: it is {kind}, not a regular file")
+
+
+def _read_within(stream, path: Path, max_bytes: int, max_line: int) -> bytes:
+    """``stream`` to its end, a piece at a time, within ``max_bytes`` and lines of ``max_line`` bytes."""
+    pieces, size, lines, open_line = [], 0, 0, 0  # open_line: the bytes of the line not yet ended
+    # pieces no longer than a line may be: a line that ends within one is shorter, so only the line open across
+    # pieces is measured (a piece's many short lines are never split out)
+    while piece := stream.read(max(1, min(_PIECE, max_line))):
+        size += len(piece)
+        if size > max_bytes:
+            raise ValueError(f"cannot read {path}: more than {max_bytes:,} bytes (the most it may hold" +
+                             (" once decompressed)" if isinstance(stream, gzip.GzipFile) else ")"))
+        first, last = piece.find(b"\n"), piece.rfind(b"\n")
+        if open_line + (len(piece) if first < 0 else first) > max_line:
+            raise ValueError(f"cannot read {path}: line {lines + 1:,} is longer than {max_line:,} bytes, the most a "
+                             "line may hold")
+        lines += 0 if first < 0 else piece.count(b"\n")
+        open_line = open_line + len(piece) if first < 0 else len(piece) - last - 1
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+__all__ = ["all_finite", "as_umask_gives", "check_finite", "check_out", "file_sha256", "quoted", "read_bounded",
+           "read_json", "read_text", "scratch_beside", "write_atomically"]

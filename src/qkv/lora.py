@@ -29,7 +29,7 @@ fc1, fc2       ``feed_forward.up``, ``feed_forward.down``       ``fc1``, ``fc2``
 A target names every module of that name, as PEFT matches its ``target_modules``: Marian's ``q_proj`` is the
 queries of the self-attention of both stacks and of the decoder's cross-attention. A stacked layer gets one
 :class:`~qkv.nn.LoRALinear` with an adapter per targeted part, so the adapters are the same whether the model
-was loaded with separate or stacked projections (:mod:`qkv.interop.peft` writes them under PEFT's names).
+was loaded with separate or stacked projections (:mod:`qkv.adapters` writes them under PEFT's names).
 Everything else of the model is frozen: the embeddings, norms, biases, the output layer and the base weights;
 the optimizer sees only the adapters.
 """
@@ -127,12 +127,12 @@ def layout_of(model: nn.Module) -> Layout:
     Raises:
         ValueError: any other model, described.
     """
-    from .interop.families import family_of
+    from .model_types import model_type_of
     from .models import GPT, Transformer
 
     config = getattr(model, "config", None)
     if isinstance(model, GPT) and (config.norm, config.positional) == ("rms", "rope") and config.activation in GATED:
-        return PHI3 if family_of(config).model_type == "phi3" else LLAMA
+        return PHI3 if (config.family or model_type_of(config)) == "phi3" else LLAMA
     if isinstance(model, Transformer) and not config.norm_first and config.activation not in GATED:
         return MARIAN
     if isinstance(model, GPT):

@@ -14,6 +14,7 @@ import torch
 from clitools import DATA, HANG
 from hf_greedy import greedy_qkv, greedy_uncached
 from llama_cpp_tools import llama_cpp, llama_perplexity
+from shared_data import missing_corpora
 from tiny_gguf import VOCAB, gguf_tensors, tiny_llama, write_gguf
 
 from qkv import kernels
@@ -179,7 +180,7 @@ def test_smollm2_through_qkvs_kernel_has_llama_cpps_perplexity(smollm2, smollm2_
     characters -0.03% and -0.21%, docs/quantization.md)."""
     shakespeare = DATA / "tinyshakespeare" / "input.txt"
     if not kernels.available() or not shakespeare.is_file():
-        pytest.skip(kernels.why_not() or f"no tinyshakespeare under {DATA}")
+        pytest.skip(kernels.why_not() or missing_corpora(DATA))
     monkeypatch.setenv("QKV_KERNEL", "qkv")
     text = shakespeare.read_text(encoding="utf-8")[:6000]
     (tmp_path / "text.txt").write_text(text, encoding="utf-8")

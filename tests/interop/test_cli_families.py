@@ -149,7 +149,7 @@ def test_serve_decodes_a_mixture_of_experts_rows_in_one_batch_as_each_alone(work
 
 def test_a_phi3_lora_run_adapts_its_fused_layers_and_runs_in_peft(work):
     peft = pytest.importorskip("peft")
-    from qkv.checkpoint import load_checkpoint
+    from qkv.trained import load_trained
 
     ok(qkv("finetune", "--pretrained", "phi3", "--data", "train.jsonl", "--out", "phi3-lora", "--max-steps", "2",
            *SMALL, cwd=work))
@@ -160,7 +160,7 @@ def test_a_phi3_lora_run_adapts_its_fused_layers_and_runs_in_peft(work):
     theirs = peft.PeftModel.from_pretrained(hf, adapter).eval()
     ids = torch.tensor([[2, 40, 41, 90, 91, 200]])
     with torch.no_grad():
-        torch.testing.assert_close(theirs(ids).logits, load_checkpoint(work / "phi3-lora").model(ids),
+        torch.testing.assert_close(theirs(ids).logits, load_trained(work / "phi3-lora").model(ids),
                                    atol=1e-4, rtol=1e-4)
 
 
@@ -177,13 +177,13 @@ def test_qlora_adapts_a_gemma3_on_its_4_bit_weights_and_the_merge_is_a_gemma3(wo
 def test_qlora_adapts_a_mixture_of_experts_on_its_4_bit_experts_and_the_merge_is_one(work):
     """QLoRA on a Qwen3-MoE: attention adapted, the experts frozen in int4; the merge is a Qwen3-MoE folder that
     transformers reads into the model qkv reads from it."""
-    from qkv.checkpoint import load_checkpoint
     from qkv.interop import load_pretrained
     from qkv.nn import LoRALinear
+    from qkv.trained import load_trained
 
     ok(qkv("finetune", "--pretrained", "qwen3_moe", "--data", "train.jsonl", "--out", "moe-qlora", "--method",
            "qlora", "--max-steps", "2", *SMALL, cwd=work))
-    run = load_checkpoint(work / "moe-qlora").model
+    run = load_trained(work / "moe-qlora").model
     adapted = {name.split(".")[-1] for name, m in run.named_modules() if isinstance(m, LoRALinear)}
     assert adapted and "experts" not in " ".join(n for n, m in run.named_modules() if isinstance(m, LoRALinear))
     ok(qkv("export", "--model", "moe-qlora", "--merge", "--out", "moe-merged", cwd=work))

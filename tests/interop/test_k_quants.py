@@ -54,7 +54,7 @@ def _ids(seed: int = 1) -> torch.Tensor:
 
 
 def test_k_quant_matrices_are_held_as_stored(k_file):
-    from qkv.kernels.layer import KernelInt5Linear, KernelInt6Linear
+    from qkv.kernel_layers import KernelInt5Linear, KernelInt6Linear
 
     kind, path = k_file
     model, _ = load_quantized_gpt(path, mode="auto")

@@ -226,6 +226,16 @@ BROKEN = {
     "rank zero": (_config_change(r=0), "r=0, expected a positive whole number"),
     "rank text": (_config_change(r="4"), "r='4', expected a positive whole number"),
     "alpha negative": (_config_change(lora_alpha=-8), "lora_alpha=-8, expected a positive number"),
+    "alpha past any float": (_config_change(lora_alpha=10**400), "lora_alpha=1000000000000000000000000000000000000"),
+    "alpha infinite": (lambda a: (a / CONFIG).write_text((a / CONFIG).read_text().replace('"lora_alpha": 8',
+                                                                                          '"lora_alpha": 1e400')),
+                       "lora_alpha=inf, expected a positive number of at most"),
+    "rank huge": (_config_change(r=10**30), "r=1000000000000000000000000000000, expected a positive whole number"),
+    "dropout huge": (_config_change(lora_dropout=10**400), "lora_dropout=1000000000"),
+    "float8 weights": (_tensors_change(lambda t: t.update({k: v.to(torch.float8_e4m3fn) for k, v in t.items()})),
+                       "is float8_e4m3fn of shape"),
+    "integer weights": (_tensors_change(lambda t: t.update({k: v.to(torch.int32) for k, v in t.items()})),
+                        "is int32 of shape"),
     "another rank": (_config_change(r=8), "expected floating-point weights of shape (8, in) (r=8"),
     "not finite": (_tensors_change(_set_nan), "model.layers.1.mlp.down_proj.lora_B.weight holds weights that are "
                                               "not finite"),
@@ -323,3 +333,12 @@ def test_saving_refuses_what_the_folder_could_not_say(folders, tmp_path):
         save_peft_adapter(model, config, tmp_path / "taken", base_name="x")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # nothing half-written left behind
     assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_a_gguf_lora_file_is_named_as_such_not_a_missing_folder(folders, tmp_path):
+    lora = tmp_path / "tuned-lora.gguf"
+    lora.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(24))
+    _refused(load_pretrained(folders("llama"), weights="none").model, lora, "is a GGUF file (a GGUF LoRA adapter")
+    other = tmp_path / "notes.txt"
+    other.write_text("not an adapter")
+    _refused(load_pretrained(folders("llama"), weights="none").model, other, "a file, not a folder")

@@ -53,9 +53,9 @@ def _explorer(args: argparse.Namespace, device):
         run = partial(lm_result, pre.model.to(device), pre.tokenizer, name=pre.name, new_tokens=new_tokens,
                       stop_ids=frozenset(pre.tokenizer.stop_ids))
         return run, _info(pre.name, "lm", "The capital of France is")
-    from ..checkpoint import load_checkpoint
+    from ..trained import load_trained
 
-    ckpt = load_checkpoint(args.model)
+    ckpt = load_trained(args.model)
     name = ckpt.name
     if ckpt.arch == "gpt":
         run = partial(lm_result, ckpt.model.to(device), ckpt.tokenizers["text"], name=name, new_tokens=new_tokens)

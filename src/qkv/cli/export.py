@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
 from pathlib import Path
 
 from .common import command
 
 
 def export_cmd(args: argparse.Namespace) -> None:
-    from ..checkpoint import load_checkpoint
-    from ..files import read_text
-    from ..interop.export import check_out, written
+    from ..files import check_out, read_text
     from ..interop.gguf_export import TYPES
+    from ..lora import merge_lora
+    from ..trained import load_trained
 
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (a qkv run or checkpoint) or --pretrained "
@@ -34,15 +34,17 @@ def export_cmd(args: argparse.Namespace) -> None:
         check_template(template)  # shipped, it would fail only at the user's first qkv chat
     out = Path(args.out)
     check_out(out, "folder" if args.format in ("hf", "peft") else "file")  # before the weights are read
-    adapters = _adapters(args) if args.model else None
+    if args.model:
+        _adapters(args)  # the format and --merge fit what the run holds
     if args.format == "peft":
-        written(out, lambda folder: shutil.copytree(adapters, folder, dirs_exist_ok=True))
+        _export_peft(args.model, out)
         print(out)
         return
     if args.pretrained:
         ckpt = _pretrained(args.pretrained)
-    else:
-        ckpt = _merged(adapters) if args.merge else load_checkpoint(args.model)
+    else:  # a LoRA run merged: its base in float32 (a quantized base read as float), its adapters merged in
+        ckpt = load_trained(args.model, weights="none" if args.merge else None)
+        ckpt.model = merge_lora(ckpt.model).eval() if args.merge else ckpt.model
     if not args.merge and args.format == "gguf-lora":
         from ..interop.gguf_lora import export_gguf_lora
 
@@ -77,12 +79,35 @@ def _pretrained(source: str):
     return Checkpoint(pre.model, "gpt", {"chat_template": pre.chat_template}, {"text": pre.tokenizer}, Path(source))
 
 
+def _export_peft(run: str, out: Path) -> None:
+    """A LoRA run's adapter folder as peft reads it: its files checked as loading checks them (their checksum,
+    finite weights of the dtypes and shapes the config says; no link), the base named as peft resolves it."""
+    from .. import checkpoint
+    from ..adapters import CONFIG, WEIGHTS, peft_base_name, read_peft_adapter
+    from ..files import write_atomically
+    from ..trained import adapter_folder
+
+    folder = adapter_folder(run)
+    recorded = checkpoint.read_config(folder.parent / checkpoint.CONFIG)[4]
+    checkpoint.check_digest(folder / WEIGHTS, recorded.get(checkpoint.CHECKSUM))
+    read_peft_adapter(folder)
+    config = json.loads((folder / CONFIG).read_text(encoding="utf-8"))  # read, checked, by read_peft_adapter
+    config["base_model_name_or_path"] = peft_base_name(str(config.get("base_model_name_or_path")))
+    weights = (folder / WEIGHTS).read_bytes()
+
+    def write(tmp: Path) -> None:
+        (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (tmp / WEIGHTS).write_bytes(weights)
+
+    write_atomically(out, write, folder=True)
+
+
 def _adapters(args: argparse.Namespace) -> Path | None:
     """The adapter folder of a LoRA run (None for a whole model), checked against the format and --merge asked."""
     from ..checkpoint import ADAPTER, resolve
 
     folder = resolve(args.model) / ADAPTER
-    adapters = folder if folder.is_dir() else None
+    adapters = folder if folder.exists() or folder.is_symlink() else None
     if args.format in ("peft", "gguf-lora") and adapters is None:
         raise ValueError(f"{args.model} holds a whole model, not LoRA adapters (qkv finetune --method lora|qlora "
                          f"makes them); export it with --format hf or gguf")
@@ -92,22 +117,6 @@ def _adapters(args: argparse.Namespace) -> Path | None:
         raise ValueError(f"{args.model} holds LoRA adapters: --format peft or gguf-lora writes them, --merge writes "
                          "the base model with them merged in")
     return adapters
-
-
-def _merged(adapters: Path):
-    """A LoRA run's base model in float32 (a quantized base read as float), its adapters merged in: the model
-    the exports write (a GGUF file quantized again as --type says), with the run's chat template, else the
-    base's."""
-    from ..checkpoint import Checkpoint, read_meta
-    from ..interop.peft import load_peft_adapter
-    from ..interop.pretrained import load_base
-    from ..lora import merge_lora
-
-    meta = read_meta(adapters.parent)
-    base = load_base(meta["base"]["source"], weights="none", expected=meta["base"].get("fingerprint"))
-    load_peft_adapter(base.model, adapters)
-    meta = meta | {"chat_template": meta.get("chat_template") or base.chat_template}  # a run's record may lack it
-    return Checkpoint(merge_lora(base.model).eval(), "gpt", meta, {"text": base.tokenizer}, adapters.parent)
 
 
 def add_commands(sub) -> None:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..checkpoint import check_finite
+from ..files import check_finite
 from ..footprint import check_fits, return_freed_memory
 from ..kernels import SUPER
 from ..models import GPT
@@ -564,7 +564,7 @@ def holds_k_quants() -> bool:
 
 def _k_quant_blocks(sources: list[_GGUFSource], inputs: int, rows: int, *, bias: bool) -> QuantizedLinear:
     """A 6-bit or 5-bit layer of qkv's kernel holding the Q6_K or Q5_K blocks of ``sources`` as they are."""
-    from ..kernels.layer import KernelInt5Linear, KernelInt6Linear
+    from ..kernel_layers import KernelInt5Linear, KernelInt6Linear
 
     six = sources[0].kind == "Q6_K"
     layer = (KernelInt6Linear if six else KernelInt5Linear)(inputs, rows, bias=bias)

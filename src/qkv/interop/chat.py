@@ -28,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from ..files import quoted
+from ..tokenizers import utf8_checked
 from .template_bounds import (
     MAX_CALL_DEPTH,
     MAX_RENDERED_CHARS,
@@ -42,13 +43,19 @@ from .template_bounds import (
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # The roles a training conversation may hold ("tool": a tool's answer, for the templates that lay one out).
 TRAINING_ROLES = ("system", "user", "assistant", "tool")
+# The most messages a training conversation may hold: finding its assistant turns renders the conversation up to
+# each of them (twice), so a conversation costs up to that many renderings of itself.
+MAX_TRAINING_MESSAGES = 64
 
 
 def check_messages(messages: Sequence[Mapping[str, str]]) -> None:
-    """Each message a dict with a string ``role`` and ``content``; a ValueError naming the first that is not."""
+    """Each message a dict with a string ``role`` and ``content``, both valid Unicode
+    (:func:`~qkv.tokenizers.utf8_checked`); a ValueError naming the first that is not."""
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
             raise ValueError(f"message {i} must be a dict with string 'role' and 'content', got {quoted(message)}")
+        for key in ("role", "content"):
+            utf8_checked(message[key], f"message {i}'s {key}")
 
 
 def chat_prompt(
@@ -184,8 +191,10 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
 
     Any template will do that lays the conversation out turn by turn: assistant message ``i`` starts where the
     rendering of ``messages[:i]`` with ``add_generation_prompt=True`` ends, which must be a prefix of the whole
-    rendering. Characters map to tokens by the tokenizer's offsets; a token that straddles the turn's start is
-    counted in the turn, as ``transformers`` counts it for ``return_assistant_tokens_mask``.
+    rendering. The conversation is rendered whole once, and twice more per assistant turn but the last, which
+    needs one: at most :data:`MAX_TRAINING_MESSAGES` messages, so that the work is bounded by a fixed multiple of
+    the conversation's length. Characters map to tokens by the tokenizer's offsets; a token that straddles the
+    turn's start is counted in the turn, as ``transformers`` counts it for ``return_assistant_tokens_mask``.
 
     Example, with SmolLM2's ``template`` and ``tokenizer``:
         >>> ids, mask = chat_training_ids(template, [{"role": "user", "content": "Hi"},
@@ -206,22 +215,26 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
         ``(ids, mask)``: the token ids and, for each, whether the model is trained to produce it.
 
     Raises:
-        ValueError: a malformed message or one of another role (named, with its index); a conversation with no
-            assistant turn; a template that cannot render it, that lays out earlier turns differently once later
-            ones follow, or that writes an assistant turn with no end-of-turn token after it (each in one line).
+        ValueError: a malformed message or one of another role (named, with its index); more than
+            :data:`MAX_TRAINING_MESSAGES` messages; a conversation with no assistant turn; a template that cannot
+            render it, that lays out earlier turns differently once later ones follow, or that writes an assistant
+            turn with no end-of-turn token after it (each in one line).
     """
     turns = [i for i in _assistant_turns(messages) if i >= learnt_from]
     if not turns:
         raise ValueError(f"no assistant message from message {learnt_from} on: nothing to learn")
     specials = template_tokens(tokenizer)
     text = render_chat(template, messages, add_generation_prompt=False, **specials)
-    encoding = tokenizer.hf.encode(text, add_special_tokens=False)
+    # a template may write what it was given (tool calls as JSON) beyond the messages' texts
+    encoding = tokenizer.hf.encode(utf8_checked(text, "the conversation as the chat template lays it out"),
+                                   add_special_tokens=False)
     ids, offsets = encoding.ids, encoding.offsets
+    ends = [stop for _, stop in offsets]
     starts = [_turn_start(template, messages, i, text, specials) for i in turns]
     mask = [False] * len(ids)
     for i, start, next_start in zip(turns, starts, [*starts[1:], len(text)], strict=True):
         end = min(next_start, _turn_end_bound(template, messages, i, text, specials))
-        first, last = _turn_tokens(offsets, ids, start, end, tokenizer, i)
+        first, last = _turn_tokens(offsets, ends, ids, start, end, tokenizer, i)
         mask[first : last + 1] = [True] * (last + 1 - first)
     if tokenizer.add_bos and ids[:1] != [tokenizer.bos_id]:
         return [tokenizer.bos_id, *ids], [False, *mask]
@@ -229,7 +242,10 @@ def chat_training_ids(template: str, messages: Sequence[Mapping[str, str]], toke
 
 
 def _assistant_turns(messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """The indices of the assistant messages, after checking every message's shape and role."""
+    """The indices of the assistant messages, after checking every message's shape and role, and their number."""
+    if len(messages) > MAX_TRAINING_MESSAGES:
+        raise ValueError(f"the conversation has {len(messages):,} messages, more than the {MAX_TRAINING_MESSAGES} a "
+                         "training conversation may hold; split it into shorter conversations")
     check_messages(messages)
     for i, message in enumerate(messages):
         if message["role"] not in TRAINING_ROLES:
@@ -258,16 +274,19 @@ def _turn_end_bound(template: str, messages: Sequence[Mapping[str, str]], i: int
     """Where the text of the conversation cut after message ``i`` ends, the bound for that turn's end-of-turn
     token: without it, a template that closes user turns but not assistant turns would have the next user turn
     learnt as part of the answer. No bound where that text is not the start of the whole (Qwen3 writes a
-    ``<think>`` block into the last assistant turn only); the next assistant turn's start bounds it then."""
+    ``<think>`` block into the last assistant turn only); the next assistant turn's start bounds it then. The
+    last message's is the whole text, not rendered again."""
+    if i == len(messages) - 1:
+        return len(text)
     closed = render_chat(template, messages[: i + 1], add_generation_prompt=False, **specials)
     return len(closed) if text.startswith(closed) else len(text)
 
 
-def _turn_tokens(offsets: Sequence[tuple[int, int]], ids: Sequence[int], start: int, end: int, tokenizer,
-                 i: int) -> tuple[int, int]:
+def _turn_tokens(offsets: Sequence[tuple[int, int]], ends: Sequence[int], ids: Sequence[int], start: int, end: int,
+                 tokenizer, i: int) -> tuple[int, int]:
     """The first token of the turn that starts at character ``start`` and its end-of-turn token, which must start
-    before character ``end``."""
-    first = bisect.bisect_right([stop for _, stop in offsets], start)  # first token reaching past ``start``
+    before character ``end`` (``ends``: where each token's characters end)."""
+    first = bisect.bisect_right(ends, start)  # first token reaching past ``start``
     for t in range(first, len(ids)):
         if offsets[t][0] >= end:
             break
@@ -332,6 +351,6 @@ def _one_line(err: BaseException, most: int = 300) -> str:
     return text if len(text) <= most else text[:most] + "..."
 
 
-__all__ = ["MAX_CALL_DEPTH", "MAX_RENDERED_CHARS", "MAX_TEMPLATE_BYTES", "SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES",
-           "WORK_FACTOR", "chat_prompt", "chat_training_ids", "check_messages", "check_template", "render_chat",
-           "template_tokens"]
+__all__ = ["MAX_CALL_DEPTH", "MAX_RENDERED_CHARS", "MAX_TEMPLATE_BYTES", "MAX_TRAINING_MESSAGES",
+           "SMOLLM2_SYSTEM_PROMPT", "TRAINING_ROLES", "WORK_FACTOR", "chat_prompt", "chat_training_ids",
+           "check_messages", "check_template", "render_chat", "template_tokens"]

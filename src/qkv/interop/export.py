@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..files import as_umask_gives, scratch_beside
+from ..files import check_out, write_atomically
 from ..models import BERT, GPT, BERTClassifier, Transformer, ViT, ViTClassifier
 from ..tokenizers import (
     BOS_ID,
@@ -89,7 +87,7 @@ def export_hf(model: nn.Module, tokenizer, out: str | Path, *, chat_template: st
     else:
         raise ValueError(f"qkv exports GPTs, BERTs, ViTs and Marian-shaped Transformers to Hugging Face folders; a "
                          f"{type(model).__name__} has no exporter")
-    written(out, lambda folder: _write(folder, files))
+    write_atomically(out, lambda folder: _write(folder, files), folder=True)
     config = files["config.json"]
     log.info("wrote %s: a %s (%s weights) that transformers loads with its own classes", out,
              config["architectures"][0], f"{sum(t.numel() for t in files['model.safetensors'].values()):,}")
@@ -287,28 +285,6 @@ def hf_tokenizer(tokenizer):
         hf.post_processor = processors.TemplateProcessing(single=f"{bos[0]} $A", pair=f"{bos[0]} $A {bos[0]} $B",
                                                           special_tokens=[bos])
     return hf, specials
-
-
-def check_out(out: Path, what: str) -> None:
-    """``out`` must not exist, or (a folder) be empty: an export never overwrites anything."""
-    if out.is_symlink() or (out.exists() and not (out.is_dir() and what == "folder" and not any(out.iterdir()))):
-        raise ValueError(f"{out} exists; give --out a new {what} (an export never overwrites)")
-    if not out.parent.is_dir():
-        raise ValueError(f"{out.parent} is not a folder; create it first")
-
-
-def written(out: Path, write) -> None:
-    """Run ``write(folder)`` into a temporary folder beside ``out`` (:func:`qkv.files.scratch_beside`), then
-    rename it to ``out``, its files with the modes the umask gives."""
-    tmp = scratch_beside(out, folder=True)
-    try:
-        write(tmp)
-        as_umask_gives(tmp)
-        if out.is_dir():
-            out.rmdir()  # empty (check_out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 __all__ = ["export_hf", "hf_tokenizer"]

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from ..config import GPTConfig, LayerSpec
+from ..model_types import model_type_of
 from .experts import expert_tensors
 from .hf_common import hf_field
 from .rope_scaling import rope_parameters, rotary_settings
@@ -375,29 +376,9 @@ def text_tensor(name: str) -> str | None:
 # (hf_gpt.gpt_config_to_hf), so a field written wrong is an error there, never a silent change of the model.
 
 def family_of(cfg: GPTConfig) -> Family:
-    """The family whose config.json holds ``cfg``: told apart by the blocks it uses (LLaMA when none)."""
-    if cfg.family in FAMILIES:
-        return FAMILIES[cfg.family]
-    if cfg.n_experts is not None:  # Qwen's MoE configs state every variant of the block; Mixtral's the plainest
-        plain = cfg.expert_normalize and cfg.shared_expert_d_ff is None and cfg.layers is None
-        return FAMILIES["mixtral" if plain and not (cfg.qk_norm or cfg.qkv_bias) else
-                        "qwen3_moe" if cfg.shared_expert_d_ff is None and not cfg.qkv_bias else "qwen2_moe"]
-    rotary = [cfg.layer(i) for i in range(cfg.n_layers)]
-    if cfg.norm_offset:
-        return FAMILIES["gemma3_text" if cfg.qk_norm else "gemma2"]
-    if cfg.branch_norm:
-        return FAMILIES["olmo2"]
-    if cfg.rotary_dim is not None or cfg.rope_long_factors is not None:
-        return FAMILIES["phi3"]
-    if not all(spec.rotary for spec in rotary):
-        return FAMILIES["smollm3"]
-    if (cfg.embedding_scale, cfg.residual_scale, cfg.logit_scale, cfg.attention_scale) != (1.0, 1.0, 1.0, None):
-        return FAMILIES["granite"]
-    if cfg.qk_norm:
-        return FAMILIES["qwen3"]
-    if cfg.qkv_bias:
-        return FAMILIES["qwen2"]
-    return FAMILIES["mistral" if cfg.window else "llama"]
+    """The family whose config.json holds ``cfg``: the one it was read from, else told apart by the blocks it uses
+    (:func:`qkv.model_types.model_type_of`; LLaMA when none)."""
+    return FAMILIES[cfg.family if cfg.family in FAMILIES else model_type_of(cfg)]
 
 
 def rope_to_hf(cfg: GPTConfig, *, scaled: bool = True, base: float | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 
 :meth:`~qkv.quantize.Int4Linear.write_pairs`. The other formats
 (Q8_0, Q5_K, Q6_K, fp16, bf16, fp32) have no int4 form; :func:`dequantized_rows` decodes them, a few rows at a
 time, for a layer that is quantized again (see :mod:`qkv.quantize`). Q8_0's blocks are the form of qkv's int8
-kernel layer (:class:`~qkv.kernels.layer.KernelInt8Linear`): :func:`int8_blocks` gives them as they are; Q6_K's and
+kernel layer (:class:`~qkv.kernel_layers.KernelInt8Linear`): :func:`int8_blocks` gives them as they are; Q6_K's and
 Q5_K's are the forms of its 6-bit and 5-bit layers: :func:`q6_k_blocks` and :func:`q5_k_blocks` give their codes and
 scales as stored.
 """

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..checkpoint import check_finite
+from ..files import check_finite
 from ..models import GPT
 from .families import FAMILIES, GGUF_FAMILIES, PERMUTED_ARCHITECTURES, norm_shift
 from .hf_gpt import load_gpt_from_hf

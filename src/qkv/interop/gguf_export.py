@@ -48,11 +48,11 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
-from ..files import write_atomically
+from ..files import check_out, write_atomically
 from ..models import GPT
 from ..tokenizers import BOS_ID, EOS_ID, PAD_ID, SPECIALS, CharTokenizer, PretrainedTokenizer
 from .experts import per_expert, stacked
-from .export import check_float, check_out, check_size, hf_tokenizer
+from .export import check_float, check_size, hf_tokenizer
 from .families import FAMILIES, PERMUTED_ARCHITECTURES, gguf_keys, gguf_tensors, norm_shift
 from .gguf import GLOBAL_NAMES, GPT2_CONV1D, GPT2_GLOBAL_NAMES, GPT2_LAYER_NAMES, _import_gguf
 

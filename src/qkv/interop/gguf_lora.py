@@ -27,14 +27,13 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..files import write_atomically
+from ..adapters import KEY, key_order, peft_tensors
+from ..files import check_out, write_atomically
 from ..lora import LLAMA, layout_of, lora_config_of
 from ..models import GPT
-from .export import check_out
 from .families import LLAMA_GGUF, PERMUTED_ARCHITECTURES
 from .gguf import _import_gguf
 from .gguf_export import permute_rope_rows
-from .peft import KEY, key_order, peft_tensors
 
 log = logging.getLogger(__name__)
 

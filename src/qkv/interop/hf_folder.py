@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..checkpoint import check_finite
-from ..files import read_json
+from ..files import check_finite, read_json
 from ..tokenizers import WORDPIECE_SPECIALS, PretrainedTokenizer, WordPieceTokenizer, default_stop_ids
 
 

@@ -22,7 +22,7 @@ of each 16 inputs ``(rows, n / 16)``, each weight ``d · scale · (q - 32)``. 5-
 stored (:func:`q5_codes`): ``codes`` ``(rows, n / 64, 40)`` uint8, ``scales`` each super-block's ``d`` and ``dmin``
 ``(rows, n / 256, 2)`` float16, and in the offsets' place each block's six-bit scale, then its minimum, ``(rows, 2,
 n / 32)`` uint8, each weight ``d · scale · q - dmin · minimum``. qkv's 4-bit layers
-(:mod:`qkv.kernels.layer`) hold the same blocks :func:`interleaved`, eight rows at a time, which the kernel
+(:mod:`qkv.kernel_layers`) hold the same blocks :func:`interleaved`, eight rows at a time, which the kernel
 multiplies up to twice as fast (docs/quantization.md); its 8-bit ones hold the rows in order.
 """
 
@@ -373,21 +373,36 @@ def rounded_activations(x: Tensor) -> Tensor:
     return out
 
 
+# What QKV_KERNEL may say: auto (the default: this kernel wherever it is built), qkv, one of its variants by name,
+# or torch (PyTorch's kernels).
+CHOICES = ("auto", "qkv", *VARIANTS, "torch")
+
+
+def choice() -> str:
+    """``QKV_KERNEL``, checked: the one place it is read (see :data:`CHOICES`); unset or empty is ``auto``.
+
+    Raises:
+        ValueError: a value that is not one of :data:`CHOICES`.
+    """
+    chosen = os.environ.get("QKV_KERNEL") or "auto"
+    if chosen not in CHOICES:
+        raise ValueError(f"QKV_KERNEL must be {', '.join(CHOICES[:-1])} or torch, got {chosen!r}")
+    return chosen
+
+
 def in_use() -> str:
     """Which kernel quantized layers multiply with here, and why, in one line: the benchmarks print it beside their
     figures."""
-    from ..quantize import _kernel_layers
-
     capability = torch.backends.cpu.get_cpu_capability()
-    if _kernel_layers():
+    if choice() != "torch" and available():
         return f"kernel: qkv's, {best_variant()} (PyTorch's CPU capability {capability})"
-    reason = "QKV_KERNEL=torch" if os.environ.get("QKV_KERNEL") == "torch" else why_not()
+    reason = "QKV_KERNEL=torch" if choice() == "torch" else why_not()
     return f"kernel: PyTorch's, CPU capability {capability} ({reason})"
 
 
 @functools.cache
 def _best() -> int:
-    chosen = os.environ.get("QKV_KERNEL")
+    chosen = choice()
     if chosen not in VARIANTS:
         return _library().qkv_best_variant()
     if not runs(chosen):
@@ -437,6 +452,7 @@ __all__ = [
     "bits",
     "block_sums",
     "bound_linear",
+    "choice",
     "dequantize",
     "groups",
     "in_use",

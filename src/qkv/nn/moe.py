@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .feedforward import FeedForward
+from .feedforward import FeedForward, StackedFeedForward
 
 
 class Router(nn.Module):
@@ -151,17 +151,39 @@ class MoEFeedForward(nn.Module):
         self._decode = None
 
     def _kernel_step(self) -> Callable | None:
-        """The decoding step of :mod:`qkv.kernels.experts` when every expert is a 4-bit layer of qkv's kernel (made
-        once for these experts where they lie; None otherwise, or while training)."""
+        """The decoding step of :func:`picked_step` when the experts' layers run as one product (made once for these
+        experts where they lie; None otherwise, or while training)."""
         if torch.is_grad_enabled():
             return None
         key = (*map(id, self.experts), self.experts[0].gate_up.codes.data_ptr()
                if hasattr(getattr(self.experts[0], "gate_up", None), "codes") else None)
         if self._decode is None or self._decode[0] != key:
-            from ..kernels.experts import decode_step
-
-            self._decode = (key, decode_step(self.experts))
+            self._decode = (key, picked_step(self.experts))
         return self._decode[1]
+
+
+def picked_step(experts: nn.ModuleList) -> Callable[[Tensor, Tensor, Tensor], Tensor] | None:
+    """A decoding step's k experts in two products, ``(token (1, d), weights (1, k), picked (1, k)) -> (1, d)``:
+    the gate and up projections of the token's input (quantized once), then each expert's down projection of its
+    own hidden row, each product running all k experts at once. It is made where every expert is a stacked gated
+    network whose layers' class can run the layers a row picks as one product (a ``picked`` class method: qkv's
+    kernel's 4-bit layers, :class:`qkv.kernel_layers.KernelInt4Linear`); None otherwise. The numbers are those of
+    the experts one by one (the same blocks times the same int8 activations), summed in another order."""
+    if not all(type(e) is StackedFeedForward for e in experts):
+        return None
+    picked = getattr(type(experts[0].gate_up), "picked", None)
+    gate_up = None if picked is None else picked([e.gate_up for e in experts])
+    down = None if gate_up is None else picked([e.down for e in experts])
+    if down is None:
+        return None
+    first = experts[0]
+
+    def step(token: Tensor, weights: Tensor, chosen: Tensor) -> Tensor:
+        ids = chosen.reshape(-1).contiguous()
+        hidden = first.activate(gate_up(token.float().contiguous(), ids, True)).contiguous()  # (k, ff)
+        return torch.mm(weights.float(), down(hidden, ids, False)).to(token.dtype)  # Σ_j w_j · down_j(h_j)
+
+    return step
 
 
 def balancing_loss(router_logits: list[Tensor], top_k: int) -> Tensor:
@@ -183,4 +205,4 @@ def router_z_loss(router_logits: list[Tensor]) -> Tensor:
     return torch.logsumexp(logits, dim=-1).square().mean()
 
 
-__all__ = ["MoEFeedForward", "Router", "balancing_loss", "check_experts", "router_z_loss"]
+__all__ = ["MoEFeedForward", "Router", "balancing_loss", "check_experts", "picked_step", "router_z_loss"]

@@ -121,7 +121,7 @@ def _stored_args(out: Path, command: str) -> dict:
 def _data_files(files: Sequence[str], recorded: dict) -> dict:
     """Size and sha256 of each regular file of the run's data (a pipe is read once, so never hashed), checked
     against the record of the run's start where there is one (a run from before records none)."""
-    from ..checkpoint import file_sha256
+    from ..files import file_sha256
 
     now = {}
     for name in files:

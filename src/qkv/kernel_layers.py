@@ -1,6 +1,6 @@
 """int4, int5, int6 and int8 layers that multiply with qkv's own kernel (``q4.c``) instead of PyTorch's.
 
-:class:`~qkv.quantize.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
+:class:`~qkv.quantized.Int4Linear` keeps its codes in the layout PyTorch's kernel reads, which depends on the CPU
 (rows in blocks of 32 or 64, input by input), with a bfloat16 scale and zero point per group of 32 inputs,
 ``W ≈ (q - 8) · s + z``. :class:`KernelInt4Linear` holds 4-bit codes in groups of 32 too, GGUF's blocks: a group's
 32 in 16 bytes, byte ``i`` holding input ``i`` in its low nibble and input ``i + 16`` in its high one, and per group
@@ -10,7 +10,7 @@ blocks are so taken over exactly, bytes and fp16 numbers as stored (Q4_0's offse
 each scale by up to 2⁻⁹ of itself, which costs a measurable share of perplexity (docs/quantization.md). fp16
 reaches 65504: weights beyond it are refused.
 
-:class:`~qkv.quantize.Int8Linear` keeps one bfloat16 scale per output row, ``W ≈ s · q``. :class:`KernelInt8Linear`
+:class:`~qkv.quantized.Int8Linear` keeps one bfloat16 scale per output row, ``W ≈ s · q``. :class:`KernelInt8Linear`
 keeps one fp16 scale per block of 32 inputs, ``W ≈ d · q``, GGUF's Q8_0 form: a Q8_0 tensor (most files' token
 table and output layer) is taken over exactly, and weights quantized again land nearer their values (a step per
 block, not per row), for 6% more memory (two bytes per 32 codes).
@@ -20,32 +20,34 @@ fp16 one per 256: 6.6 bits a weight), the layers of a Q4_K_M file that llama.cpp
 :class:`KernelInt5Linear` its Q5_K blocks (five-bit codes, a six-bit scale and minimum per 32 inputs, fp16 ``d`` and
 ``dmin`` per 256).
 
-All of them multiply through :func:`block_linear` in a graph that ``torch.compile`` makes: the kernel's product
-registered as the operator ``qkv::block_linear``, one node of the graph.
+They live above the native folder (:mod:`qkv.kernels`, which imports nothing of qkv) and beside the layers they
+extend (:mod:`qkv.quantized`). All of them multiply through :func:`block_linear` in a graph that ``torch.compile``
+makes: the kernel's product registered as the operator ``qkv::block_linear``, one node of the graph.
 
 Everything else (the bias, fp32 outlier columns, the backward pass through the frozen codes, the largest outputs
-of an output layer) is :class:`~qkv.quantize.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` and
+of an output layer) is :class:`~qkv.quantized.QuantizedLinear`'s. :func:`qkv.quantize.int4_class` and
 :func:`~qkv.quantize.int8_class` pick these layers wherever the kernel is built (and int4's groups are 32 wide).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from ..quantize import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
-from . import (
+from .kernels import (
     BLOCK,
     GROUP,
     Q5_PAIR,
     Q6_PAIR,
     SUPER,
+    available,
     best_variant,
     bits,
     bound_linear,
+    bound_picked,
     dequantize,
     groups,
     inputs,
@@ -57,6 +59,7 @@ from . import (
     rounded_activations,
     write_rows,
 )
+from .quantized import Int4Linear, Int8Linear, QuantizedLinear, check_int4, unpaired
 
 _GROUP_BYTES = BLOCK // 2
 # From this many input rows on, widened weights and a float product beat the kernel, by the weights' bits and the
@@ -170,7 +173,7 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
     codes of the eight rows together): ``codes`` ``(groups, in_features / 32, 128)`` uint8, ``group_scales`` (read
     as ``scales``) and ``offsets`` ``(groups, in_features / 32, 8)`` float16, ``W = q · scale + offset``; a row's
     block is GGUF's (see the module's text), its 16 bytes four at a time beside the other rows'. A last group of
-    fewer than eight rows holds zeros in the others. Rows are written as :class:`~qkv.quantize.Int4Linear`'s are,
+    fewer than eight rows holds zeros in the others. Rows are written as :class:`~qkv.quantized.Int4Linear`'s are,
     as scales and zero points ``z = offset + 8 · scale``. A state saved with the rows one after the other (qkv
     before this layout) is interleaved as it is loaded.
 
@@ -201,7 +204,7 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
     @property
     def zeros(self) -> Tensor:
         """The zero points ``offset + 8 · scale`` (float32) ``(out_features, in_features / 32)``, as
-        :class:`~qkv.quantize.Int4Linear` states them."""
+        :class:`~qkv.quantized.Int4Linear` states them."""
         _, scales, offsets = self._rows()
         return offsets.float() + 8 * scales.float()
 
@@ -269,6 +272,19 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
     def _blocks(self) -> tuple[Tensor, Tensor, Tensor | None]:
         return self.codes, self.group_scales, self.offsets
 
+    @classmethod
+    def picked(cls, layers: Sequence[QuantizedLinear]) -> Callable[[Tensor, Tensor, bool], Tensor] | None:
+        """``layers`` as one product that runs, in one parallel region, the layer each row of its input picks:
+        ``(x, picked, shared) -> y``, ``y[j] = layers[picked[j]](x[j])`` (:func:`qkv.kernels.bound_picked`), a
+        mixture of experts' k experts of a decoding step in one call (:class:`qkv.nn.MoEFeedForward`). None unless
+        each is a plain layer of this class (no bias, no fp32 columns) of one shape, on the CPU."""
+        plain = all(type(layer) is cls and layer.bias is None and not layer.outliers for layer in layers)
+        if not available() or not plain or len({(m.in_features, m.out_features) for m in layers}) > 1:
+            return None
+        if layers[0].codes.device.type != "cpu":
+            return None
+        return bound_picked([layer._blocks() for layer in layers], layers[0].out_features)
+
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         keys = [prefix + name for name in ("codes", "group_scales", "offsets")]
         if all(key in state_dict for key in keys) and state_dict[keys[0]].dim() == 2:  # rows one after the other
@@ -285,7 +301,7 @@ class KernelInt8Linear(_KernelProduct, Int8Linear):
 
     Buffers: ``codes`` ``(out_features, in_features)`` int8, ``scales`` ``(out_features, in_features / 32)``
     float16, ``W = scale · code``. Rows are written with a scale per block, or one per row (as
-    :class:`~qkv.quantize.Int8Linear`'s), which then holds for each of the row's blocks.
+    :class:`~qkv.quantized.Int8Linear`'s), which then holds for each of the row's blocks.
 
     Raises:
         ValueError: ``in_features`` not a multiple of 32; rows written with a scale beyond fp16's range.
