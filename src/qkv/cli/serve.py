@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from ..files import quoted
-from ..serve.protocol import ROWS
+from ..serve.protocol import REPLY_TOKENS, ROWS
 from .common import add_device_arguments, command, place, runtime
 from .explore import LOCAL_HOSTS
 from .lm import add_draft_arguments
@@ -72,7 +72,8 @@ def _engine(args: argparse.Namespace, device, precision, amp, name: str):
 
     model, tokenizer, stops, template = load_lm(args, device, precision)
     return Engine(model, tokenizer, name=name, stop_ids=stops, chat_template=template, rows=args.parallel,
-                  autocast=amp, speculation=load_speculation(args, tokenizer, device, precision))
+                  max_tokens=args.max_tokens, autocast=amp,
+                  speculation=load_speculation(args, tokenizer, device, precision))
 
 
 def _embedder(args: argparse.Namespace, device, name: str):
@@ -109,6 +110,9 @@ def add_commands(sub) -> None:
     net.add_argument("--api-key", help="a bearer token every request must send (required off this machine)")
     net.add_argument("--parallel", "-np", type=integer(1, 256), default=ROWS,
                      help=f"sequences decoded together; more requests wait their turn (default {ROWS})")
+    net.add_argument("--max-tokens", type=integer(1), default=REPLY_TOKENS,
+                     help=f"the tokens a reply may take when its request gives no max_tokens (default {REPLY_TOKENS}; "
+                          "a completion's default is 16, as OpenAI's)")
     add_draft_arguments(p)
     add_device_arguments(p, quantize=True)
-    p.set_defaults(run=serve_cmd, stop=[])
+    p.set_defaults(run=serve_cmd)

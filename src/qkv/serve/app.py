@@ -18,7 +18,9 @@ large, 429 too many requests running or waiting (with ``Retry-After``), 500 a fa
 no traceback sent), 503 the model still loading. Requests must name this server in ``Host`` (a loopback name, or
 the address it was started on), so that a web page cannot reach it through a DNS name rebound to 127.0.0.1; a page
 from another origin cannot POST to it; with ``api_key`` every /v1 request must carry ``Authorization: Bearer <key>``
-(compared in constant time). A body must arrive within 30 s, and a streamed client take each piece within 30 s.
+(compared in constant time). A request's headers must arrive within 10 s, at most 256 connections are open at once
+(:mod:`qkv.serve.connections`), a body must arrive within 30 s, and a streamed client take each piece within 30 s.
+Each request is logged in one line once answered (:mod:`qkv.serve.access`).
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ from urllib.parse import urlsplit
 import torch
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..tokenizers import encode_prompt
 from . import tools
+from .access import AccessLog, Tally, tally
 from .embedder import Embedder, texts
 from .engine import Continuation, Engine, Entry
 from .protocol import (
@@ -98,8 +102,9 @@ class Server:
                   Route("/tokenize", self.tokenize, methods=["POST"]),
                   Route("/detokenize", self.detokenize, methods=["POST"]),
                   Route("/tokenizer_info", self.tokenizer_info)]
-        return Starlette(routes=routes, exception_handlers={APIError: _api_error, HTTPException: _http_error,
-                                                            Exception: _internal_error})
+        return Starlette(routes=routes, middleware=[Middleware(AccessLog)],
+                         exception_handlers={APIError: _api_error, HTTPException: _http_error,
+                                             Exception: _internal_error})
 
     async def health(self, request: Request) -> Response:
         self._guard(request, key=False)
@@ -108,8 +113,10 @@ class Server:
 
     async def models(self, request: Request) -> Response:
         self._guard(request)
-        return JSONResponse({"object": "list", "data": [
-            {"id": self.model.name, "object": "model", "created": 0, "owned_by": "qkv"}]})
+        entry = {"id": self.model.name, "object": "model", "created": 0, "owned_by": "qkv"}
+        if isinstance(self.model, Engine):  # the context (vLLM's field), and a reply's tokens when none are asked
+            entry |= {"max_model_len": self.model.context, "default_max_tokens": self.model.max_tokens}
+        return JSONResponse({"object": "list", "data": [entry]})
 
     @property
     def model(self) -> Engine | Embedder:
@@ -161,6 +168,7 @@ class Server:
             raise APIError(400, f"{embedder.name} makes vectors of {embedder.dimensions} dimensions only",
                            param="dimensions")
         vectors, tokens = await self._run(lambda: embedder.vectors(items))
+        tally(request).prompt = tokens
         data = [{"object": "embedding", "index": i, "embedding": _encoded(v, encoding)} for i, v in enumerate(vectors)]
         return JSONResponse({"object": "list", "data": data, "model": embedder.name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
@@ -245,12 +253,14 @@ class Server:
         if settings.grammar is not None:  # a schema the library refuses: 400 now, not in the middle of a stream
             await self._run(lambda: self.engine.constraint(settings.grammar, settings.constrains))
         reply = _Reply(self.engine.name, chat, sum(map(len, prompts)), settings.n, echoed, tools)
+        counted = tally(request)
+        counted.prompt = reply.prompt_tokens
         if settings.stream:
             self._check_queue()  # a 429 as the answer's status; its events check again when they begin
-            return _Stream(self._events(prompts, settings, reply), media_type="text/event-stream",
+            return _Stream(self._events(prompts, settings, reply, counted), media_type="text/event-stream",
                            headers={"Cache-Control": "no-cache"})
         done: dict[int, Continuation] = {}
-        async for i, piece in self._continue(prompts, settings, request=request):
+        async for i, piece in self._continue(prompts, settings, counted, request=request):
             if isinstance(piece, Continuation):
                 done[i] = piece
         if len(done) < len(prompts) * settings.n:  # the client went away: nobody reads an answer
@@ -271,12 +281,12 @@ class Server:
         finally:
             self.waiting -= 1
 
-    async def _continue(self, prompts: list[list[int]], settings: Settings, *,
+    async def _continue(self, prompts: list[list[int]], settings: Settings, counted: Tally, *,
                         request: Request | None = None) -> AsyncIterator[tuple[int, Any]]:
         """The ``n`` continuations of ``ids`` as they grow: ``(choice, (text, entries))`` for each piece of text and
-        ``(choice, Continuation)`` once it ends. They end early if the consumer stops (a stream's client went away)
-        or, given the ``request`` (an answer sent whole: no pieces, only the ends), once its client disconnects
-        (checked every :data:`POLL_SECONDS`)."""
+        ``(choice, Continuation)`` once it ends (its tokens ``counted``). They end early if the consumer stops (a
+        stream's client went away) or, given the ``request`` (an answer sent whole: no pieces, only the ends), once
+        its client disconnects (checked every :data:`POLL_SECONDS`)."""
         queue: asyncio.Queue = asyncio.Queue()
         mailbox = self._mailbox or _Mailbox(asyncio.get_running_loop())
         self._mailbox = mailbox
@@ -307,20 +317,23 @@ class Server:
                     continue
                 if isinstance(piece, Exception):
                     raise piece
-                ended += isinstance(piece, Continuation)
+                if isinstance(piece, Continuation):
+                    ended += 1
+                    counted.generated += piece.tokens
                 yield i, piece
         finally:
             for row in rows:  # nothing more is read: whatever still runs ends at its next token
                 row.cancel()
             self.waiting -= 1
 
-    async def _events(self, prompts: list[list[int]], settings: Settings, reply: _Reply) -> AsyncIterator[str]:
+    async def _events(self, prompts: list[list[int]], settings: Settings, reply: _Reply,
+                      counted: Tally) -> AsyncIterator[str]:
         """The server-sent events of a streamed answer; the continuations stop if the client goes away."""
         for i in range(len(prompts) * settings.n):
             yield _event(reply.chunk(i, *reply.echo(i)))  # the role (or the echoed prompt) first, as OpenAI's
         finished: list[Continuation] = []
         try:
-            async for i, piece in self._continue(prompts, settings):
+            async for i, piece in self._continue(prompts, settings, counted):
                 if isinstance(piece, Continuation):
                     finished.append(piece)
                     yield _event(reply.chunk(i, None, finish_reason=piece.finish_reason))
@@ -541,17 +554,13 @@ def serve(load: Callable[[], Engine | Embedder], *, host: str = "127.0.0.1", por
     """Answer on ``host``:``port`` (0: any free port) until interrupted: 503 while ``load()`` makes the model, then the
     model; says where on stdout once it is ready. A language model decodes on this, the main thread (PyTorch's
     fastest); HTTP is answered on another."""
-    import socket
-
     import uvicorn
 
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(128)  # from now on a client is queued, not refused, while uvicorn starts
+    from .connections import config, listen
+
+    sock = listen(host, port)  # from now on a client is queued, not refused, while uvicorn starts
     server = Server(None, hosts=LOOPBACK | {host}, api_key=api_key)
-    http = uvicorn.Server(uvicorn.Config(server.app(), log_level="warning", timeout_keep_alive=5))
+    http = uvicorn.Server(config(server.app()))
     answering = threading.Thread(target=http.run, kwargs={"sockets": [sock]}, name="qkv-http", daemon=True)
     answering.start()
     signal.signal(signal.SIGTERM, _interrupt)
@@ -560,7 +569,7 @@ def serve(load: Callable[[], Engine | Embedder], *, host: str = "127.0.0.1", por
         if isinstance(served, Engine):  # this thread decodes: claimed before the first request can come
             served.claim()
         server.served = served
-        shown = f"[{host}]" if family == socket.AF_INET6 else host
+        shown = f"[{host}]" if ":" in host else host
         print(f"qkv serve: {served.name} at http://{shown}:{sock.getsockname()[1]}/v1  (Ctrl-C stops)", flush=True)
         if isinstance(served, Engine):
             _decode(served)

@@ -7,10 +7,12 @@ the server hands it rows and hears back through callbacks. A row is decoded as i
 tokens ``qkv generate`` gives; sampled: those of the same seed alone), whatever else is running. The engine adds
 what an API needs around the tokens:
 
-* the text as it grows, decoded incrementally (each new token with the few before it, so a character split over
-  byte-level tokens appears once whole), with stop strings found in the text, not in tokens: nothing after a stop
-  string is sent, and no text that might be the start of one is sent before the next token shows whether it is;
-* why it ended: ``stop`` (an end-of-turn token or a stop string) or ``length`` (``max_tokens``, or the context);
+* the text as it grows (:class:`~qkv.detokenize.TextStream`, as ``qkv generate`` has it), decoded incrementally
+  (each new token with the few before it, so a character split over byte-level tokens appears once whole), with
+  stop strings found in the text, not in tokens: nothing after a stop string is sent, and no text that might be the
+  start of one is sent before the next token shows whether it is;
+* why it ended: ``stop`` (an end-of-turn token or a stop string) or ``length`` (``max_tokens``, the server's
+  ``max_tokens`` where the request gives none, or the context);
 * log-probabilities of the chosen tokens and the most probable others, when asked;
 * a way to end it between two tokens (a client that went away), which frees its row at once.
 """
@@ -29,12 +31,13 @@ from typing import Any
 import torch
 
 from ..batching import Batch, Logprob, Row
+from ..detokenize import TextStream
 from ..footprint import check_decoding
 from ..sampling import GREEDY, Sampling
 from ..speculative import Speculation
 from ..tokenizers import encode_prompt
-from .protocol import ROWS, APIError, Settings
-from .tools import Tools, conversation, format_of, held
+from .protocol import REPLY_TOKENS, ROWS, APIError, Settings
+from .tools import Tools, conversation, format_of
 
 log = logging.getLogger("qkv")
 GRAMMARS = 64  # compiled schemas kept (a request's is checked when it comes, then used by each of its choices)
@@ -76,13 +79,19 @@ class _Job:
 class Engine:
     """A language model served: ``model``, its ``tokenizer``, the token ids that end a reply (``stop_ids``), its chat
     template (None: completions only), the ``name`` clients call it by, how many sequences decode together
-    (``rows``) and the autocast context decoding runs in (``--precision``'s; entered on the engine's thread)."""
+    (``rows``), the tokens a reply may take when its request does not say (``max_tokens``: a small model left to
+    run fills its whole context) and the autocast context decoding runs in (``--precision``'s; entered on the
+    engine's thread)."""
 
     def __init__(self, model, tokenizer, *, name: str, stop_ids: set[int], chat_template: str | None,
-                 rows: int = ROWS, autocast: contextlib.AbstractContextManager | None = None,
+                 rows: int = ROWS, max_tokens: int = REPLY_TOKENS,
+                 autocast: contextlib.AbstractContextManager | None = None,
                  speculation: Speculation | None = None) -> None:
         if rows < 1:
             raise ValueError(f"rows must be at least 1, got {rows}")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.max_tokens = max_tokens
         self.model, self.tokenizer, self.name = model, tokenizer, name
         self.stop_ids, self.chat_template, self.rows = frozenset(stop_ids), chat_template, rows
         self.context = model.config.max_seq_len
@@ -168,13 +177,13 @@ class Engine:
         return ids
 
     def room(self, ids: list[int], settings: Settings) -> int:
-        """How many tokens the reply may take: ``max_tokens``, or what the context leaves (400 for a ``max_tokens``
-        beyond the whole context)."""
+        """How many tokens the reply may take: ``max_tokens`` (the server's where the request gives none), at most
+        what the context leaves (400 for a ``max_tokens`` beyond the whole context)."""
         if settings.max_tokens is not None and settings.max_tokens > self.context:
             raise APIError(400, f"max_tokens is {settings.max_tokens:,}; {self.name} reads at most {self.context:,} "
                                 "tokens, the prompt included", param="max_tokens")
-        left = self.context - len(ids)
-        return left if settings.max_tokens is None else min(settings.max_tokens, left)
+        asked = self.max_tokens if settings.max_tokens is None else settings.max_tokens
+        return min(asked, self.context - len(ids))
 
     def start(self, ids: list[int], settings: Settings, *, seed: int | None, on_end: OnEnd,
               on_text: OnText | None = None) -> Row:
@@ -264,22 +273,27 @@ class Engine:
             gone = [job.row for job in joining if job.row.cancelled]  # cancelled while they waited
             for row in gone:
                 row.finish = "cancelled"
+            lost = None
             try:
                 with self._model, self.autocast, torch.inference_mode():
                     ended = gone + batch.join([job.row for job in joining if not job.row.cancelled])
                     ended += batch.step() if batch.rows else []
             except Exception as err:  # the batch is lost: every row in it ends with the error, the engine goes on
                 log.error("qkv serve: decoding failed: %s: %s", type(err).__name__, str(err)[:300])
-                ended = [*self._running]
+                lost, ended = err, [*self._running]
                 batch = self.batch = Batch(self.model, suppress_ids=self.suppress, speculation=self.speculation)
                 for row in ended:
-                    row.finish = "error"
-                    self._running[row].on_end(err)
+                    row.finish, row.error = "error", err
             for row in ended:
                 with self._wake:
                     job = self._running.pop(row)
                 if row.finish != "error":
                     self._end(job)
+                    continue
+                if row.error is not lost:  # the row's own failure: the others went on
+                    log.error("qkv serve: a continuation failed: %s: %s", type(row.error).__name__,
+                              str(row.error)[:300])
+                job.on_end(row.error)
 
     @staticmethod
     def _end(job: _Job) -> None:
@@ -292,49 +306,32 @@ class Engine:
 
 
 class _Text:
-    """A continuation's text, decoded incrementally, with the stop strings applied; ``on_text`` gets each piece once
-    it is final, with the log-probability entries of the tokens that came with it."""
+    """A continuation's text (:class:`~qkv.detokenize.TextStream`: decoded incrementally, the stop strings applied);
+    ``on_text`` gets each piece once it is final, with the log-probability entries of the tokens that came with it."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...], on_text: OnText | None) -> None:
-        self.tokenizer, self.stops, self.on_text = tokenizer, stops, on_text
-        self.ids: list[int] = []
-        self.start = self.read = 0  # ids[start:read] are decoded already: decoded again before a new token, they
-        # give the context the new one needs (a leading space, a character split over tokens)
-        self.text, self.sent, self.stopped = "", 0, False
+        self.stream, self.on_text = TextStream(tokenizer, stops), on_text
+        self.sent = 0
         self.entries: list[Entry] = []
         self.entries_sent = 0
 
     def add(self, token: int, entry: Entry | None) -> bool:
         """Take one more token; True once a stop string has been reached."""
-        self.ids.append(token)
         if entry is not None:
             self.entries.append(entry)
-        before = self.tokenizer.decode(self.ids[self.start : self.read])
-        now = self.tokenizer.decode(self.ids[self.start :])
-        if now.endswith("\ufffd"):  # a character split over tokens: wait for the rest
-            return False
-        seen = len(self.text)
-        self.text += now[len(before) :]
-        self.start, self.read = self.read, len(self.ids)
-        longest = max(map(len, self.stops), default=0)
-        cuts = [i for i in (self.text.find(s, max(0, seen - longest)) for s in self.stops) if i >= 0]
-        if cuts:
-            self.text, self.stopped = self.text[: min(cuts)], True
-        self._send(len(self.text) if self.stopped else len(self.text) - self._held())
-        return self.stopped
-
-    def _held(self) -> int:
-        """How many characters at the end might begin a stop string: kept back until the next token."""
-        return held(self.text, self.stops)
+        stopped = self.stream.add(token)
+        self._send(self.stream.final)
+        return stopped
 
     def _send(self, upto: int, *, last: bool = False) -> None:
         if upto > self.sent or (last and self.entries_sent < len(self.entries)):
             if self.on_text is not None:
-                self.on_text(self.text[self.sent : upto], self.entries[self.entries_sent :])
+                self.on_text(self.stream.text[self.sent : upto], self.entries[self.entries_sent :])
             self.sent, self.entries_sent = upto, len(self.entries)
 
     def finish(self, row: Row) -> Continuation:
         """The whole continuation of ``row``, ended; whatever was held back is sent."""
-        self._send(len(self.text), last=True)
+        text = self.stream.finish()
+        self._send(len(text), last=True)
         reason = "length" if row.finish == "length" else "stop"
-        return Continuation(self.text, reason, len(row.tokens), None if row.logprobs is None else self.entries)
+        return Continuation(text, reason, len(row.tokens), None if row.logprobs is None else self.entries)

@@ -16,7 +16,8 @@ checked, and a wrong one is answered with status 400 and OpenAI's error object n
                                 "top_logprobs" (0-20), and "tools", "tool_choice", "parallel_tool_calls" (tools.py)
 
 Fields a client may send that would change the answer and that qkv does not compute (``logit_bias``, penalties
-other than 0, ...) are refused by name rather than ignored.
+other than 0, ...) are refused by name rather than ignored. A string that is not text (a lone surrogate, which JSON's
+``\\ud800`` escape lets through) is refused wherever it is, naming its field: no tokenizer could read it.
 """
 
 from __future__ import annotations
@@ -26,12 +27,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..detokenize import check_stops
+from ..files import quoted
+
 MAX_BODY = 1 << 20  # bytes of a request body: a prompt of a few hundred thousand characters
-MAX_STOPS = 16  # stop strings a request may give (OpenAI's limit is 4; evaluation harnesses send more)
 MAX_PROMPTS = 64  # prompts one completion request may give
 MAX_CHOICES = 8  # n: continuations of one prompt
 MAX_TOOLS = 128  # functions one request may offer, and calls one message may hold (OpenAI's limit)
 ROWS = 8  # sequences a server decodes together unless told (llama.cpp's server: -np)
+REPLY_TOKENS = 512  # a reply's tokens where the request gives no max_tokens, unless qkv serve --max-tokens says
 MAX_TOP_CHAT, MAX_TOP_COMPLETION = 20, 5  # most probable tokens reported beside each chosen one (OpenAI's limits)
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -60,7 +64,7 @@ class APIError(Exception):
 class Settings:
     """How to continue a prompt: the fields of a request that decoding reads."""
 
-    max_tokens: int | None  # None: as many as the context leaves
+    max_tokens: int | None  # None: the server's default (qkv serve --max-tokens), at most what the context leaves
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
@@ -88,7 +92,37 @@ def parse_body(body: bytes) -> dict[str, Any]:
         raise APIError(400, f"the request body is not JSON ({_short(err)}); send a JSON object") from None
     if not isinstance(value, dict):
         raise APIError(400, f"the request body must be a JSON object, got {type(value).__name__}")
+    where = _not_text(value)
+    if where is not None:
+        raise APIError(400, f"{where} holds a lone surrogate (an escaped \\ud800-\\udfff with no pair), which is "
+                            "not text; send UTF-8 text", param=where)
     return value
+
+
+def _not_text(value: Any) -> str | None:
+    """The field of ``value`` (a parsed body) holding a string UTF-8 cannot encode, a key or a value, or None: JSON
+    lets ``"\\ud800"`` through, and such a string would fail in a tokenizer, or in the answer's own encoding."""
+    stack = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str) and not _encodes(item):
+            return path[:200] or "the request body"
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not _encodes(key):
+                    return f"{path}[{quoted(key)}]"[:200]
+                stack.append((f"{path}.{key}".lstrip("."), inner))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", inner) for i, inner in enumerate(item))
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _no_constant(name: str) -> Any:
@@ -207,15 +241,18 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
         if name in body and not any(body[name] == v and type(body[name]) is type(v) for v in neutral):
             raise APIError(400, f"{name} is not supported by this server; leave it out", param=name)
     length = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
-    default = None if chat else 16  # OpenAI's: a completion stops at 16 tokens unless told; a chat reply at the end
+    default = None if chat else 16  # OpenAI's: a completion stops at 16 tokens unless told; a chat reply at the
+    # end of its turn, or at the server's --max-tokens
     stop = body.get("stop")
     stops = (stop,) if isinstance(stop, str) else stop
     if stops is None:
         stops = ()
-    if not isinstance(stops, (list, tuple)) or len(stops) > MAX_STOPS or not all(
-            isinstance(s, str) and s for s in stops):
-        raise APIError(400, f"stop must be a non-empty string or a list of at most {MAX_STOPS} of them",
-                       param="stop")
+    if not isinstance(stops, (list, tuple)):
+        stops = [stops]  # refused below, as a list holding something other than a string
+    try:
+        stops = check_stops(stops)
+    except ValueError as err:
+        raise APIError(400, str(err), param="stop") from None
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise APIError(400, "stream_options must be an object", param="stream_options")
@@ -227,7 +264,7 @@ def settings(body: dict[str, Any], *, chat: bool) -> Settings:
         temperature=_real(body, "temperature", 1.0, 0.0, 2.0),
         top_p=_real(body, "top_p", 1.0, 0.0, 1.0, open_low=True),
         seed=_integer(body, "seed", None, minimum=-(2**63), maximum=2**63 - 1),
-        stop=tuple(stops),
+        stop=stops,
         n=_integer(body, "n", 1, minimum=1, maximum=MAX_CHOICES),
         stream=flag(body, "stream"),
         include_usage=flag(options or {}, "include_usage"),

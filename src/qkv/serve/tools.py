@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from ..detokenize import held
 from .protocol import MAX_TOOLS, APIError, flag
 
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # a function's name, as OpenAI allows them
@@ -201,12 +202,6 @@ def call_grammar(tools: Tools, fmt: str) -> str:
     return f"{start}\nobj: %json {json.dumps(schema)}\n"
 
 
-def held(text: str, markers) -> int:
-    """How many characters at the end of ``text`` might begin one of ``markers``: held back from a stream until
-    the next piece shows whether they do (a call's tag here; the stop strings, :mod:`qkv.serve.engine`)."""
-    return max((k for s in markers for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-
-
 class CallReader:
     """A reply read as it grows (:meth:`feed` each piece, then :meth:`end`): the text that is the reply's content,
     and the calls, each once it is whole. Text that may begin a call is held back until it is known whether it
@@ -323,4 +318,4 @@ class CallReader:
         return Call(value["name"], json.dumps(arguments, ensure_ascii=False), f"call_{uuid.uuid4().hex[:24]}")
 
 
-__all__ = ["Call", "CallReader", "Tools", "call_grammar", "conversation", "describe", "format_of", "held", "request"]
+__all__ = ["Call", "CallReader", "Tools", "call_grammar", "conversation", "describe", "format_of", "request"]
