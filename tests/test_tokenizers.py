@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from shared_data import missing_corpora
 
 from qkv.tokenizers import (
     BOS_ID,
@@ -28,7 +29,7 @@ DATA = Path(os.environ.get("QKV_DATA", Path(__file__).resolve().parents[2] / "sh
 
 def _need(path: Path) -> Path:
     if not path.exists():
-        pytest.skip(f"{path} not found; set QKV_DATA to the shared data folder")
+        pytest.skip(missing_corpora(DATA))
     return path
 
 

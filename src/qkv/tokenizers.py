@@ -38,12 +38,44 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from .files import read_json
+from .files import quoted, read_json
 
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 # The largest vocabulary qkv trains: four times the largest in use (Gemma's 256,000), a few MB of tables.
 MAX_VOCAB = 2**20
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+def utf8_checked(text: str, what: str) -> str:
+    """``text``, which must be valid Unicode to reach a tokenizer: a lone surrogate (half of a character: a JSON
+    ``"\\ud800"``, or a byte that is not UTF-8 in a command-line argument, which Python decodes with
+    ``surrogateescape``) is refused here naming ``what`` and the byte or the surrogate. Every text the tokenizers
+    below encode passes this check, so the Hugging Face library's own error ("TextInputSequence must be str") is
+    never the one a user reads.
+
+    Raises:
+        ValueError: ``"{what} is not valid UTF-8 (...); convert it to UTF-8"``, one line.
+    """
+    if text.isascii():  # O(1) in CPython: most texts need no more
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        detail = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise ValueError(f"{what} is not valid UTF-8 ({detail}); convert it to UTF-8") from None
+    return text
+
+
+def _encoding(hf, text: str):
+    """``hf``'s encoding of ``text`` (checked, :func:`utf8_checked`), without the tokenizer's own special tokens."""
+    return hf.encode(utf8_checked(text, "the text"), add_special_tokens=False)
+
+
+def _encodings(hf, texts: Sequence[str]) -> list[list[int]]:
+    """The ids of each of ``texts`` (each checked, :func:`utf8_checked`), encoded in parallel."""
+    checked = [utf8_checked(text, f"text {i}") for i, text in enumerate(texts, 1)]
+    return [e.ids for e in hf.encode_batch(checked, add_special_tokens=False)]
 
 
 class Tokenizer(Protocol):
@@ -105,7 +137,7 @@ class BPETokenizer:
         self.hf = hf_tokenizer
         for i, special in enumerate(SPECIALS):
             if hf_tokenizer.token_to_id(special) != i:
-                raise ValueError(f"BPE vocabulary must start with {list(SPECIALS)}; {special!r} is not id {i}")
+                raise ValueError(f"BPE vocabulary must start with {list(SPECIALS)}; {quoted(special)} is not id {i}")
 
     @classmethod
     def train(cls, texts: Iterable[str], *, vocab_size: int = 8000, min_frequency: int = 2,
@@ -164,17 +196,17 @@ class BPETokenizer:
         return self.hf.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False).ids
+        return _encoding(self.hf, text).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return _encodings(self.hf, texts)
 
     def decode(self, ids: Iterable[int]) -> str:
         # Drop padding and sentence markers but keep <unk> visible, as the character tokenizer does.
         return self.hf.decode([i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)], skip_special_tokens=False)
 
     def tokens(self, text: str) -> list[str]:
-        return self.hf.encode(text, add_special_tokens=False).tokens
+        return _encoding(self.hf, text).tokens
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "hf": json.loads(self.hf.to_str())}
@@ -233,7 +265,7 @@ class PretrainedTokenizer:
                 raise ValueError(f"{name}={value} is outside the vocabulary of {self.vocab_size} tokens")
         outside = sorted(i for i in self.stop_ids if not 0 <= i < self.vocab_size)
         if outside:
-            raise ValueError(f"stop_ids {outside} are outside the vocabulary of {self.vocab_size} tokens")
+            raise ValueError(f"stop_ids {quoted(outside)} are outside the vocabulary of {self.vocab_size} tokens")
 
     @property
     def vocab_size(self) -> int:
@@ -241,10 +273,10 @@ class PretrainedTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without bos/eos (special tokens written in the text are kept)."""
-        return self.hf.encode(text, add_special_tokens=False).ids
+        return _encoding(self.hf, text).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return _encodings(self.hf, texts)
 
     def encode_prompt(self, text: str) -> list[int]:
         """Token ids of a text the model continues: :meth:`encode`, after ``bos_id`` where the model wants one
@@ -262,7 +294,7 @@ class PretrainedTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def tokens(self, text: str) -> list[str]:
-        return self.hf.encode(text, add_special_tokens=False).tokens
+        return _encoding(self.hf, text).tokens
 
     def token_to_id(self, token: str) -> int | None:
         return self.hf.token_to_id(token)
@@ -355,10 +387,10 @@ class WordPieceTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without ``[CLS]``/``[SEP]``."""
-        return self.hf.encode(text, add_special_tokens=False).ids
+        return _encoding(self.hf, text).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self.hf.encode_batch(list(texts), add_special_tokens=False)]
+        return _encodings(self.hf, texts)
 
     def wrap(self, ids: Sequence[int], max_length: int) -> list[int]:
         """``[CLS] ids [SEP]``, the ids cut so that the whole is at most ``max_length`` tokens (as Hugging Face
@@ -371,7 +403,7 @@ class WordPieceTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def tokens(self, text: str) -> list[str]:
-        return self.hf.encode(text, add_special_tokens=False).tokens
+        return _encoding(self.hf, text).tokens
 
     def id_to_token(self, token_id: int) -> str:
         return self.hf.id_to_token(token_id)
@@ -449,7 +481,7 @@ def train_tokenizer(kind: str, texts: Sequence[str], *, vocab_size: int = 8000, 
         return BPETokenizer.train(texts, vocab_size=vocab_size, byte_level=byte_level)
     if kind == "char":
         return CharTokenizer.train(texts)
-    raise ValueError(f"tokenizer must be 'bpe' or 'char', got {kind!r}")
+    raise ValueError(f"tokenizer must be 'bpe' or 'char', got {quoted(kind)}")
 
 
 def tokenizer_from_dict(data: dict) -> Tokenizer:
@@ -471,7 +503,7 @@ def tokenizer_from_dict(data: dict) -> Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         return WordPieceTokenizer(HFTokenizer.from_str(json.dumps(data["hf"])), specials=data["specials"])
-    raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'bpe', 'char', 'pretrained' or 'wordpiece'")
+    raise ValueError(f"unknown tokenizer kind {quoted(kind)}; expected 'bpe', 'char', 'pretrained' or 'wordpiece'")
 
 
 def _checked_chars(chars) -> list[str]:

@@ -9,8 +9,18 @@ Three kinds of data, each turned into token ids and, for each token, whether the
 * **prompt and completion**, JSONL lines ``{"prompt": ..., "completion": ...}``: the prompt as the model reads
   any text (after its begin-of-text token where it has one), the completion after it and then the
   end-of-sequence token; the loss on the completion and that token;
-* **plain text** (any file not ending in ``.jsonl``): continued pretraining, every token learnt, the text cut
-  into pieces of the context's length.
+* **plain text** (any other file): continued pretraining, every token learnt, the text cut into pieces of the
+  context's length.
+
+A file is JSONL when its name ends in ``.jsonl`` (or ``.jsonl.gz``) or its first line that is not blank is a JSON
+object; it may be gzip-compressed (told by its first bytes, whatever its name), and the decision is taken on the
+text after decompression, as for a file that is not compressed. What is read is bounded, and checked as it is read
+(:func:`qkv.files.read_bounded`): a file of at most :data:`MAX_DATA_BYTES` (256 MiB) once decompressed, lines of at
+most :data:`MAX_LINE_BYTES` (4 MiB), a regular file (never a FIFO or a device, refused before they are opened); a
+chat of at most :data:`qkv.interop.chat.MAX_TRAINING_MESSAGES` messages. Every text is checked before it reaches
+the tokenizer (:func:`qkv.tokenizers.utf8_checked`: a JSON ``"\\ud800"`` is half a character). Each error is one
+line naming the file and the line. Preparing a large file writes its progress to the log every
+:data:`PROGRESS_EVERY_S` seconds (lines done, their rate, the time left).
 
 Token *t* is learnt from the tokens before it: the target of position *t − 1* is ``ids[t]`` where the mask is
 True, and ``IGNORE`` elsewhere (the loss skips it).
@@ -27,7 +37,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable, Sequence
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -36,17 +48,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import DataError, read_text
+from ..data import DataError, decode_text
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
-from ..files import quoted
+from ..files import quoted, read_bounded
 from ..nn.unpadded import shared_tokens
-from ..tokenizers import encode_prompt
+from ..tokenizers import encode_prompt, utf8_checked
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 IGNORE = -100  # the target of a position that carries no loss (F.cross_entropy's ignore_index)
+# A data file's bytes once decompressed: some 64 million tokens, held as Python lists while they are prepared.
+MAX_DATA_BYTES = 256 << 20
+MAX_LINE_BYTES = 4 << 20  # one example's line: a thousand times the longest context fine-tuned here
+PROGRESS_EVERY_S = 10.0  # a line in the log this often while a file is prepared
 
 
 @dataclass
@@ -66,26 +82,80 @@ def read_examples(path: str | Path, tokenizer, template: str | None) -> list[Exa
             kinds, a chat without a template, or a file with no example.
     """
     path = Path(path)
-    if path.suffix != ".jsonl":
-        text = read_text(path)
+    text = read_data(path)
+    if not is_jsonl(path, text):
         if not text.strip():
             raise DataError(f"{path}: no text to train on")
         ids = encode_prompt(tokenizer, text)
         return [Example(ids, [True] * len(ids))]
-    examples = []
-    for number, line in enumerate(read_text(path).split("\n"), 1):
-        if line.strip():
-            try:
-                examples.append(_example(json.loads(line), tokenizer, template))
-            except (json.JSONDecodeError, RecursionError):
-                raise DataError(f"{path}: line {number} is not valid JSON; each line must be one JSON object") \
-                    from None
-            except ValueError as err:
-                raise DataError(f"{path}: line {number}: {err}") from None
+    examples = from_lines(path, text.split("\n"), lambda record: _example(record, tokenizer, template))
     if not examples:
         raise DataError(f"{path}: no examples (expected JSONL lines with \"messages\", or \"prompt\" and "
                         "\"completion\")")
     return examples
+
+
+def read_data(path: Path) -> str:
+    """The text of a data file, within the bounds of :data:`qkv.tasks.finetune` (decompressed where it is gzip).
+
+    Raises:
+        ValueError: one line naming the file (and the line where one is at fault).
+    """
+    return decode_text(read_bounded(path, max_bytes=MAX_DATA_BYTES, max_line=MAX_LINE_BYTES), str(path))
+
+
+def is_jsonl(path: Path, text: str) -> bool:
+    """Whether a data file is JSONL: its name says so (``.jsonl``, ``.jsonl.gz``), or its first line that is not
+    blank is a JSON object (a compressed file or one named otherwise, read as JSONL all the same)."""
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        return True
+    start = re.search(r"\S", text)
+    if start is None:
+        return False
+    end = text.find("\n", start.start())
+    try:
+        first = json.loads(text[start.start() : None if end < 0 else end])
+    except (ValueError, RecursionError):
+        return False
+    if isinstance(first, dict):
+        log.info("%s: read as JSONL (its first line is a JSON object)", path)
+    return isinstance(first, dict)
+
+
+def from_lines(path: Path, lines: Sequence[str], make: Callable[[Any], T]) -> list[T]:
+    """``make(record)`` of each line that is not blank (its JSON value), progress in the log.
+
+    Raises:
+        DataError: naming the file and the line: a line that is not JSON, or one that ``make`` refuses (its
+            ValueError's message follows).
+    """
+    out = []
+    lines = lines[:-1] if lines and not lines[-1] else lines  # the file's last line end ends no line after it
+    for number, line in reported(lines, str(path)):
+        if not line.strip():
+            continue
+        try:
+            out.append(make(json.loads(line)))
+        except (json.JSONDecodeError, RecursionError):
+            raise DataError(f"{path}: line {number} is not valid JSON; each line must be one JSON object") from None
+        except ValueError as err:
+            raise DataError(f"{path}: line {number}: {err}") from None
+    return out
+
+
+def reported(lines: Sequence[T], what: str) -> Iterator[tuple[int, T]]:
+    """``(number, line)`` of ``lines`` from 1, with a line in the log every :data:`PROGRESS_EVERY_S` seconds: how
+    many are done, at what rate, and about how long the rest take."""
+    start = last = time.monotonic()
+    for number, line in enumerate(lines, 1):
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            rate = (number - 1) / max(now - start, 1e-9)
+            left = (len(lines) - number + 1) / max(rate, 1e-9)
+            log.info("%s: %s of %s lines prepared (%s lines/s, about %s left)", what, f"{number - 1:,}",
+                     f"{len(lines):,}", f"{rate:,.0f}", f"{left / 60:.1f} minutes" if left >= 60 else f"{left:.0f} s")
+            last = now
+        yield number, line
 
 
 def _example(record: Any, tokenizer, template: str | None) -> Example:
@@ -98,8 +168,8 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
         ids, learn = chat_training_ids(template, record["messages"], tokenizer)
         return Example(ids, learn)
     if isinstance(record, dict) and all(isinstance(record.get(k), str) for k in ("prompt", "completion")):
-        prompt = encode_prompt(tokenizer, record["prompt"])
-        completion = tokenizer.encode(record["completion"])
+        prompt = encode_prompt(tokenizer, utf8_checked(record["prompt"], '"prompt"'))
+        completion = tokenizer.encode(utf8_checked(record["completion"], '"completion"'))
         eos = [] if tokenizer.eos_id is None else [tokenizer.eos_id]
         return Example(prompt + completion + eos, [False] * len(prompt) + [True] * (len(completion) + len(eos)))
     raise ValueError("expected an object with \"messages\" (a list of {\"role\", \"content\"}) or with string "

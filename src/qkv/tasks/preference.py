@@ -7,6 +7,9 @@ The data are trl's preference formats, one JSON object a line:
 * conversational: ``{"prompt": [messages], "chosen": [messages], "rejected": [messages]}``, the answers assistant
   turns: the model's chat template lays out the prompt and each answer (the prompt may hold earlier turns).
 
+The file is read as :mod:`qkv.tasks.finetune` reads its data (bounded, gzip or not, JSONL by its name or its first
+line, every text checked, progress in the log), one line naming the file and the line for an error.
+
 Each answer's tokens, its end of turn (or of sequence) included, are the ones whose log-probabilities the
 objective compares; the prompt's are not. A pair is two examples, prompt + chosen and prompt + rejected, that
 begin alike: laid side by side in one row, the prompt's tokens are computed once for both
@@ -17,7 +20,6 @@ prompt and answer do not fit the context is dropped and counted, a prompt alone 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,12 +30,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data import DataError, read_text
+from ..data import DataError
 from ..device import device_of, to_device
 from ..distributed import SINGLE, Group
 from ..preference import REFERENCE_FREE, Answers, pair_losses
-from ..tokenizers import encode_prompt
-from .finetune import Example, PackedBatch, collate, in_batches, learnt_logits, pack, shuffled
+from ..tokenizers import encode_prompt, utf8_checked
+from .finetune import (
+    Example,
+    PackedBatch,
+    collate,
+    from_lines,
+    in_batches,
+    is_jsonl,
+    learnt_logits,
+    pack,
+    read_data,
+    shuffled,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,29 +79,17 @@ def read_pairs(path: str | Path, tokenizer, template: str | None, *, context: in
             chat template, a prompt longer than ``context`` tokens; or a file with no pair.
     """
     path = Path(path)
-    if path.suffix != ".jsonl":
+    text = read_data(path)
+    if not is_jsonl(path, text):
         raise DataError(f"{path}: preference pairs are JSONL lines {{\"prompt\", \"chosen\", \"rejected\"}}; "
                         "give a .jsonl file")
-    pairs = []
-    for number, line in enumerate(read_text(path).split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            pair = _pair(json.loads(line), tokenizer, template)
-        except (json.JSONDecodeError, RecursionError):
-            raise DataError(f"{path}: line {number} is not valid JSON; each line must be one JSON object") from None
-        except ValueError as err:
-            raise DataError(f"{path}: line {number}: {err}") from None
-        if pair.prompt >= context:
-            raise DataError(f"{path}: line {number}: the prompt is {pair.prompt} tokens, as long as the context of "
-                            f"{context} or longer; raise --context or shorten the prompt")
-        pairs.append(pair)
+    pairs = from_lines(path, text.split("\n"), lambda record: _pair(record, tokenizer, template, context))
     if not pairs:
         raise DataError(f"{path}: no preference pairs (expected JSONL lines {{\"prompt\", \"chosen\", \"rejected\"}})")
     return pairs
 
 
-def _pair(record: Any, tokenizer, template: str | None) -> Pair:
+def _pair(record: Any, tokenizer, template: str | None, context: int) -> Pair:
     if not isinstance(record, dict) or any(k not in record for k in FIELDS):
         missing = [k for k in FIELDS if not isinstance(record, dict) or k not in record]
         raise ValueError(f"missing {', '.join(repr(k) for k in missing)}: each line needs \"prompt\", \"chosen\" and "
@@ -96,6 +97,8 @@ def _pair(record: Any, tokenizer, template: str | None) -> Pair:
     prompt, chosen, rejected = (record[k] for k in FIELDS)
     if all(isinstance(v, str) for v in (prompt, chosen, rejected)):
         make = _text_example
+        for name in FIELDS:
+            utf8_checked(record[name], f'"{name}"')
     elif all(isinstance(v, list) for v in (prompt, chosen, rejected)):
         make = _chat_example
     else:
@@ -106,6 +109,9 @@ def _pair(record: Any, tokenizer, template: str | None) -> Pair:
     if chosen == rejected:
         raise ValueError("the chosen and rejected answers are the same: a pair must prefer one of two answers")
     (chosen_example, start), (rejected_example, _) = (make(prompt, a, tokenizer, template) for a in (chosen, rejected))
+    if start >= context:
+        raise ValueError(f"the prompt is {start} tokens, as long as the context of {context} or longer; raise "
+                         "--context or shorten the prompt")
     return Pair(chosen_example, rejected_example, start)
 
 
