@@ -42,7 +42,8 @@ def prepare(out: Path, tatoeba: Path, shakespeare: Path) -> None:
 
     for path, what in ((tatoeba, "--tatoeba"), (shakespeare, "--shakespeare")):
         if not path.is_file():
-            raise SystemExit(f"{path} is not a file: give {what} FILE (docs/training.md says where to get it)")
+            raise SystemExit(f"prepare: {path} is not a file: give {what} FILE, your copy of it (where to get it: "
+                             "docs/training.md#data-sets-and-where-to-get-them)")
     out.mkdir(parents=True, exist_ok=True)
     pairs = read_parallel(tatoeba)
     train, test = split_off(pairs, 1000, 1)  # qkv train's --test-size 1000 (seed 0 + 1)

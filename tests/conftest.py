@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from clitools import DATA, LM_TINY, TRANSLATION_TINY, gz_lines, qkv
+from shared_data import missing_corpora
 
 
 @pytest.fixture(autouse=True)
@@ -18,13 +19,21 @@ def _seed():
 
 
 @pytest.fixture(scope="session")
-def cli_work(tmp_path_factory) -> Path:
+def shared_data() -> Path:
+    """The folder of the shared corpora; a test that asks for it is skipped, saying what to fetch and where, when
+    they are absent (a clone outside this setup)."""
+    reason = missing_corpora(DATA)
+    if reason:
+        pytest.skip(reason)
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def cli_work(tmp_path_factory, shared_data) -> Path:
     """A folder with 400 training, 50 validation and 10 test pairs of Multi30k de-en, 300 Tatoeba en-zh pairs
     and 20,000 characters of tinyshakespeare."""
-    multi30k, tatoeba = DATA / "multi30k", DATA / "tatoeba-en-zh" / "cmn.txt"
-    shakespeare = DATA / "tinyshakespeare" / "input.txt"
-    if not (multi30k / "train.de.gz").is_file() or not tatoeba.is_file() or not shakespeare.is_file():
-        pytest.skip(f"the shared corpora are not under {DATA}; set QKV_DATA to the shared data folder")
+    multi30k, tatoeba = shared_data / "multi30k", shared_data / "tatoeba-en-zh" / "cmn.txt"
+    shakespeare = shared_data / "tinyshakespeare" / "input.txt"
     work = tmp_path_factory.mktemp("cli")
     for split, n, name in [("train", 400, "train"), ("val", 50, "val"), ("test_2016_flickr", 10, "test")]:
         for lang in ("de", "en"):

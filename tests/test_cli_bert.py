@@ -21,7 +21,7 @@ needs_minilm = pytest.mark.skipif(minilm_path() is None, reason=f"all-MiniLM-L6-
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
+def work(tmp_path_factory, shared_data) -> Path:
     root = tmp_path_factory.mktemp("bert")
     text = (DATA / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")[:20_000]
     (root / "shakespeare.txt").write_text(text, encoding="utf-8")

@@ -4,7 +4,9 @@ as one line with nothing saved lost."""
 
 import csv
 import json
+import math
 import re
+import shutil
 
 import pytest
 from clitools import last_line_error, ok, qkv
@@ -59,10 +61,10 @@ def test_the_chats_share_their_template_s_beginning_and_the_log_says_how_much(lo
 def test_the_run_loads_as_its_base_with_the_adapters_learnt(work, lora_run):
     import torch
 
-    from qkv.checkpoint import load_checkpoint
     from qkv.interop import load_pretrained
+    from qkv.trained import load_trained
 
-    adapted, base = load_checkpoint(lora_run).model, load_pretrained(work / "base").model
+    adapted, base = load_trained(lora_run).model, load_pretrained(work / "base").model
     ids = torch.tensor([[1, 5, 9, 30, 31, 200]])
     with torch.no_grad():
         change = (adapted(ids) - base(ids)).abs().max()
@@ -82,14 +84,18 @@ def test_resume_continues_as_if_never_stopped(work):
 
 def test_qlora_trains_adapters_on_the_quantized_base(work):
     ok(qkv("finetune", "--pretrained", "base", "--data", "train.jsonl", "--out", "qlora", "--method", "qlora",
-           "--max-steps", "2", "--eval-every", "2", "--rank", "4", "--target-modules", "q_proj", "v_proj", *SMALL,
-           cwd=work))
+           "--max-steps", "6", "--eval-every", "3", "--warmup", "0", "--schedule", "constant", "--rank", "4",
+           "--target-modules", "q_proj", "v_proj", *SMALL, cwd=work))
     meta = json.loads((work / "qlora" / "best" / "config.json").read_text())
     assert meta["base"]["weights"] == "int4"
     config = json.loads((work / "qlora" / "best" / "adapter" / "adapter_config.json").read_text())
     assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
-    losses = [float(loss) for _, loss in _train_losses(work / "qlora")]
-    assert len(losses) == 2 and all(0 < loss < 10 for loss in losses)
+    rows = _rows(work / "qlora")
+    losses = [float(r["train_loss"]) for r in rows if r["train_loss"]]
+    valid = [float(r["val_loss"]) for r in rows if r["val_loss"]]
+    assert len(losses) == 6 and len(valid) == 2
+    assert abs(losses[0] - math.log(320)) < 0.5  # a random model's loss over its 320 tokens: the loss is the right one
+    assert losses[-1] < losses[0] - 0.1 and valid[1] < valid[0]  # and it falls: the adapters on int4 layers learn
 
 
 def test_full_fine_tuning_saves_the_whole_model(work):
@@ -97,8 +103,16 @@ def test_full_fine_tuning_saves_the_whole_model(work):
            "--max-steps", "2", "--eval-every", "2", *SMALL, cwd=work))
     assert (work / "full" / "best" / "model.safetensors").is_file()
     assert not (work / "full" / "best" / "adapter").exists()
+    import torch
+
+    from qkv.checkpoint import load_checkpoint
+    from qkv.interop import load_pretrained
+
+    saved, base = load_checkpoint(work / "full").model.state_dict(), load_pretrained(work / "base").model.state_dict()
+    assert saved.keys() == base.keys()  # the whole model, every weight
+    assert sum(not torch.equal(saved[name], base[name]) for name in base) > len(base) // 2  # and learnt
     reply = ok(qkv("chat", "--model", "full", "--max-new-tokens", "3", cwd=work, input="Translate to French: a tree\n"))
-    assert reply.returncode == 0
+    assert reply.stdout.strip(), reply  # the saved model answers
 
 
 @pytest.mark.parametrize(("line", "phrases"), [
@@ -106,6 +120,8 @@ def test_full_fine_tuning_saves_the_whole_model(work):
     ('{"messages": [{"role": "narrator", "content": "hi"}, {"role": "assistant", "content": "x"}]}',
      ["line 25", "'narrator'"]),
     ("not json", ["line 25 is not valid JSON"]),
+    ('{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "x"}]}',
+     ["line 25", "message 0's content is not valid UTF-8 (a lone surrogate U+D800)"]),
 ])
 def test_bad_data_is_one_line_naming_the_line(work, tmp_path, here, line, phrases):
     data = tmp_path / "data.jsonl"
@@ -151,7 +167,7 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     import torch
     import transformers
 
-    from qkv.checkpoint import load_checkpoint
+    from qkv.trained import load_trained
 
     ok(here("export", "--model", lora_run, "--format", "peft", "--out", work / "peft-out", cwd=work))
     for name in ("adapter_config.json", "adapter_model.safetensors"):
@@ -160,7 +176,7 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     merged = transformers.AutoModelForCausalLM.from_pretrained(work / "merged").eval()
     ids = torch.tensor([[1, 5, 9, 30, 31, 200]])
     with torch.no_grad():
-        torch.testing.assert_close(merged(ids).logits, load_checkpoint(lora_run).model(ids), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(merged(ids).logits, load_trained(lora_run).model(ids), rtol=1e-4, atol=1e-4)
     ok(here("export", "--model", lora_run, "--format", "gguf-lora", "--out", work / "adapter.gguf", cwd=work))
     import gguf
 
@@ -169,6 +185,19 @@ def test_a_lora_run_exports_its_adapters_and_the_merged_model(work, lora_run, he
     assert len(reader.tensors) == 2 * 7 * 2  # two layers, seven projections, A and B
     last_line_error(here("export", "--model", lora_run, "--out", work / "unmerged", cwd=work),
                     "holds LoRA adapters: --format peft or gguf-lora writes them, --merge")
+
+
+def test_a_missing_or_deleted_base_is_one_line_naming_it(work, tmp_path, here):
+    common = ["--data", work / "train.jsonl", "--max-steps", "1", "--rank", "4", *SMALL]
+    proc = here("finetune", "--pretrained", tmp_path / "train.jsonl" / "base", "--out", tmp_path / "a", *common,
+                cwd=tmp_path)
+    last_line_error(proc, f"--pretrained '{tmp_path / 'train.jsonl' / 'base'}': no such file or folder; give")
+    assert not (tmp_path / "a").exists()
+    shutil.copytree(work / "base", tmp_path / "moved")
+    ok(here("finetune", "--pretrained", tmp_path / "moved", "--out", tmp_path / "run", *common, cwd=tmp_path))
+    shutil.rmtree(tmp_path / "moved")
+    proc = here("finetune", "--out", tmp_path / "run", "--resume", "--max-steps", "2", *SMALL, cwd=tmp_path)
+    last_line_error(proc, f"this run's base model '{tmp_path / 'moved'}' is gone", "put it back")
 
 
 def test_a_batch_too_large_for_the_memory_is_refused_before_training(work):

@@ -87,6 +87,12 @@ def test_attention_draws_the_cls_attention_and_rollout(here, work, vit_run, tmp_
     proc = ok(here("classify-image", "--model", vit_run, "digit0.png", "digit2.png", "--attention",
                    tmp_path / "att.png", "--image", "1", cwd=work))
     assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and "attention of digit2.png" in proc.stderr
+    drawn = (tmp_path / "att.png").read_bytes()
+    again = ["classify-image", "--model", vit_run, "digit0.png", "--attention", tmp_path / "att.png"]
+    one_line_error(here(*again, cwd=work), "att.png' exists; pass --force to replace it")
+    assert (tmp_path / "att.png").read_bytes() == drawn
+    ok(here(*again, "--force", cwd=work))
+    assert (tmp_path / "att.png").read_bytes()[:8] == PNG_MAGIC and (tmp_path / "att.png").read_bytes() != drawn
 
 
 def test_wrong_images_are_one_clear_line(here, work, vit_run):

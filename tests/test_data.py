@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import missing_corpora
 
 from qkv.data import (
     DataError,
@@ -64,7 +65,7 @@ def test_read_parallel_tsv_ignores_extra_columns(tmp_path):
 def test_read_parallel_real_corpora():
     multi30k, tatoeba = DATA / "multi30k", DATA / "tatoeba-en-zh" / "cmn.txt"
     if not (multi30k / "val.de.gz").is_file() or not tatoeba.is_file():
-        pytest.skip(f"real corpora not found under {DATA}; set QKV_DATA to the shared data folder")
+        pytest.skip(missing_corpora(DATA))
     pairs = read_parallel(multi30k / "val.de.gz", multi30k / "val.en.gz")
     assert len(pairs) == 1014 and all(de and en for de, en in pairs)
     pairs = read_parallel(tatoeba)

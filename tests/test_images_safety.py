@@ -163,3 +163,36 @@ def test_fashion_mnist_images_and_labels_must_agree(tmp_path):
         load_fashion_mnist("test", tmp_path)
     _fashion_mnist(tmp_path, images, np.arange(20, dtype=np.uint8) % 10)
     assert load_fashion_mnist("test", tmp_path).pixels.shape == (20, 1, 28, 28)
+
+
+def test_an_image_name_that_is_a_device_or_a_fifo_is_refused_before_it_is_opened(tmp_path):
+    """``x.png -> /dev/zero`` would be read without end and a FIFO with no writer would block the open: both are
+    refused from os.stat, in one line naming the file, as is a folder of class images that holds one."""
+    import os
+
+    (tmp_path / "zero.png").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo.png")
+    for name, kind in (("zero.png", "a device"), ("fifo.png", "a FIFO")):
+        with pytest.raises(DataError, match=rf"{name}: it is {kind}.*not a regular file"):
+            read_image(tmp_path / name, channels=1)
+    for label in ("a", "b"):
+        (tmp_path / "classes" / label).mkdir(parents=True)
+        Image.new("L", (4, 4)).save(tmp_path / "classes" / label / "0.png")
+    os.mkfifo(tmp_path / "classes" / "b" / "1.png")
+    with pytest.raises(DataError, match=r"1.png: it is a FIFO"):
+        load_image_folder(tmp_path / "classes", channels=1, size=(4, 4))
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_a_file_cut_inside_its_header_is_said_to_be_cut_not_to_be_of_another_kind(fmt):
+    """A PNG cut after its signature is "not an image" to Pillow: the bytes begin as the format's do, so the
+    line says the file is cut short or damaged, with its size, not that it is not a PNG or JPEG file."""
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), (1, 2, 3)).save(buffer, fmt)
+    data = buffer.getvalue()
+    for end in (8, 12, 30, 40) if fmt == "PNG" else (4, 20):
+        with pytest.raises(DataError, match=rf"x: cannot read the image: a {fmt} file cut short or damaged "
+                                            rf"\({end} bytes"):
+            decode_image(data[:end], name="x")
+    with pytest.raises(DataError, match="it is not a PNG or JPEG file"):
+        decode_image(b"GIF89a" + data, name="x")

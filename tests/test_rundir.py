@@ -169,3 +169,36 @@ def test_the_command_line_refuses_a_run_directory_with_a_link_and_writes_nothing
                         cwd=tmp_path), "holds symbolic links (loss.png -> ", "remove the links, or choose a new --out")
     assert (tmp_path / "elsewhere.png").read_bytes() == b"the user's picture"
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [MARK, "loss.png"]
+
+
+def test_a_run_left_with_best_but_no_last_starts_again_and_says_why_it_cannot_resume(tmp_path):
+    """best/ saved, last/ not (a disk that filled up between the two saves of the first checkpoint): nothing to
+    resume, said so; a new start goes ahead."""
+    run = tmp_path / "run"
+    with claim(run, resume=False):
+        (run / "best").mkdir()
+        (run / "best" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"holds best/ but no last/ \(its first save was cut short\), so there is no "
+                                         "training state to resume; drop --resume to start the run again"):
+        start(run, resume=True)
+    start(run, resume=False)
+
+
+def _files(run):
+    """Every file of ``run`` with its bytes and modification time."""
+    return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(run.rglob("*")) if p.is_file()}
+
+
+def test_a_refused_claim_changes_no_file_of_the_run(tmp_path):
+    """Refusals (a model without resume; another process's claim) leave the mark and every other file as they
+    were, bytes and times: a claim writes nothing into the mark."""
+    run = tmp_path / "run"
+    with claim(run, resume=False):
+        (run / "last").mkdir()
+        (run / "last" / "config.json").write_text("{}")
+    before = _files(run)
+    with pytest.raises(ValueError, match="already holds a trained model"):
+        start(run, resume=False)
+    assert _files(run) == before
+    start(run, resume=True)
+    assert _files(run) == before

@@ -457,3 +457,119 @@ def test_a_diverged_run_advises_resume_only_when_there_is_a_checkpoint(tmp_path,
     assert (tmp_path / "last").exists() == saved
     assert ("then --resume" in message and str(tmp_path / "last") in message) == saved, message
     assert ("nothing was saved" in message and "without --resume" in message) != saved, message
+
+
+class Killed(BaseException):
+    """A kill -9 or a full disk at a chosen point of a save: nothing after it runs."""
+
+
+def _failing_save(monkeypatch, *, name: str, step: int, after: bool):
+    """Saves that stop the run at checkpoint ``name`` of ``step``: ``after`` its rename (a kill before the next
+    write), or instead of it (a disk that filled up)."""
+    import qkv.training
+
+    real = qkv.training.save_checkpoint
+
+    def save(directory, model, **kw):
+        if (Path(directory).name, kw["meta"]["step"]) != (name, step):
+            return real(directory, model, **kw)
+        if after:
+            real(directory, model, **kw)
+        raise Killed
+
+    monkeypatch.setattr(qkv.training, "save_checkpoint", save)
+
+
+def test_a_kill_after_a_checkpoint_keeps_its_log_row_and_resumes_whole(tmp_path, monkeypatch):
+    """The log's row is written before the checkpoints: killed right after last/ of step 8 was renamed into place,
+    the run still has step 8's row, and the resumed run's log holds each evaluation once."""
+    _failing_save(monkeypatch, name="last", step=8, after=True)
+    with pytest.raises(Killed):
+        Trainer(make_task(), options(tmp_path, max_steps=12)).run()
+    assert [int(r["step"]) for r in log_rows(tmp_path, "val_loss")] == [4, 8]
+    monkeypatch.undo()
+    Trainer(make_task(), options(tmp_path, max_steps=12, resume=True)).run()
+    assert [int(r["step"]) for r in log_rows(tmp_path, "val_loss")] == [4, 8, 12]
+
+
+def test_a_best_checkpoint_cut_short_is_saved_again_on_resume(tmp_path, monkeypatch):
+    """last/ is saved before best/: a disk that fills up on best/ of step 8 leaves last/ of step 8, which records
+    step 8 as the best; the resumed run saves that model as best/ again, and it stays the best."""
+    _failing_save(monkeypatch, name="best", step=8, after=False)
+    scores = [{"val_loss": 2.0, "val_exact": 0.1}, {"val_loss": 1.0, "val_exact": 0.5}]
+    with pytest.raises(Killed):
+        Trainer(_scripted(make_task(dropout=0.0), scores), options(tmp_path, max_steps=12)).run()
+    assert load_checkpoint(tmp_path / "best").meta["step"] == 4
+    at_8 = load_checkpoint(tmp_path / "last").model.state_dict()
+    monkeypatch.undo()
+    worse = [{"val_loss": 3.0, "val_exact": 0.0}] * 2
+    Trainer(_scripted(make_task(dropout=0.0), worse), options(tmp_path, max_steps=12, resume=True)).run()
+    best = load_checkpoint(tmp_path / "best")
+    assert best.meta["step"] == 8
+    for name, tensor in best.model.state_dict().items():
+        assert torch.equal(tensor, at_8[name]), name
+
+
+def test_bf16_asked_for_on_a_cpu_without_native_bf16_is_warned_as_auto_would_say(tmp_path, monkeypatch, caplog):
+    """``--precision bf16`` on a CPU that multiplies bf16 in software (several times slower than fp32) says so,
+    with the words ``auto`` logs when it picks fp32 for that reason; on a CPU with native bf16 it says nothing."""
+    import logging
+
+    import qkv.training
+    from qkv.device import NO_NATIVE_BF16, Precision
+    from qkv.runtime import Runtime
+
+    bf16 = Runtime(torch.device("cpu"), Precision("bf16", torch.bfloat16))
+    for flag, warned in ((None, True), ("amx_bf16", False)):
+        monkeypatch.setattr(qkv.training, "native_bf16", lambda flag=flag: flag)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="qkv"):
+            Trainer(make_task(), options(tmp_path / str(flag), max_steps=1), runtime=bf16).run()
+        notes = [r.getMessage() for r in caplog.records if r.getMessage().startswith("precision:")]
+        assert notes == ([f"precision: bf16, as --precision asks, but {NO_NATIVE_BF16}: --precision auto (fp32 here) "
+                          "trains faster"] if warned else []), notes
+
+
+def test_a_validation_through_the_tasks_batches_moves_a_progress_bar(monkeypatch):
+    """Each batch a task's evaluation goes through, its process's share included, moves the bar; the task's own
+    valid_batches is back afterwards."""
+    import tqdm
+
+    from qkv.distributed import Group
+    from qkv.training import _validation_bar
+
+    bars = []
+
+    class Bar:
+        def __init__(self, **kw):
+            self.kw, self.total, self.n, self.closed = kw, kw["total"], 0, False
+            bars.append(self)
+
+        def update(self, n):
+            assert not self.closed
+            self.n += n
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm, "tqdm", Bar)
+
+    class Task:
+        def valid_batches(self):
+            return list(range(10))
+
+        def evaluate(self, group):
+            return [batch for batch in group.shard(self.valid_batches())]
+
+    task, group = Task(), Group(rank=1, world=2, local_rank=1)
+    with _validation_bar(task, show=True):
+        assert task.evaluate(group) == [5, 6, 7, 8, 9]
+    assert "valid_batches" not in vars(task) and task.valid_batches() == list(range(10))
+    [bar] = bars
+    assert (bar.kw["desc"], bar.total, bar.n, bar.closed) == ("validating", 5, 5, True)
+    with _validation_bar(task, show=False):  # --no-progress, or not the first process
+        task.evaluate(group)
+    assert len(bars) == 1

@@ -30,6 +30,7 @@ from .options import DEVICES, PRECISIONS
 
 NATIVE_BF16 = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of CPUs that multiply bf16 in hardware
 BF16_GAIN = 1.1  # bf16 is chosen for training on a CPU only when this much faster than fp32
+NO_NATIVE_BF16 = "this CPU has no native bf16, where bf16 runs several times slower"  # the log's note, auto or asked
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -125,7 +126,7 @@ def cpu_training_precision() -> tuple[str, str]:
     measured now runs :data:`BF16_GAIN` times as fast in it."""
     flag = native_bf16()
     if flag is None:
-        return "fp32", "this CPU has no native bf16, where bf16 runs several times slower"
+        return "fp32", NO_NATIVE_BF16
     gain = bf16_speedup()
     return ("bf16" if gain >= BF16_GAIN else "fp32"), (f"this CPU has {flag}; a matrix product ran {gain:.2f}x as "
                                                         "fast in bf16; --precision fp32 or bf16 chooses")

@@ -31,6 +31,7 @@ FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
                          "Ankle boot")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+MAX_IMAGE_BYTES = 1 << 28  # 256 MiB: far beyond any photo's file, and read no further
 
 
 @dataclass
@@ -194,18 +195,19 @@ def read_image(path: str | Path, *, channels: int, size: tuple[int, int] | None 
             without it, a file with another channel count or size is an error.
 
     Raises:
-        DataError: a missing file, an unsupported type, a file that is not a whole PNG or JPEG image (see
+        DataError: a missing file, one that is not a regular file (a device, a FIFO, a link to one) or is larger
+            than :data:`MAX_IMAGE_BYTES`, an unsupported type, a file that is not a whole PNG or JPEG image (see
             :func:`decode_image`), or (``convert=False``) one of another size or channel count.
     """
+    from .files import read_bounded
+
     path = Path(path)
     if path.suffix.lower() not in IMAGE_SUFFIXES:
         raise DataError(f"{path}: not a PNG or JPEG file (expected {', '.join(IMAGE_SUFFIXES)})")
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except OSError as err:
-        raise DataError(f"{path}: cannot read the image ({err.strerror or err})") from None
+    try:  # a regular file, checked before it is opened: never a device (/dev/zero) or a FIFO that never ends
+        data = read_bounded(path, max_bytes=MAX_IMAGE_BYTES, max_line=MAX_IMAGE_BYTES)
+    except ValueError as err:
+        raise DataError(str(err)) from None
     image = decode_image(data, name=str(path))
     if not convert:
         _check_image(path, image, channels, size)
@@ -243,16 +245,30 @@ def decode_image(data: bytes, *, name: str):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=["PNG", "JPEG"])
             image.load()
-    except UnidentifiedImageError:
-        raise DataError(f"{name}: cannot read the image: it is not a PNG or JPEG file (qkv reads only those)"
-                        ) from None
     except (Image.DecompressionBombWarning, Image.DecompressionBombError) as err:
         raise DataError(f"{name}: the image is too large to decode safely ({err}); shrink it first") from None
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
-        raise DataError(f"{name}: cannot read the image ({err})") from None
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, struct.error) as err:
+        raise _undecodable(data, name, err) from None
     if image.format == "PNG":
         _check_png_complete(data, name)
     return image
+
+
+_SIGNATURES = {"PNG": b"\x89PNG\r\n\x1a\n", "JPEG": b"\xff\xd8\xff"}  # how each format's files begin
+
+
+def _undecodable(data: bytes, name: str, err: Exception) -> DataError:
+    """Why Pillow could not decode ``data``: bytes that begin as a PNG or JPEG file does are one cut short or
+    damaged (Pillow calls a PNG cut inside its header "not an image"); anything else is not such a file."""
+    from PIL import UnidentifiedImageError
+
+    kind = next((kind for kind, magic in _SIGNATURES.items() if data.startswith(magic)), None)
+    if kind is None:
+        return DataError(f"{name}: cannot read the image: it is not a PNG or JPEG file (qkv reads only those)")
+    # Pillow's own words, but for "cannot identify image file <_io.BytesIO object at 0x...>", which says nothing
+    said = "" if isinstance(err, UnidentifiedImageError) else f": {str(err) or type(err).__name__}"
+    return DataError(f"{name}: cannot read the image: a {kind} file cut short or damaged ({len(data):,} bytes"
+                     f"{said}); copy or export it again")
 
 
 # (x0, y0, dx, dy) of Adam7's seven passes: an interlaced PNG stores each as its own small image.

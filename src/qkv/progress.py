@@ -129,15 +129,22 @@ class Progress:
                       f"{self.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1), **extra})
             self._reset_window()
 
-    def row(self, row: dict[str, Any]) -> None:
-        """A row of the log (training or evaluation); an evaluation row redraws the loss curve."""
+    def row(self, row: dict[str, Any], *, curve: bool = True) -> None:
+        """A row of the log (training or evaluation); an evaluation row redraws the loss curve, unless ``curve`` is
+        false (the caller draws it later, :meth:`curve`)."""
         if self.log is None:
             return
         self.log.add(row, first=("step", "epoch", "lr", "train_loss", f"{self.unit}_per_s", "elapsed_s"))
-        if "val_loss" in row:
-            from .viz import loss_curves
+        if curve and "val_loss" in row:
+            self.curve()
 
-            loss_curves(self.log.rows, self.log.path.with_name("loss.png"), title=self.plot_title, unit=self.unit)
+    def curve(self) -> None:
+        """Redraw ``loss.png`` from the log."""
+        if self.log is None:
+            return
+        from .viz import loss_curves
+
+        loss_curves(self.log.rows, self.log.path.with_name("loss.png"), title=self.plot_title, unit=self.unit)
 
     def evaluating(self) -> None:
         self.bar.set_postfix_str("evaluating and saving", refresh=True)

@@ -10,13 +10,17 @@ The rules, all applied by :func:`claim` before anything is written:
 
 * One process at a time. ``claim`` takes an exclusive lock on ``.qkv-run`` (``flock``). The kernel releases
   it when the process ends, however it ends (kill -9 included), so a crashed run never leaves it stuck.
+* A refusal changes nothing. The lock is all a claim does to an existing run's mark (no pid is written into it:
+  the kernel names the holder), and every check comes before the run writes anything: a refused ``--resume`` or
+  start leaves each file of the run as it was, its bytes and its times.
 * Once within a process. Whoever starts the run claims its directory, once: a command for its whole run, before
   it reads data (:meth:`qkv.recipes.base.Recipe.run`); a library caller's :class:`qkv.training.Trainer` for its
   ``run()``, which claims only a directory that this process does not hold already (:func:`holds`). A second
   claim of a held directory is a mistake in the program, and an error.
 * A new run goes only into a new or empty directory, or into one that an earlier qkv run left without a model
-  (it stopped before its first checkpoint). A directory that holds a model needs ``resume``; a directory
-  holding anything else is never touched.
+  (it stopped before its first checkpoint, or between the two saves of its first one: ``best/`` without
+  ``last/``). A directory that holds a model needs ``resume``; a directory holding anything else is never
+  touched.
 * Leftovers of a save interrupted by a kill are cleaned up: ``.NAME.tmp-PID`` folders are deleted, and a
   ``.NAME.old`` whose ``NAME`` is missing (killed between the two renames of a save) is put back.
 * Nothing is written through a symbolic link. A run writes its files by name (the mark, ``log.csv``,
@@ -130,13 +134,27 @@ def _lock(out: Path) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        holder = _lock_holder(fd)
         os.close(fd)
         raise ValueError(f"another qkv process (pid {holder}) is training into {out}; wait for it to finish or "
                          "choose another --out") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
     return fd
+
+
+def _lock_holder(fd: int) -> str:
+    """The pid holding the lock on the open file ``fd``, as the kernel lists it (/proc/locks), or "unknown".
+
+    Read from the kernel, not from the mark: a claim writes nothing into the mark, so that a refused start (a
+    ``--resume`` of changed settings, a run that holds a model) leaves the run's files as they were, bytes and
+    times."""
+    status = os.fstat(fd)
+    device = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()  # 1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF
+            if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == device:
+                return fields[4]
+    return "unknown"
 
 
 def _clean_leftovers(out: Path) -> None:
@@ -155,9 +173,17 @@ def _clean_leftovers(out: Path) -> None:
 
 
 def _check_model(out: Path, resume: bool) -> None:
-    has_model = any((out / name).exists() for name in CHECKPOINTS)
-    if has_model and not resume:
+    """A run with last/ needs ``resume``; ``resume`` needs last/. A run left with best/ alone (its first pair of
+    saves cut short: killed, a full disk) has nothing to resume, and starts again without ``resume``."""
+    cut_short = (out / "best").exists() and not (out / "last").exists()
+    if resume and not resumable(out):
+        if cut_short:
+            raise ValueError(f"{out} holds best/ but no last/ (its first save was cut short), so there is no "
+                             "training state to resume; drop --resume to start the run again")
+        raise ValueError(f"{out} has no checkpoint to resume; drop --resume to start a new run")
+    if not resume and cut_short:
+        log.info("%s: best/ without last/ (the first save was cut short): starting the run again; best/ is "
+                 "replaced at its first validation", out)
+    elif not resume and (out / "last").exists():
         raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another "
                          "--out")
-    if resume and not resumable(out):
-        raise ValueError(f"{out} has no checkpoint to resume; drop --resume to start a new run")

@@ -43,7 +43,9 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .budget import Budget
 from .checkpoint import CheckpointError, load_checkpoint, resume_adapters, save_checkpoint
+from .device import NO_NATIVE_BF16, native_bf16
 from .distributed import SINGLE, Group
+from .files import read_json
 from .footprint import reuse_freed_memory
 from .lora import lora_layers
 from .optimizers import OPTIMIZERS, build_optimizer
@@ -220,6 +222,46 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
+class _Counted(Sequence):
+    """A task's validation batches that move a progress bar as they are gone through: slices (a process's share,
+    :meth:`qkv.distributed.Group.shard`) count too, each pass adding its batches to the bar's total."""
+
+    def __init__(self, items: Sequence, bar) -> None:
+        self.items, self.bar = items, bar
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return _Counted(self.items[index], self.bar) if isinstance(index, slice) else self.items[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.bar.total = (self.bar.total or 0) + len(self.items)
+        self.bar.refresh()
+        for item in self.items:
+            yield item
+            self.bar.update(1)
+
+
+@contextlib.contextmanager
+def _validation_bar(task: Task, show: bool) -> Iterator[None]:
+    """A progress bar under the training bar while ``task`` validates (``show``), for a task whose evaluation goes
+    through ``task.valid_batches()``: a validation of hundreds of examples takes minutes on a CPU."""
+    batches = getattr(task, "valid_batches", None)
+    if not show or batches is None:
+        yield
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=0, desc="validating", unit="batch", position=1, leave=False, dynamic_ncols=True)
+    task.valid_batches = lambda: _Counted(batches(), bar)
+    try:
+        yield
+    finally:
+        del task.valid_batches  # the task's own method again
+        bar.close()
+
+
 @dataclass
 class TrainResult:
     """How a run (this invocation of it) ended.
@@ -345,8 +387,8 @@ class Trainer:
         reason = ""
         first = self.state.step + 1
         with _StopFlag() as stop:
-            if self.runtime.precision.why and main:
-                log.info("precision: %s (%s)", self.runtime.precision.name, self.runtime.precision.why)
+            if main:
+                self._say_precision()
             log.info("training from step %d; Ctrl-C stops after the current step and saves", self.state.step)
             for chunk in self._chunks():
                 previous_s = self._run_s()
@@ -363,6 +405,16 @@ class Trainer:
         progress.close()
         return TrainResult(self.state.step, self.state.epoch, reason, self.state.best, self.last_eval, self._run_s(),
                            progress.rate(), self.unit, stop.signal)
+
+    def _say_precision(self) -> None:
+        """How ``auto`` chose the precision; and bf16 asked for on a CPU without native bf16, where it is several
+        times slower than fp32 (the note ``auto`` gives when it chooses fp32 for that reason)."""
+        precision = self.runtime.precision
+        if precision.why:
+            log.info("precision: %s (%s)", precision.name, precision.why)
+        elif precision.name == "bf16" and self.device.type == "cpu" and native_bf16() is None:
+            log.warning("precision: bf16, as --precision asks, but %s: --precision auto (fp32 here) trains faster",
+                        NO_NATIVE_BF16)
 
     def _chunks(self) -> Iterator[Sequence[Any]]:
         """The batches of each step (``accum`` per process), epoch after epoch, from the position a resumed run
@@ -454,18 +506,25 @@ class Trainer:
     def _evaluate_and_save(self, progress: Progress) -> dict[str, float]:
         start = time.monotonic()
         self.model.eval()
-        with torch.no_grad(), self.runtime.autocast():
+        with torch.no_grad(), self.runtime.autocast(), _validation_bar(self.task, self.opts.progress and
+                                                                        self.group.main):
             # a sharded model's processes run every forward pass together: each evaluates all the batches
             metrics = self.task.evaluate(self.model, SINGLE if self.sharded else self.group)
         self.model.train()
         self._check_finite(metrics)
         rng = self.group.gather([torch.get_rng_state()])  # every process's, for an exact resume
-        if self._is_better(metrics):
+        better = self._is_better(metrics)
+        if better:
             self.state.best = {**metrics, "step": self.state.step}
-            self._save("best", with_state=False)
-        self._save("last", with_state=True, rng=rng)
+        # One recoverable unit, in this order: the log's row (a resume drops rows past the step it resumes from),
+        # last/ (what --resume needs, recording the best so far), then best/ (rewritten from last/ on resume when
+        # a kill or a full disk stopped it, see _restore_best); the curve, drawn from the log, last.
         progress.row({"step": self.state.step, "epoch": self.state.epoch, "elapsed_s": round(self._run_s(), 1),
-                      **metrics})
+                      **metrics}, curve=False)
+        self._save("last", with_state=True, rng=rng)
+        if better:
+            self._save("best", with_state=False)
+        progress.curve()
         self.state.eval_s = time.monotonic() - start
         return metrics
 
@@ -568,3 +627,20 @@ class Trainer:
         self.log.read(up_to_step=self.state.step)
         log.info("resumed from %s at step %d (epoch %d, batch %d) on %s", path, self.state.step,
                  self.state.epoch, self.state.batch_index, self.device)
+        self._restore_best()
+
+    def _restore_best(self) -> None:
+        """best/ as last/ records it: a run stopped between its two saves (killed, a full disk) left last/ naming a
+        best step that best/ does not hold; when that step is the one resumed, the model in hand is that best
+        model, and is saved as best/ again."""
+        best = self.state.best
+        if not best or best.get("step") != self.state.step:
+            return
+        try:
+            saved_step = read_json(self.out / "best" / "config.json", required=False).get("step")
+        except ValueError:  # damaged: replaced by the model in hand
+            saved_step = None
+        if saved_step != self.state.step:
+            log.info("%s: best/ (step %s) was not saved after step %d's evaluation; saved now from last/",
+                     self.out, saved_step, self.state.step)
+            self._save("best", with_state=False)

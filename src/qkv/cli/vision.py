@@ -8,9 +8,11 @@ import sys
 
 from .common import (
     add_device_arguments,
+    add_force_argument,
     add_ingredient_arguments,
     add_size_arguments,
     add_training_arguments,
+    check_new_file,
     command,
     place,
     runtime,
@@ -121,6 +123,7 @@ def _add_image_inputs(p: argparse.ArgumentParser) -> None:
     att.add_argument("--attention", metavar="FILE.png",
                      help="draw the [CLS] token's attention over an image: every layer and head, and the rollout")
     att.add_argument("--image", type=integer(0), default=0, help="which input image to draw (0-based, default 0)")
+    add_force_argument(att, "--attention")
     add_device_arguments(p)
 
 
@@ -183,6 +186,7 @@ def classify_image_cmd(args: argparse.Namespace) -> None:
     from ..checkpoint import load_checkpoint
     from ..tasks.image_classify import predict_images
 
+    check_new_file(args.attention, "--attention", args.force)
     device, _, amp = runtime(args)
     ckpt = load_checkpoint(args.model)
     if ckpt.arch not in ("vit-classifier", "swin-classifier"):
@@ -240,6 +244,7 @@ def zero_shot_cmd(args: argparse.Namespace) -> None:
                          "--labels 'sneaker,sandal,bag'")
     for template in args.template or ():
         check_template(template, "--template")
+    check_new_file(args.attention, "--attention", args.force)
     device, _, amp = runtime(args)
     ckpt = load_checkpoint(args.model)
     meta = ckpt.meta

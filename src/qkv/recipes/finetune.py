@@ -63,6 +63,23 @@ class FineTuneSettings(TrainingSettings):
     eval_every: int = 100
 
 
+def _check_base(source: str, *, resumed: bool) -> None:
+    """The base model must be there before its files are fingerprinted: a path typed wrong, or (``resumed``) the
+    base a run was started from and that has since been moved or deleted, is said in one line."""
+    from pathlib import Path
+
+    from ..files import quoted
+
+    if source == "smollm2" or Path(source).exists():
+        return
+    shown = quoted(source, limit=1024)  # a path whole, as long as real ones are
+    if resumed:
+        raise ValueError(f"this run's base model {shown} is gone (no such file or folder): put it back where it was "
+                         "to --resume the run")
+    raise ValueError(f"--pretrained {shown}: no such file or folder; give 'smollm2', a .gguf file, a Hugging Face "
+                     "model folder or a qkv run")
+
+
 def base_weights(method: str, source: str) -> str:
     """How the base model's weights are held: float32 to train them or to adapt them (lora, full); for qlora as
     they are stored, a GGUF file's formats kept, a folder's or a qkv run's quantized to int4."""
@@ -91,9 +108,9 @@ class FineTuneRecipe(Recipe):
     def setup(self) -> None:
         from ..device import map_large_blocks
         from ..footprint import check_training
-        from ..interop.pretrained import fingerprint
         from ..lora import LoRAConfig, add_lora, layout_of
         from ..models.common import compile_blocks
+        from ..trained import fingerprint
 
         s = self.s
         if not s.pretrained or not s.data:
@@ -103,6 +120,7 @@ class FineTuneRecipe(Recipe):
         lora = None if s.method == "full" else LoRAConfig(
             rank=s.rank, alpha=s.alpha, dropout=s.lora_dropout, rslora=s.rslora,
             targets=tuple(s.target_modules) if s.target_modules else LoRAConfig.targets)
+        _check_base(s.pretrained, resumed=self.args.resume)
         weights = base_weights(s.method, s.pretrained)
         if s.method == "qlora" and self.runtime.device.type == "cpu":
             map_large_blocks()  # QLoRA is chosen for its memory: peaks near what a step uses (qkv.device)
@@ -143,7 +161,7 @@ class FineTuneRecipe(Recipe):
 
     def _base(self, weights: str):
         """The base model as fine-tuning starts from it: ``--pretrained``, with ``--adapter`` merged into it."""
-        from ..interop.pretrained import load_base
+        from ..trained import load_base
 
         pre = load_base(self.s.pretrained, weights=weights)
         if self.s.adapter:
