@@ -35,7 +35,7 @@ import torch
 from qkv import kernels
 from qkv.kernel_layers import KernelInt4Linear
 from qkv.perplexity import perplexity as measured
-from qkv.quantize import Int4Linear
+from qkv.quantized import Int4Linear
 
 SHAPES = [(576, 960), (576, 576), (576, 3072), (1536, 576), (2048, 6144), (2048, 16384), (8192, 2048)]
 CHUNK = 128  # tokens per chunk of the perplexity

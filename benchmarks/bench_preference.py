@@ -149,7 +149,7 @@ def child_trl(spec: dict) -> dict:
 def child_qkv(spec: dict) -> dict:
     import torch
 
-    from qkv.interop.peft import load_peft_adapter
+    from qkv.adapters import load_peft_adapter
     from qkv.tasks.finetune import Example
     from qkv.tasks.preference import Pair, PreferenceTask, collate_pairs
     from qkv.trained import load_base

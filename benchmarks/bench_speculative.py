@@ -52,8 +52,8 @@ F32 = Path.home() / ".cache" / "qkv-bench" / "smollm2-f32.gguf"
 
 
 def prompt_ids() -> list[int]:
+    from qkv.chat import render_chat
     from qkv.interop import load_pretrained
-    from qkv.interop.chat import render_chat
     from qkv.tokenizers import encode_prompt
 
     pre = load_pretrained("smollm2", weights="none")

@@ -86,7 +86,7 @@ def translations(source: str, sentences: list[str], batch: int, max_new_tokens: 
     import torch
     from tqdm import tqdm
 
-    from qkv.interop.chat import render_chat, template_tokens
+    from qkv.chat import render_chat, template_tokens
     from qkv.tasks.language_model import complete
 
     model, tokenizer, template = load(source, weights)

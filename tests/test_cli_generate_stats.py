@@ -100,8 +100,8 @@ def test_generate_with_beams_says_how_long_the_search_took(tmp_path, here):
 def chatted(folder: Path, turns: list[str], max_new_tokens: int, stop: str | None = None):
     """Per turn, the tokens of the conversation laid out so far, the reply's streamed tokens; and stdout as chat
     printed it before the closing lines (each reply and a newline)."""
+    from qkv.chat import render_chat, template_tokens
     from qkv.interop import load_pretrained
-    from qkv.interop.chat import render_chat, template_tokens
 
     pre = load_pretrained(folder, weights="none")
     stops = set(pre.tokenizer.stop_ids) | (set(pre.tokenizer.encode(stop)) if stop else set())

@@ -229,7 +229,8 @@ def test_pytorchs_kernels_are_chosen_when_asked_or_when_qkvs_is_missing(monkeypa
     """By default qkv's kernel layers wherever the library is built (int4 in groups of 32, int8 on whole blocks of
     32 inputs); QKV_KERNEL=torch, or a library that was not built: PyTorch's, the reason said once in one line."""
     from qkv.kernel_layers import KernelInt4Linear, KernelInt8Linear
-    from qkv.quantize import Int4Linear, Int8Linear, _say_once, int4_class, int8_class
+    from qkv.quantize import _say_once, int4_class, int8_class
+    from qkv.quantized import Int4Linear, Int8Linear
 
     monkeypatch.delenv("QKV_KERNEL", raising=False)
     assert int4_class(32) is KernelInt4Linear and int8_class(576) is KernelInt8Linear

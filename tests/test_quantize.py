@@ -12,21 +12,8 @@ from torch import nn
 from qkv import GPT, GPTConfig
 from qkv.kernel_layers import KernelInt4Linear, KernelInt8Linear
 from qkv.nn import StackedFeedForward, StackedSelfAttention
-from qkv.quantize import (
-    FORMATS,
-    Int4Linear,
-    Int8Linear,
-    QuantizedLinear,
-    input_magnitudes,
-    int4_block,
-    int4_class,
-    int4_slots,
-    int8_class,
-    quantize,
-    quantize_linear,
-    unpaired,
-)
-from qkv.quantized import WIDEN_ROWS
+from qkv.quantize import input_magnitudes, int4_class, int8_class, quantize, quantize_linear
+from qkv.quantized import FORMATS, WIDEN_ROWS, Int4Linear, Int8Linear, QuantizedLinear, int4_block, int4_slots, unpaired
 
 MODES = [("int8", 32), ("int4", 32), ("int4", 64)]
 

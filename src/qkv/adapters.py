@@ -21,8 +21,7 @@ own ``merge_and_unload()`` turns any of them into a plain model folder that :fun
 reads. Weights are read from safetensors only, never unpickled.
 
 Below both :mod:`qkv.checkpoint` (a LoRA run's checkpoints hold their adapters in this format) and
-:mod:`qkv.interop` (``qkv.interop.peft`` names the same functions where the other formats are): it imports
-nothing of either.
+:mod:`qkv.interop`: it imports nothing of either.
 """
 
 from __future__ import annotations

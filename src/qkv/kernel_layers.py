@@ -217,7 +217,7 @@ class KernelInt4Linear(_KernelProduct, Int4Linear):
 
     @staticmethod
     def encoded(w: Tensor, group_size: int = BLOCK) -> dict[str, Tensor]:
-        """As :meth:`Int4Linear.encoded <qkv.quantize.Int4Linear.encoded>`, the codes chosen against the scales
+        """As :meth:`Int4Linear.encoded <qkv.quantized.Int4Linear.encoded>`, the codes chosen against the scales
         and offsets as fp16 holds them (the group's least weight the offset, its range / 15 the scale)."""
         groups = w.view(w.size(0), -1, group_size)
         lows, highs = groups.amin(dim=-1), groups.amax(dim=-1)

@@ -24,17 +24,7 @@ from .nn.feedforward import FeedForward, StackedFeedForward
 from .nn.layers import DecoderLayer, EncoderLayer
 from .nn.linear import FloatLinear
 from .options import DEFAULT_GROUP_SIZE, MODES
-from .quantized import (  # the layers, named here too: quantize(model) is where a reader meets them
-    FORMATS,
-    Int4Linear,
-    Int8Linear,
-    QuantizedEmbedding,
-    QuantizedLinear,
-    check_int4,
-    int4_block,
-    int4_slots,
-    unpaired,
-)
+from .quantized import FORMATS, Int4Linear, Int8Linear, QuantizedLinear, check_int4
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +216,5 @@ def quantize(model: nn.Module, mode: str, *, group_size: int = DEFAULT_GROUP_SIZ
     return model
 
 
-__all__ = ["CALIBRATION_TEXT", "DEFAULT_OUTLIERS", "FORMATS", "Int4Linear", "Int8Linear", "QuantizedEmbedding",
-           "QuantizedLinear", "check_int4", "float_layers", "input_magnitudes", "int4_block", "int4_class",
-           "int4_slots", "int8_class", "quantize", "quantize_linear", "stack_projections", "unpaired"]
+__all__ = ["CALIBRATION_TEXT", "DEFAULT_OUTLIERS", "float_layers", "input_magnitudes", "int4_class", "int8_class",
+           "quantize", "quantize_linear", "stack_projections"]

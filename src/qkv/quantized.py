@@ -586,7 +586,7 @@ def int4_block() -> int:
             _BLOCK = block
             return block
     raise RuntimeError(f"PyTorch {torch.__version__}'s int4 kernel reads another layout of codes than qkv writes "
-                       "(qkv.quantize.int4_slots); use --quantize int8 or none")
+                       "(qkv.quantized.int4_slots); use --quantize int8 or none")
 
 
 FORMATS: dict[str, type[QuantizedLinear]] = {"int8": Int8Linear, "int4": Int4Linear}

@@ -21,7 +21,8 @@ from qkv import kernels
 from qkv.interop import load_gpt_from_gguf, read_gguf
 from qkv.interop.at_rest import load_quantized_gpt
 from qkv.perplexity import perplexity
-from qkv.quantize import Int4Linear, Int8Linear, QuantizedEmbedding, int4_class, int8_class, quantize
+from qkv.quantize import int4_class, int8_class, quantize
+from qkv.quantized import Int4Linear, Int8Linear, QuantizedEmbedding
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 

@@ -177,7 +177,7 @@ def test_a_qkv_adapter_of_each_family_runs_in_peft_as_in_qkv(tmp_path, kind):
     as PEFT places them): the adapter qkv writes, loaded by peft onto the transformers model, gives qkv's logits;
     read back by qkv, the same adapter."""
     peft = pytest.importorskip("peft")
-    from qkv.interop.peft import load_peft_adapter, save_peft_adapter
+    from qkv.adapters import load_peft_adapter, save_peft_adapter
     from qkv.lora import TARGETS, LoRAConfig, add_lora, lora_config_of
 
     hf = family_model(transformers, kind)

@@ -10,7 +10,7 @@ gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf pac
 import torch  # noqa: E402
 
 from qkv.interop.ggml_blocks import SPANS, dequantized_rows, int4_groups  # noqa: E402
-from qkv.quantize import unpaired  # noqa: E402
+from qkv.quantized import unpaired  # noqa: E402
 
 
 def _random_rows(kind: str, rows: int, inputs: int, seed: int = 0) -> np.ndarray:

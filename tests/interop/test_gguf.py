@@ -28,7 +28,7 @@ from qkv.interop import (
 )
 from qkv.interop import gguf as qkv_gguf
 from qkv.interop.at_rest import load_quantized_gpt
-from qkv.quantize import QuantizedEmbedding
+from qkv.quantized import QuantizedEmbedding
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
@@ -234,7 +234,7 @@ print([fibonacci(i) for i in range(10)])
 
 @pytest.fixture(scope="module")
 def prompts(smollm2):
-    from qkv.interop import chat_prompt
+    from qkv.chat import chat_prompt
 
     texts = ["Hello", "The capital of France is", chat_prompt(CHAT), CODE]
     return [torch.tensor([smollm2.tokenizer.encode(text)]) for text in texts]

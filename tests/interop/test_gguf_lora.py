@@ -19,10 +19,10 @@ import torch
 from llama_cpp_tools import llama_cpp, llama_perplexity
 
 from qkv import GPT, GPTConfig
+from qkv.adapters import peft_tensors
 from qkv.interop.gguf import unpermute_rope_rows
 from qkv.interop.gguf_export import export_gguf
 from qkv.interop.gguf_lora import export_gguf_lora
-from qkv.interop.peft import peft_tensors
 from qkv.lora import LLAMA, LoRAConfig, add_lora, lora_layers, merge_lora, targets_of
 from qkv.quantize import quantize
 from qkv.tokenizers import BPETokenizer

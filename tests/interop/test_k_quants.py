@@ -15,7 +15,7 @@ from tiny_gguf import VOCAB, gguf_tensors, q5_k, q6_k, tiny_llama, write_gguf
 from qkv import kernels
 from qkv.interop import at_rest, load_gpt_from_gguf
 from qkv.interop.at_rest import load_quantized_gpt
-from qkv.quantize import QuantizedEmbedding, QuantizedLinear
+from qkv.quantized import QuantizedEmbedding, QuantizedLinear
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package: pip install gguf")
 pytestmark = pytest.mark.skipif(not kernels.available(), reason=kernels.why_not() or "available")

@@ -330,7 +330,7 @@ def _logits_both(ours, theirs, tokenizer):
 def test_a_peft_adapter_on_a_marian_model_runs_in_qkv_as_in_peft(folder, tmp_path):
     """Marian's PEFT names (model.{encoder,decoder}.layers.N.{self_attn,encoder_attn}.*_proj, fc1, fc2) land on
     qkv's layers: the logits and greedy translations are peft's; without the adapter they are not."""
-    from qkv.interop.peft import load_peft_adapter
+    from qkv.adapters import load_peft_adapter
     from qkv.lora import LoRAConfig, lora_layers
     from qkv.quantize import quantize
 
@@ -360,7 +360,7 @@ def test_a_peft_adapter_on_a_marian_model_runs_in_qkv_as_in_peft(folder, tmp_pat
 
 def test_a_qkv_adapter_on_a_marian_model_runs_in_peft(folder, tmp_path):
     peft = pytest.importorskip("peft")
-    from qkv.interop.peft import save_peft_adapter
+    from qkv.adapters import save_peft_adapter
     from qkv.lora import LoRAConfig, add_lora
 
     ours, config = load_marian_folder(folder), LoRAConfig(rank=4, alpha=6.0, targets=("q_proj", "v_proj", "fc2"))
@@ -381,7 +381,7 @@ def test_a_qkv_adapter_on_a_marian_model_runs_in_peft(folder, tmp_path):
 def test_qkv_translate_runs_a_peft_adapter_on_a_marian_folder(folder, tmp_path, here):
     """``--adapter``: with ``--quantize none`` the library's translations with the adapter (which are peft's,
     above), every other --quantize runs; an adapter of another family is one line."""
-    from qkv.interop.peft import load_peft_adapter
+    from qkv.adapters import load_peft_adapter
 
     _peft_on_marian(folder, tmp_path / "adapter")
     ours = load_marian_folder(folder)

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from test_pretrained import VOCAB, _train_tokenizer
 
+from qkv.adapters import load_peft_adapter, peft_tensors, read_peft_adapter, save_peft_adapter
 from qkv.config import GPTConfig
 from qkv.interop import load_pretrained
-from qkv.interop.peft import load_peft_adapter, peft_tensors, read_peft_adapter, save_peft_adapter
 from qkv.lora import TARGETS, LoRAConfig, add_lora, lora_layers
 from qkv.models import GPT
 from qkv.nn import LoRALinear

@@ -14,7 +14,8 @@ import pytest
 import torch
 from hf_greedy import greedy_hf, greedy_qkv
 
-from qkv.interop import chat_prompt, load_pretrained, render_chat, smollm2_path, tokenizer_from_hf_folder
+from qkv.chat import chat_prompt, render_chat
+from qkv.interop import load_pretrained, smollm2_path, tokenizer_from_hf_folder
 from qkv.interop import pretrained as pretrained_module
 from qkv.tokenizers import PretrainedTokenizer, load_tokenizer, save_tokenizer
 

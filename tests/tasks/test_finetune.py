@@ -127,7 +127,7 @@ def test_a_bad_line_is_one_error_naming_its_number(tmp_path, line, message):
 
 
 def test_an_error_quotes_at_most_80_characters_of_the_input_and_its_length(tmp_path):
-    from qkv.interop.chat import chat_training_ids
+    from qkv.chat import chat_training_ids
 
     path = tmp_path / "data.jsonl"
     path.write_text(json.dumps({"text": "x" * 2_000_000}) + "\n", encoding="utf-8")

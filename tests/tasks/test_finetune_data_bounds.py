@@ -13,9 +13,8 @@ from functools import cache
 
 import pytest
 
-from qkv import files
+from qkv import chat, files
 from qkv.data import DataError
-from qkv.interop import chat
 from qkv.tasks import finetune
 from qkv.tasks.finetune import read_examples
 from qkv.tasks.preference import read_pairs

@@ -147,7 +147,7 @@ def test_the_first_steps_are_trls_dpo_trainers(base, tmp_path, objective):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from qkv.interop.peft import load_peft_adapter
+    from qkv.adapters import load_peft_adapter
     from qkv.tasks.finetune import Example
     from qkv.tasks.preference import Pair
 

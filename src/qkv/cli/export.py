@@ -28,7 +28,7 @@ def export_cmd(args: argparse.Namespace) -> None:
                          "--merge are for a LoRA run (--model)")
     template = None
     if args.chat_template:
-        from ..interop.chat import MAX_TEMPLATE_BYTES, check_template
+        from ..chat import MAX_TEMPLATE_BYTES, check_template
 
         template = read_text(args.chat_template, max_bytes=MAX_TEMPLATE_BYTES)
         check_template(template)  # shipped, it would fail only at the user's first qkv chat

@@ -225,7 +225,7 @@ def _adapted(model, args: argparse.Namespace):
     """``model`` with the LoRA adapter of --adapter, if given (before --quantize: the adapters stay float32 on the
     quantized layers)."""
     if args.adapter:
-        from ..interop.peft import load_peft_adapter
+        from ..adapters import load_peft_adapter
 
         load_peft_adapter(model, args.adapter)
     return model
@@ -426,7 +426,7 @@ def _print_texts(prompts: list[str], texts: list[str], *, streamed: bool) -> Non
 def _chat_layout(template: str, tokenizer):
     """messages -> the prompt, laid out by the model's own chat template (checked now on a first message, so
     that a template qkv cannot run fails before anything is typed)."""
-    from ..interop.chat import render_chat, template_tokens
+    from ..chat import render_chat, template_tokens
 
     token = template_tokens(tokenizer)
 

@@ -109,7 +109,7 @@ def _load_translator(args: argparse.Namespace, device):
     args.beam = defaults[0] if args.beam is None else args.beam
     args.alpha = defaults[1] if args.alpha is None else args.alpha
     if args.adapter:  # before --quantize: the adapters stay float32 on the quantized layers
-        from ..interop.peft import load_peft_adapter
+        from ..adapters import load_peft_adapter
 
         load_peft_adapter(loaded.model, args.adapter)
     place(loaded.model, device, args)

@@ -7,12 +7,10 @@
 * :mod:`.hf_common`: what those converters share (config fields, strict tensor-by-tensor reading);
 * :mod:`.hf_folder`: the files of a Hugging Face model folder (config, safetensors weights, tokenizer);
 * :mod:`.gguf`, :mod:`.gguf_tokenizer`: GGUF files (llama.cpp's format): weights and tokenizer;
-* :mod:`.chat`: conversations laid out as a chat model expects (ChatML by hand, any model's own template);
 * :mod:`.pretrained`: one door for pretrained language models with their tokenizers (:func:`load_pretrained`);
 * :mod:`.sentence`: one door for sentence encoders such as all-MiniLM-L6-v2 (:func:`load_sentence_encoder`).
 """
 
-from .chat import chat_prompt, render_chat
 from .gguf import (
     GGUFContents,
     hf_config_from_gguf,
@@ -37,7 +35,6 @@ __all__ = [
     "SentenceEncoder",
     "bert_config_from_hf",
     "bert_state_dict_from_hf",
-    "chat_prompt",
     "clip_config_from_hf",
     "clip_state_dict_from_hf",
     "gpt_config_from_hf",
@@ -55,7 +52,6 @@ __all__ = [
     "minilm_path",
     "read_gguf",
     "read_safetensors",
-    "render_chat",
     "smollm2_path",
     "swin_config_from_hf",
     "swin_state_dict_from_hf",

@@ -60,7 +60,8 @@ from ..models import GPT
 from ..models.common import skip_init
 from ..nn import StackedFeedForward, StackedSelfAttention
 from ..nn.moe import MoEFeedForward
-from ..quantize import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear, int4_class, int8_class
+from ..quantize import int4_class, int8_class
+from ..quantized import Int4Linear, Int8Linear, QuantizedEmbedding, QuantizedLinear
 from .experts import read_name
 from .families import MULTIMODAL, family, norm_shift, text_model, text_tensor
 from .ggml_blocks import (

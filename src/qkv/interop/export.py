@@ -214,7 +214,7 @@ def _with_classifier(config: dict[str, Any], tensors: dict[str, torch.Tensor], h
 def check_float(model: nn.Module) -> None:
     """Exports write float weights: a model whose layers qkv keeps quantized (int8/int4) is refused, saying
     how to load it in float."""
-    from ..quantize import QuantizedEmbedding, QuantizedLinear
+    from ..quantized import QuantizedEmbedding, QuantizedLinear
 
     if any(isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for m in model.modules()):
         raise ValueError("this model's layers are quantized (int8/int4); export a float model: load it with "

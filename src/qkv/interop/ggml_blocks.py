@@ -1,7 +1,7 @@
 """ggml's 4-bit blocks as qkv's int4 groups: codes, scales and zero points, read straight from a GGUF tensor.
 
 A quantized GGUF tensor is stored row by row, each row a run of blocks. Three of ggml's 4-bit formats are, group
-for group, the line qkv's :class:`~qkv.quantize.Int4Linear` computes, ``W = (q - 8) · s + z`` over groups of 32
+for group, the line qkv's :class:`~qkv.quantized.Int4Linear` computes, ``W = (q - 8) · s + z`` over groups of 32
 inputs, so their 4-bit codes are taken over as they are and only the scales change form:
 
 =======  ===================================================  ============================================
@@ -16,7 +16,7 @@ Q4_K     256 weights (144): fp16 d and dmin, 8 six-bit        ``W = d·sc_j q - 
 The codes lie two to a byte: Q4_0 and Q4_1 keep weight ``i`` in the low nibble of byte ``i`` and weight ``i + 16``
 in its high nibble; Q4_K does the same for each pair of sub-blocks (64 weights, 32 bytes), weights ``i`` and
 ``i + 32``. :func:`int4_groups` returns the bytes as they are, with that distance (:data:`SPANS`), for
-:meth:`~qkv.quantize.Int4Linear.write_pairs`. The other formats
+:meth:`~qkv.quantized.Int4Linear.write_pairs`. The other formats
 (Q8_0, Q5_K, Q6_K, fp16, bf16, fp32) have no int4 form; :func:`dequantized_rows` decodes them, a few rows at a
 time, for a layer that is quantized again (see :mod:`qkv.quantize`). Q8_0's blocks are the form of qkv's int8
 kernel layer (:class:`~qkv.kernel_layers.KernelInt8Linear`): :func:`int8_blocks` gives them as they are; Q6_K's and
@@ -44,7 +44,7 @@ def int4_groups(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
 
     Returns:
         ``pairs`` ``(rows, blocks, bytes)`` uint8, the codes two to a byte ``SPANS[kind]`` weights apart, read
-        in place (one code per weight: ``qkv.quantize.unpaired(pairs.reshape(rows, -1), SPANS[kind])``), and
+        in place (one code per weight: ``qkv.quantized.unpaired(pairs.reshape(rows, -1), SPANS[kind])``), and
         ``scales`` and ``zeros`` ``(rows, inputs / 32)`` float32, such that weight ``[r, i] = (code[r, i] - 8)
         * scales[r, i // 32] + zeros[r, i // 32]``.
 

@@ -12,7 +12,7 @@ The layout llama.cpp reads (``convert_lora_to_gguf.py`` writes it, ``src/llama-a
 =========================  ===================================================================================
 
 ``<base>`` is the name of the adapted matrix in the base GGUF file, ``blk.{i}.attn_q.weight`` and so on
-(:data:`qkv.interop.families.LLAMA_GGUF`). The adapters come from :func:`~qkv.interop.peft.peft_tensors`, so a
+(:data:`qkv.interop.families.LLAMA_GGUF`). The adapters come from :func:`~qkv.adapters.peft_tensors`, so a
 quantized model's stacked layers give the same file as separate float layers. Where the base file holds the
 query and key rows in ggml's interleaved rotary order (``llama``), ``B``'s rows of Q and K are reordered the same
 way (:func:`~qkv.interop.gguf_export.permute_rope_rows`): ``B A`` must change the rows the base file holds.

@@ -11,7 +11,7 @@ at rest, see :mod:`qkv.interop.at_rest`), its tokenizer, and its chat template w
 read from safetensors or GGUF only, never unpickled, and nothing is downloaded or cached: a name means a file
 that some installed package already holds.
 
-A chat model's template lays conversations out as it was trained on them (see :mod:`qkv.interop.chat`).
+A chat model's template lays conversations out as it was trained on them (see :mod:`qkv.chat`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Pretrained:
         model: qkv's GPT, eval mode (a GGUF file's quantized at rest unless asked otherwise).
         tokenizer: the model's own tokenizer.
         chat_template: the Jinja chat template shipped with the model (None for a plain language model), for
-            :func:`~qkv.interop.chat.render_chat`.
+            :func:`~qkv.chat.render_chat`.
         name: what was loaded (``"smollm2"``, or the file's/folder's name).
     """
 

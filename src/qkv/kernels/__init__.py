@@ -358,7 +358,7 @@ def bound_picked(weights: list[tuple[Tensor, Tensor, Tensor]], rows: int) -> Cal
 
 def dequantize(codes: Tensor, scales: Tensor, offsets: Tensor, start: int, out: Tensor) -> Tensor:
     """Rows ``start`` to ``start + len(out)`` of :func:`interleaved` weights as float32 into ``out`` ``(r, n)``:
-    ``q · scale + offset``, rounded as :meth:`~qkv.quantize.QuantizedLinear.dequantized` computes them; returns
+    ``q · scale + offset``, rounded as :meth:`~qkv.quantized.QuantizedLinear.dequantized` computes them; returns
     ``out``."""
     _library().qkv_q4x8_dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), inputs(codes), start,
                                    start + out.size(0), out.data_ptr())

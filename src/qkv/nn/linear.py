@@ -37,7 +37,7 @@ class FloatLinear(nn.Linear):
 def product(layer: nn.Module, x: Tensor) -> Tensor:
     """``layer(x)`` in a decoding step already found to run on qkv's own operations
     (:func:`qkv.kernels.ops.applies`; ``x`` contiguous): straight through the layer's bound kernel call where it has
-    one (a quantized layer that is its product alone: :meth:`qkv.quantize.QuantizedLinear._make_lean`), as a module
+    one (a quantized layer that is its product alone: :meth:`qkv.quantized.QuantizedLinear._make_lean`), as a module
     otherwise. A module call and its checks cost microseconds, and a small model's step makes a hundred of them."""
     lean = layer.__dict__.get("_lean")
     return layer(x) if lean is None else lean(x)

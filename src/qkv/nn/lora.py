@@ -6,7 +6,7 @@ Fine-tuning changes a pretrained weight by a ΔW that has low "intrinsic rank", 
 B A of two thin matrices: r · (in + out) numbers instead of in · out (about 1% of a 576 × 576 projection at
 r = 8). W stays as it is, frozen, in whatever form it is held: float32, or the 4- and 8-bit codes of
 :mod:`qkv.quantize` (QLoRA: the gradient reaches the input through the quantized product, see
-:class:`qkv.quantize.QuantizedLinear`; only A and B learn). B starts at zero, so the adapted layer starts as
+:class:`qkv.quantized.QuantizedLinear`; only A and B learn). B starts at zero, so the adapted layer starts as
 its base; A starts random (Kaiming-uniform, as in the paper's code), so B's first gradient is not zero.
 Rank-stabilised LoRA (Kalajdzievski, 2023) scales by α / √r, which keeps the update's size from shrinking as
 the rank grows.
@@ -35,7 +35,7 @@ class LoRALinear(nn.Module):
 
     Args:
         base: the layer adapted: any module with ``in_features`` and ``out_features`` mapping ``(..., in)`` to
-            ``(..., out)`` (``nn.Linear``, :class:`~qkv.quantize.QuantizedLinear`). Its parameters are frozen.
+            ``(..., out)`` (``nn.Linear``, :class:`~qkv.quantized.QuantizedLinear`). Its parameters are frozen.
         rank: r, the rank of each update.
         alpha: α; the update is scaled by α / r (``rslora``: α / √r).
         dropout: dropout on the input of the update during training (the base sees the input as it is).

@@ -7,7 +7,7 @@ Three methods (``--method``):
   the base by its source and a fingerprint of its files.
 * **qlora**: the same adapters on the base as it is held at rest, 4 or 8 bits a weight (a GGUF file's own
   formats, a Hugging Face folder's weights at int4): the gradient flows through the quantized products
-  (:class:`qkv.quantize.QuantizedLinear`), and the float32 model never exists.
+  (:class:`qkv.quantized.QuantizedLinear`), and the float32 model never exists.
 * **full**: every weight learns; the checkpoints hold the whole model, as ``qkv train lm``'s do.
 
 The data (:mod:`qkv.tasks.finetune`): chat JSONL, prompt/completion JSONL, or plain text; packed into rows of
@@ -165,7 +165,7 @@ class FineTuneRecipe(Recipe):
 
         pre = load_base(self.s.pretrained, weights=weights)
         if self.s.adapter:
-            from ..interop.peft import load_peft_adapter
+            from ..adapters import load_peft_adapter
             from ..lora import merge_lora
 
             if self.s.method == "qlora":

@@ -114,7 +114,7 @@ class Engine:
         """The conversation laid out by the model's own chat template, ready for the assistant's turn; the
         ``tools`` and the calls and answers in it as the template lays them out, or in the default format
         (:func:`~qkv.serve.tools.conversation`)."""
-        from ..interop.chat import render_chat, template_tokens
+        from ..chat import render_chat, template_tokens
 
         if self.chat_template is None or not self.stop_ids:
             raise APIError(400, f"{self.name} has no chat template; use /v1/completions", param="messages")

@@ -5,7 +5,7 @@ Three kinds of data, each turned into token ids and, for each token, whether the
 
 * **chat**, JSONL lines ``{"messages": [{"role": "system" | "user" | "assistant", "content": ...}, ...]}``, laid
   out by the model's own chat template; the loss is on the assistant turns only, each turn's end-of-turn token
-  included, so the model learns to stop (:func:`qkv.interop.chat.chat_training_ids`);
+  included, so the model learns to stop (:func:`qkv.chat.chat_training_ids`);
 * **prompt and completion**, JSONL lines ``{"prompt": ..., "completion": ...}``: the prompt as the model reads
   any text (after its begin-of-text token where it has one), the completion after it and then the
   end-of-sequence token; the loss on the completion and that token;
@@ -17,7 +17,7 @@ object; it may be gzip-compressed (told by its first bytes, whatever its name), 
 text after decompression, as for a file that is not compressed. What is read is bounded, and checked as it is read
 (:func:`qkv.files.read_bounded`): a file of at most :data:`MAX_DATA_BYTES` (256 MiB) once decompressed, lines of at
 most :data:`MAX_LINE_BYTES` (4 MiB), a regular file (never a FIFO or a device, refused before they are opened); a
-chat of at most :data:`qkv.interop.chat.MAX_TRAINING_MESSAGES` messages. Every text is checked before it reaches
+chat of at most :data:`qkv.chat.MAX_TRAINING_MESSAGES` messages. Every text is checked before it reaches
 the tokenizer (:func:`qkv.tokenizers.utf8_checked`: a JSON ``"\\ud800"`` is half a character). Each error is one
 line naming the file and the line. Preparing a large file writes its progress to the log every
 :data:`PROGRESS_EVERY_S` seconds (lines done, their rate, the time left).
@@ -163,7 +163,7 @@ def _example(record: Any, tokenizer, template: str | None) -> Example:
         if template is None:
             raise ValueError("a chat example, but the model has no chat template; use {\"prompt\", \"completion\"} "
                              "lines or plain text")
-        from ..interop.chat import chat_training_ids
+        from ..chat import chat_training_ids
 
         ids, learn = chat_training_ids(template, record["messages"], tokenizer)
         return Example(ids, learn)

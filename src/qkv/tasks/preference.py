@@ -124,7 +124,7 @@ def _text_example(prompt: str, answer: str, tokenizer, template: str | None) -> 
 def _chat_example(prompt: list, answer: list, tokenizer, template: str | None) -> tuple[Example, int]:
     if template is None:
         raise ValueError("a conversational pair, but the model has no chat template; use text pairs")
-    from ..interop.chat import chat_training_ids
+    from ..chat import chat_training_ids
 
     ids, learn = chat_training_ids(template, [*prompt, *answer], tokenizer, learnt_from=len(prompt))
     return Example(ids, learn), learn.index(True)

@@ -9,7 +9,7 @@ from functools import cache
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from qkv.interop.chat import chat_training_ids
+from qkv.chat import chat_training_ids
 from qkv.tokenizers import PretrainedTokenizer
 
 transformers = pytest.importorskip("transformers")

@@ -2,7 +2,7 @@
 not from making a text of any size: ``'x' * 10**10``, a macro that calls itself or a loop that writes without end
 would take the memory or the stack of the process. Here each rendering gets a :class:`Budget`, and every
 operation that can make more than it is given (an operator, ``~``, a filter, a method of str, a call, a slice, a
-write) is measured against it before it runs. :mod:`qkv.interop.chat` renders chat templates this way.
+write) is measured against it before it runs. :mod:`qkv.chat` renders chat templates this way.
 
 The bounds live partly inside jinja2's compiler (the buffers, ``~`` and loops it writes), whose classes jinja2 does
 not publish: pyproject.toml pins jinja2 3.1.
@@ -176,7 +176,7 @@ def _bounded_code_generator() -> type:
     """jinja2's compiler, writing each buffer as a :class:`_Buffer`, each ``~`` as a bounded join, and each loop
     over what counts its steps. It overrides methods of jinja2's ``CodeGenerator``, which jinja2 does not publish:
     pyproject.toml pins jinja2 to the minor version these were written for, and
-    ``tests/interop/test_chat_bounds.py::test_the_compiled_template_calls_each_bound`` fails if a new one stops
+    ``tests/test_chat_bounds.py::test_the_compiled_template_calls_each_bound`` fails if a new one stops
     calling them."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator

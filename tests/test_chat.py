@@ -3,7 +3,7 @@ template that reaches into Python, refuses a conversation or is not valid Jinja 
 
 import pytest
 
-from qkv.interop import chat_prompt, render_chat
+from qkv.chat import chat_prompt, render_chat
 
 chat_utils = pytest.importorskip("transformers.utils.chat_template_utils")
 

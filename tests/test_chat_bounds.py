@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from qkv.interop.chat import MAX_CALL_DEPTH, MAX_RENDERED_CHARS, _tojson, check_template, render_chat
+from qkv.chat import MAX_CALL_DEPTH, MAX_RENDERED_CHARS, _tojson, check_template, render_chat
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 LLAMA3 = ("{{- bos_token }}{% for message in messages %}{{- '<|start_header_id|>' + message['role'] + "
@@ -177,9 +177,9 @@ def test_the_compiled_template_calls_each_bound():
     """The buffers, loops and ``~`` are bounded inside jinja2's compiler, which jinja2 does not publish: a version
     whose compiler no longer calls the overridden methods shows here by name (and in the output, macro-output,
     loops and doubling cases above by behaviour)."""
-    from qkv.interop.chat import _environment
+    from qkv.chat import _environment
 
     source = _environment().compile("{% macro m() %}{% for i in [1] %}{{ i ~ 'a' }}{% endfor %}{% endmacro %}{{ m() }}",
                                     raw=True)
     for bound in ("environment.bounded_buffer()", "environment.bounded_loop,", "environment.bounded_concat("):
-        assert bound in source, f"jinja2 no longer compiles {bound}: qkv.interop.template_bounds needs updating"
+        assert bound in source, f"jinja2 no longer compiles {bound}: qkv.template_bounds needs updating"

@@ -27,8 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ..files import quoted
-from ..tokenizers import utf8_checked
+from .files import quoted
 from .template_bounds import (
     MAX_CALL_DEPTH,
     MAX_RENDERED_CHARS,
@@ -39,6 +38,7 @@ from .template_bounds import (
     render_within,
     written_value,
 )
+from .tokenizers import utf8_checked
 
 SMOLLM2_SYSTEM_PROMPT = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 # The roles a training conversation may hold ("tool": a tool's answer, for the templates that lay one out).
