@@ -9,7 +9,7 @@ A package's ``__init__``: importing ``qkv.a.b`` runs ``qkv/a/__init__.py`` first
 also one to each package above it (``qkv.a``). Without that, a module below ``interop`` could import
 ``qkv.interop.families`` alone and close a cycle through ``interop/__init__.py``'s own imports, unseen. Two
 exceptions, both what a package is: a package's ``__init__`` importing its own submodules (``qkv.interop`` ->
-``qkv.chat``) is an edge, but a submodule is not one back to the packages it sits in (it runs inside
+``qkv.interop.pretrained``) is an edge, but a submodule is not one back to the packages it sits in (it runs inside
 them, it does not import them), unless it imports them by name; and ``qkv`` itself is no node: its
 ``__init__`` gathers the public names of every layer and runs before any module of qkv does, so counting it
 would put every module that takes a name from it (``from .. import GPT`` in ``qkv.cli.tour``) in a cycle.
