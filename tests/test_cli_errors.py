@@ -37,7 +37,7 @@ def test_a_folder_where_a_file_is_written_names_the_file_not_the_scratch_file(tm
     assert ".tmp" in str(caught.value)  # what Python says
     line = said(caught.value, capsys)[1]
     assert line == f"qkv cmd: error: '{tmp_path / 'map.png'}': is a directory; give a file, not a folder"
-    nested = FileNotFoundError(2, "No such file or directory", str(tmp_path / ".best.tmp-4242" / "config.json"))
+    nested = FileNotFoundError(2, "No such file or directory", str(tmp_path / ".best.4242.x1y2.tmp" / "config.json"))
     assert f"'{tmp_path / 'best' / 'config.json'}': no such file" in said(nested, capsys)[1]
 
 

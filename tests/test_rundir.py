@@ -1,6 +1,7 @@
 """A run directory is owned by one process at a time, a user's files are never touched, and what a killed save
 leaves behind is cleaned up."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -99,14 +100,16 @@ def test_leftovers_of_a_killed_save_are_cleaned_or_restored(tmp_path):
     run = tmp_path / "run"
     with claim(run, resume=False):
         pass
-    for name in (".best.tmp-123", ".last.old", "best"):
+    dead, alive = ".best.99999999.k3x9.tmp", f".log.csv.{os.getpid()}.a1b2.tmp"  # no process has pid 99999999
+    for name in (dead, ".last.old", "best"):
         (run / name).mkdir()
         (run / name / "config.json").write_text("{}")
     (run / ".last.old" / "weights").write_text("the last good checkpoint")
     (run / "log.tmp").write_text("half a log")
+    (run / alive).write_text("a save under way")
     with claim(run, resume=True):
         pass
-    assert sorted(p.name for p in run.iterdir()) == [MARK, "best", "last"]
+    assert sorted(p.name for p in run.iterdir()) == sorted([MARK, "best", "last", alive])
     assert (run / "last" / "weights").read_text() == "the last good checkpoint"
     (run / ".best.old").mkdir()  # best/ is there too: the .old copy is the stale one
     with claim(run, resume=True):

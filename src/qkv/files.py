@@ -112,16 +112,23 @@ def scratch_beside(path: Path, *, folder: bool = False) -> Path:
     exclusively (never through a link). Those of the same name left by processes no longer running are removed
     first."""
     prefix = f".{path.name}."
-    for old in path.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid = old.name[len(prefix) :].split(".", 1)[0]
-        if pid.isdigit() and not _running(int(pid)):
-            with contextlib.suppress(OSError):
-                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+    remove_stale_scratch(path.parent, path.name)
     if folder:
         return Path(tempfile.mkdtemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp"))
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{prefix}{os.getpid()}.", suffix=".tmp")
     os.close(fd)
     return Path(tmp)
+
+
+def remove_stale_scratch(folder: Path, name: str | None = None) -> None:
+    """Remove the scratch files and folders (:func:`scratch_beside`) in ``folder`` that processes no longer running
+    left, of ``name`` or of any name."""
+    pattern = f".{glob.escape(name)}.*.tmp" if name is not None else ".*.*.tmp"
+    for old in folder.glob(pattern):
+        pid = old.name.rsplit(".", 3)[-3]  # .NAME.PID.RANDOM.tmp, NAME may hold dots, RANDOM none
+        if pid.isdigit() and not _running(int(pid)):
+            with contextlib.suppress(OSError):
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
 
 
 def _running(pid: int) -> bool:
@@ -330,4 +337,4 @@ def _read_within(stream, path: Path, max_bytes: int, max_line: int) -> bytes:
 
 
 __all__ = ["all_finite", "as_umask_gives", "check_finite", "check_out", "file_sha256", "quoted", "read_bounded",
-           "read_json", "read_text", "scratch_beside", "write_atomically"]
+           "read_json", "read_text", "remove_stale_scratch", "scratch_beside", "write_atomically"]

@@ -21,8 +21,9 @@ The rules, all applied by :func:`claim` before anything is written:
   (it stopped before its first checkpoint, or between the two saves of its first one: ``best/`` without
   ``last/``). A directory that holds a model needs ``resume``; a directory holding anything else is never
   touched.
-* Leftovers of a save interrupted by a kill are cleaned up: ``.NAME.tmp-PID`` folders are deleted, and a
-  ``.NAME.old`` whose ``NAME`` is missing (killed between the two renames of a save) is put back.
+* Leftovers of a save interrupted by a kill are cleaned up: the scratch files and folders (``.NAME.PID.RANDOM.tmp``)
+  of processes no longer running are deleted, and a ``.NAME.old`` whose ``NAME`` is missing (killed between the
+  two renames of a save) is put back.
 * Nothing is written through a symbolic link. A run writes its files by name (the mark, ``log.csv``,
   ``loss.png``, ``test.src.txt``, ...), and writing to a name that is a link would overwrite the file it points
   to, anywhere on the disk: a directory with a link among its entries is refused, naming the link.
@@ -36,6 +37,8 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from .files import remove_stale_scratch
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +162,7 @@ def _lock_holder(fd: int) -> str:
 
 def _clean_leftovers(out: Path) -> None:
     """Undo what a kill in the middle of a save left (see checkpoint.save_checkpoint)."""
-    for path in out.glob(".*.tmp-*"):
-        shutil.rmtree(path, ignore_errors=True)
+    remove_stale_scratch(out)
     for name in CHECKPOINTS:
         old = out / f".{name}.old"
         if old.is_dir():

@@ -1,5 +1,5 @@
 """How the CLI's error boundary says an error in words: the library's own texts (``[Errno 2] No such file or
-directory: '.best.tmp-123/x'``, Python's integer-digit limit, a lost torchrun peer) as one plain line that names
+directory: '.best.123.x1y2.tmp/x'``, Python's integer-digit limit, a lost torchrun peer) as one plain line that names
 the user's path and says what to do.
 
 Only the wording is decided here; which errors are the user's to fix (exit 2) and which are internal (exit 1) is
@@ -27,9 +27,8 @@ _ADVICE = {
     errno.ELOOP: "a symbolic link points back at itself; check the path",
     errno.ENAMETOOLONG: "give a shorter name",
 }
-# The scratch names files.scratch_beside (.NAME.PID.RANDOM.tmp) and checkpoint saves (.NAME.tmp-PID) write into:
-# an error names the NAME the user knows.
-_SCRATCH = re.compile(r"^\.(?P<name>.+?)\.(?:\d+\.[^./]+\.tmp|tmp-\d+)$")
+# The scratch names files.scratch_beside writes into (.NAME.PID.RANDOM.tmp): an error names the NAME the user knows.
+_SCRATCH = re.compile(r"^\.(?P<name>.+)\.\d+\.[^./]+\.tmp$")
 # Python's refusal of an integer of more digits than int() converts (a number in a JSON file or an option).
 _DIGITS = re.compile(r"Exceeds the limit \((?P<limit>\d+) digits\) for integer string conversion(?:: value has "
                      r"(?P<has>\d+) digits)?[^;]*; use sys\.set_int_max_str_digits\(\) to increase the limit")
@@ -41,7 +40,8 @@ _PEER_GONE_WORDS = re.compile(r"Connection (?:closed|reset) by peer|remote worke
 
 
 def user_path(name: str | bytes | Path) -> str:
-    """``name`` with each scratch folder or file of a save (``.best.tmp-123``) named as what it becomes (``best``)."""
+    """``name`` with each scratch folder or file of a save (``.best.123.x1y2.tmp``) named as what it becomes
+    (``best``)."""
     name = Path(name.decode(errors="replace") if isinstance(name, bytes) else name)
     parts = [(_SCRATCH.match(part) or {"name": part})["name"] if part.startswith(".") else part
              for part in name.parts]
