@@ -2,6 +2,7 @@
 leaves behind is cleaned up."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,16 +175,20 @@ def test_the_command_line_refuses_a_run_directory_with_a_link_and_writes_nothing
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [MARK, "loss.png"]
 
 
-def test_a_run_left_with_best_but_no_last_starts_again_and_says_why_it_cannot_resume(tmp_path):
-    """best/ saved, last/ not (a disk that filled up between the two saves of the first checkpoint): nothing to
-    resume, said so; a new start goes ahead."""
+def test_a_run_left_with_best_but_no_last_is_kept_and_says_how_to_go_on(tmp_path):
+    """best/ without last/ (an older save order killed between its two saves, or last/ deleted): nothing to resume,
+    and a new start would replace that model: both refused in one line that says what to do, the model kept."""
     run = tmp_path / "run"
     with claim(run, resume=False):
         (run / "best").mkdir()
-        (run / "best" / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match=r"holds best/ but no last/ \(its first save was cut short\), so there is no "
-                                         "training state to resume; drop --resume to start the run again"):
-        start(run, resume=True)
+        (run / "best" / "config.json").write_text('{"step": 50}')
+    for resume in (True, False):
+        with pytest.raises(ValueError, match=r"holds a model in best/ but no last/, so there is no training state to "
+                                             r"resume; to keep that model, choose another --out; to train this run "
+                                             r"again from the start, move best/ out of it first"):
+            start(run, resume=resume)
+    assert (run / "best" / "config.json").read_text() == '{"step": 50}'
+    shutil.move(run / "best", tmp_path / "kept")
     start(run, resume=False)
 
 

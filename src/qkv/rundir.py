@@ -18,9 +18,9 @@ The rules, all applied by :func:`claim` before anything is written:
   ``run()``, which claims only a directory that this process does not hold already (:func:`holds`). A second
   claim of a held directory is a mistake in the program, and an error.
 * A new run goes only into a new or empty directory, or into one that an earlier qkv run left without a model
-  (it stopped before its first checkpoint, or between the two saves of its first one: ``best/`` without
-  ``last/``). A directory that holds a model needs ``resume``; a directory holding anything else is never
-  touched.
+  (it stopped before its first checkpoint). A directory that holds a model needs ``resume``; one holding
+  ``best/`` without ``last/`` can be neither resumed nor restarted, and says how to go on (a model is never
+  replaced by a new run); a directory holding anything else is never touched.
 * Leftovers of a save interrupted by a kill are cleaned up: the scratch files and folders (``.NAME.PID.RANDOM.tmp``)
   of processes no longer running are deleted, and a ``.NAME.old`` whose ``NAME`` is missing (killed between the
   two renames of a save) is put back.
@@ -175,17 +175,15 @@ def _clean_leftovers(out: Path) -> None:
 
 
 def _check_model(out: Path, resume: bool) -> None:
-    """A run with last/ needs ``resume``; ``resume`` needs last/. A run left with best/ alone (its first pair of
-    saves cut short: killed, a full disk) has nothing to resume, and starts again without ``resume``."""
-    cut_short = (out / "best").exists() and not (out / "last").exists()
+    """A run with last/ needs ``resume``; ``resume`` needs last/. A run with best/ alone (a save order older than
+    :class:`qkv.training.Trainer`'s, which writes last/ first; or last/ deleted) holds a model but nothing to
+    resume: refused both ways, saying how to go on, and its model is never replaced."""
+    if (out / "best").exists() and not (out / "last").exists():
+        raise ValueError(f"{out} holds a model in best/ but no last/, so there is no training state to resume; "
+                         "to keep that model, choose another --out; to train this run again from the start, move "
+                         "best/ out of it first")
     if resume and not resumable(out):
-        if cut_short:
-            raise ValueError(f"{out} holds best/ but no last/ (its first save was cut short), so there is no "
-                             "training state to resume; drop --resume to start the run again")
         raise ValueError(f"{out} has no checkpoint to resume; drop --resume to start a new run")
-    if not resume and cut_short:
-        log.info("%s: best/ without last/ (the first save was cut short): starting the run again; best/ is "
-                 "replaced at its first validation", out)
-    elif not resume and (out / "last").exists():
+    if not resume and (out / "last").exists():
         raise ValueError(f"{out} already holds a trained model; pass --resume to continue it, or choose another "
                          "--out")
