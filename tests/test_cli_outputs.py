@@ -1,4 +1,5 @@
-"""The files a command writes beside its answer (``qkv embed --output``, ``--attention`` maps) never replace an
+"""The files a command writes beside its answer (``qkv embed --output``, ``--attention`` maps, translations,
+``--show-routing``) never replace an
 existing file without ``--force``: refused in one line before any model loads, the file as it was; with ``--force``
 replaced whole, and a link in its place is replaced, never written through."""
 
@@ -16,6 +17,10 @@ needs_minilm = pytest.mark.skipif(minilm_path() is None, reason=f"all-MiniLM-L6-
     ["similarity", "A dog.", "A cat.", "--attention", "out.jsonl"],
     ["classify-image", "x.png", "--attention", "out.jsonl"],
     ["zero-shot", "x.png", "--labels", "a,b", "--attention", "out.jsonl"],
+    ["translate", "A dog.", "--output", "out.jsonl"],
+    ["translate", "A dog.", "--attention", "out.jsonl"],
+    ["evaluate", "--ref", "ref.txt", "--src", "ref.txt", "--output", "out.jsonl"],
+    ["generate", "--prompt", "A dog", "--show-routing", "out.jsonl"],
 ])
 def test_an_existing_file_is_refused_before_the_model_loads(args, here, tmp_path):
     """--model names nothing: the refusal comes first."""

@@ -10,7 +10,7 @@ import sys
 
 from ..config import GATED_ACTIVATIONS
 from ..options import DEFAULT_GROUP_SIZE, DEVICES, GROUP_SIZES, MODES, PRECISIONS
-from ..tokenizers import utf8_checked  # the one check of a text for a tokenizer; the commands take it from here
+from ..tokenizers import utf8_checked
 from .numbers import COUNT, NON_NEGATIVE, POSITIVE, PROBABILITY, SEED, integer, real
 
 log = logging.getLogger("qkv")

@@ -15,7 +15,8 @@ from functools import partial
 from pathlib import Path
 
 from ..options import DEVICES, NEW_TOKENS, PRECISIONS
-from .common import command, runtime, utf8_checked
+from ..tokenizers import utf8_checked
+from .common import command, runtime
 from .numbers import integer
 
 log = logging.getLogger("qkv")

@@ -9,16 +9,18 @@ import time
 from collections import Counter
 
 from ..detokenize import MAX_STOP_CHARS, MAX_STOPS, TextStream, check_stops, cut
+from ..tokenizers import utf8_checked
 from .common import (
     add_device_arguments,
+    add_force_argument,
     add_ingredient_arguments,
     add_size_arguments,
     add_training_arguments,
+    check_new_file,
     command,
     place,
     runtime,
     show_defaults,
-    utf8_checked,
 )
 from .numbers import COUNT, FRACTION, NON_NEGATIVE, POSITIVE, SEED, integer, real
 
@@ -355,6 +357,7 @@ def generate_cmd(args: argparse.Namespace) -> None:
     from ..data import read_lines
     from ..tasks.language_model import complete
 
+    check_new_file(args.show_routing, "--show-routing", args.force)
     sampling = _sampling(args)
     prompts = [utf8_checked(p, f"--prompt {i}" if len(args.prompt) > 1 else "--prompt")
                for i, p in enumerate(args.prompt or [], 1)]
@@ -502,6 +505,7 @@ def add_commands(sub) -> None:
     gen.add_argument("--no-stream", action="store_true", help="print the whole text at the end")
     gen.add_argument("--show-routing", metavar="FILE.png", help="a mixture of experts: draw which expert each token "
                                                                 "of the first prompt and its continuation went to")
+    add_force_argument(gen, "--show-routing")
     add_decoding_arguments(gen, max_new_tokens=100)
     gen.set_defaults(run=generate_cmd)
 

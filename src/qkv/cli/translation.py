@@ -10,10 +10,12 @@ from pathlib import Path
 
 from .common import (
     add_device_arguments,
+    add_force_argument,
     add_ingredient_arguments,
     add_input_arguments,
     add_size_arguments,
     add_training_arguments,
+    check_new_file,
     command,
     place,
     read_inputs,
@@ -132,6 +134,8 @@ def translate(args: argparse.Namespace) -> None:
     from ..tasks.translation import cross_attention, translate
     from ..viz import attention_heatmap
 
+    check_new_file(args.output, "--output", args.force)
+    check_new_file(args.attention, "--attention", args.force)
     device, _, amp = runtime(args)
     sources = read_inputs(args.text, args.input, "translate", keep_blank=True)
     if args.attention and not sources[0].strip():
@@ -143,7 +147,7 @@ def translate(args: argparse.Namespace) -> None:
         hyps = translate(ckpt.model, ckpt.tokenizers, [s.strip() for s in sources], beam_size=args.beam,
                          alpha=args.alpha, use_cache=not args.no_cache, length_cap=args.length_cap)
     if args.output:
-        Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+        _write_lines(args.output, hyps)
     else:
         for h in hyps:
             print(h)
@@ -161,11 +165,19 @@ def translate(args: argparse.Namespace) -> None:
         print(f"attention map of the first sentence: {path}", file=sys.stderr)
 
 
+def _write_lines(path: str, lines: list[str]) -> None:
+    """``lines`` into the file ``path``, whole (never through a link, never half-written)."""
+    from ..files import write_atomically
+
+    write_atomically(Path(path), lambda tmp: tmp.write_text("".join(line + "\n" for line in lines), encoding="utf-8"))
+
+
 def evaluate(args: argparse.Namespace) -> None:
     from ..data import read_lines
     from ..metrics import bleu, check_tokenized_bleu, chrf, tokenized_bleu
     from ..tasks.translation import looks_chinese, translate
 
+    check_new_file(args.output, "--output", args.force)
     device, _, amp = runtime(args)
     if args.tokenized_bleu:
         check_tokenized_bleu()  # spaCy is an extra: say so before translating, not after
@@ -185,7 +197,7 @@ def evaluate(args: argparse.Namespace) -> None:
                              alpha=args.alpha, length_cap=args.length_cap)
         print(f"translated {len(hyps)} sentences in {time.monotonic() - start:.1f}s (beam {args.beam})")
         if args.output:
-            Path(args.output).write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+            _write_lines(args.output, hyps)
     else:
         hyps = read_lines(args.hyp)
     language = args.lang or ("zh" if looks_chinese(refs) else None)
@@ -215,6 +227,7 @@ def add_commands(sub) -> None:
     tr.add_argument("--output", help="write translations here instead of stdout")
     _add_decoding_arguments(tr)
     tr.add_argument("--attention", metavar="FILE.png", help="write the first sentence's cross-attention map")
+    add_force_argument(tr, "--output or --attention")
     tr.add_argument("--layer", type=integer(), default=-1, help="decoder layer of the attention map (default: last)")
     tr.add_argument("--no-cache", action="store_true", help="decode without the KV cache (slower; same output)")
     add_device_arguments(tr, quantize=True)
@@ -226,6 +239,7 @@ def add_commands(sub) -> None:
     ev.add_argument("--model", help="translate --src with this model, then score")
     ev.add_argument("--src", help="source sentences (with --model)")
     ev.add_argument("--output", help="with --model: also write the translations here")
+    add_force_argument(ev, "--output")
     _add_decoding_arguments(ev)
     ev.add_argument("--lang", help="target language code (zh: Chinese tokenization; detected automatically)")
     ev.add_argument("--tokenized-bleu", action="store_true",
