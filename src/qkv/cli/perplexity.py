@@ -64,4 +64,4 @@ def add_commands(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_model_arguments(p)
     add_device_arguments(p, quantize=True)
-    p.set_defaults(run=perplexity_cmd, stop=[])
+    p.set_defaults(run=perplexity_cmd)

