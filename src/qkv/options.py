@@ -21,6 +21,6 @@ STEPS = 900
 """The demo's training budget in optimizer steps: enough for >= 99% exact match on the test pairs (measured:
 see :mod:`qkv.tasks.demo`)."""
 
-STEPS_MINUTES = "2-3"
+STEPS_MINUTES = "2-4"
 """About how many minutes the demo takes on two quiet CPU cores, as ``qkv demo --help`` says it: a range, since
 the time depends on the CPU (docs/demo.md records the measured runs with their machine)."""

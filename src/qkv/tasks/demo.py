@@ -1,4 +1,4 @@
-"""``qkv demo``: the notes' running example, end to end: 900 training steps, 2–3 minutes on two quiet CPU cores.
+"""``qkv demo``: the notes' running example, end to end: 900 training steps, 2–4 minutes on two quiet CPU cores.
 
 English dates and numbers are translated into Chinese ("March 3, 2021" -> "2021年3月3日", "four hundred and
 twelve" -> "四百一十二"). The corpus is generated (see :mod:`qkv.tasks.dates_numbers`), so the demo needs no
