@@ -283,11 +283,9 @@ def _family(name: str) -> tuple[str, PretrainedTokenizer, Family]:
     return family.template or _smollm2()[0], tokenizer, family
 
 
-def _cases(conversations=CONVERSATIONS):
-    for name, family in FAMILIES.items():
-        for label, messages in conversations.items():
-            if family.system or messages[0]["role"] != "system":
-                yield pytest.param(name, messages, id=f"{name}-{label}")
+def _cases(conversations=CONVERSATIONS) -> list:
+    return [pytest.param(name, messages, id=f"{name}-{label}") for name, family in FAMILIES.items()
+            for label, messages in conversations.items() if family.system or messages[0]["role"] != "system"]
 
 
 @cache

@@ -136,7 +136,7 @@ def _families():
             yield pytest.param(cls, config_cls.from_preset(name, **missing), id=f"{config_cls.__name__}-{name}")
 
 
-@pytest.mark.parametrize("model_cls, cfg", _families())
+@pytest.mark.parametrize("model_cls, cfg", list(_families()))
 def test_no_preset_is_refused_on_a_small_machine(model_cls, cfg, memory_of):
     """Every preset trains on 16 GiB: its weights with AdamW's moments and a batch of 8 × 512 tokens."""
     memory_of(16 * GIB)

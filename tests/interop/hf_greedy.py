@@ -48,5 +48,7 @@ def greedy_hf(hf, prompt: torch.Tensor, steps: int, *, use_cache: bool = False) 
     for _ in range(steps):
         next_id = out.logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
         tokens.append(next_id)
-        out = hf(next_id, past_key_values=out.past_key_values, use_cache=True)
+        # transformers 5 renames the cache `cache` family by family (the old name warns, and goes in 5.40)
+        cached = {"cache": out["cache"]} if "cache" in out else {"past_key_values": out.past_key_values}
+        out = hf(next_id, **cached, use_cache=True)
     return torch.cat(tokens, dim=1)
