@@ -13,6 +13,8 @@ answered any more. So, here:
   than that.
 
 The request body has its own limits (:data:`~qkv.serve.app.BODY_SECONDS`, :data:`~qkv.serve.protocol.MAX_BODY`).
+:class:`BoundedH11` extends uvicorn's h11 protocol class, which uvicorn does not publish:
+``tests/serve/test_limits.py`` fails if a version of uvicorn changes what it relies on.
 """
 
 from __future__ import annotations
