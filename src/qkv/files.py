@@ -127,8 +127,7 @@ def remove_stale_scratch(folder: Path, name: str | None = None) -> None:
     for old in folder.glob(pattern):
         pid = old.name.rsplit(".", 3)[-3]  # .NAME.PID.RANDOM.tmp, NAME may hold dots, RANDOM none
         if pid.isdigit() and not _running(int(pid)):
-            with contextlib.suppress(OSError):
-                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+            _remove(old)
 
 
 def _running(pid: int) -> bool:

@@ -13,8 +13,8 @@ from .config import GPTConfig
 
 
 def model_type_of(cfg: GPTConfig) -> str:
-    """The Hugging Face ``model_type`` whose blocks ``cfg`` has (see the module's text); a config read from a
-    family's files records its own (``cfg.family``), which comes first where it is known."""
+    """The Hugging Face ``model_type`` whose blocks ``cfg`` has (see the module's text), whatever ``cfg.family``
+    records: the callers take that first where a config read from a family's files holds it."""
     if cfg.n_experts is not None:  # Qwen's MoE configs state every variant of the block; Mixtral's the plainest
         plain = cfg.expert_normalize and cfg.shared_expert_d_ff is None and cfg.layers is None
         return ("mixtral" if plain and not (cfg.qk_norm or cfg.qkv_bias) else

@@ -129,14 +129,12 @@ class Progress:
                       f"{self.unit}_per_s": round(rate), "elapsed_s": round(run_s, 1), **extra})
             self._reset_window()
 
-    def row(self, row: dict[str, Any], *, curve: bool = True) -> None:
-        """A row of the log (training or evaluation); an evaluation row redraws the loss curve, unless ``curve`` is
-        false (the caller draws it later, :meth:`curve`)."""
+    def row(self, row: dict[str, Any]) -> None:
+        """A row of the log (training or evaluation; after an evaluation's saves, the trainer redraws the loss curve
+        with :meth:`curve`)."""
         if self.log is None:
             return
         self.log.add(row, first=("step", "epoch", "lr", "train_loss", f"{self.unit}_per_s", "elapsed_s"))
-        if curve and "val_loss" in row:
-            self.curve()
 
     def curve(self) -> None:
         """Redraw ``loss.png`` from the log."""

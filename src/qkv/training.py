@@ -520,7 +520,7 @@ class Trainer:
         # last/ (what --resume needs, recording the best so far), then best/ (rewritten from last/ on resume when
         # a kill or a full disk stopped it, see _restore_best); the curve, drawn from the log, last.
         progress.row({"step": self.state.step, "epoch": self.state.epoch, "elapsed_s": round(self._run_s(), 1),
-                      **metrics}, curve=False)
+                      **metrics})
         self._save("last", with_state=True, rng=rng)
         if better:
             self._save("best", with_state=False)
